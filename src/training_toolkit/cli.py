@@ -1,0 +1,194 @@
+"""Command line: ``train`` (what the platform calls) and ``training-toolkit run|plan|local``.
+
+Every flag can also come from an environment variable, so a platform that can
+only set variables can still configure the toolkit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+
+from training_toolkit import errors
+from training_toolkit.paths import Paths
+
+DEFAULT_GRACE_S = 120.0
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"training-toolkit: {message}\n")
+    sys.stderr.flush()
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise errors.ConfigError(f"environment variable {name}", None, f"expected seconds, got {raw!r}") from None
+
+
+def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base-dir",
+        help="the job directory (default: $SAGEMAKER_BASE_DIR or /opt/ml)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="training-toolkit",
+        description="Run a SageMaker-style training job from /opt/ml on this host.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run the job (what `train` does)", description="Run the job described under the base dir.")
+    _add_job_flags(run)
+    run.add_argument(
+        "--grace-period",
+        type=float,
+        help="seconds between forwarding SIGTERM and killing the script (default: $TRAINING_TOOLKIT_GRACE_PERIOD or 120)",
+    )
+    plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
+    _add_job_flags(plan)
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    local = sub.add_parser("local", help="run a job on N local hosts (network namespaces; needs root)", add_help=False)
+    local.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args.base_dir, args.grace_period, dict(os.environ))
+    if args.command == "plan":
+        return show_plan(args.base_dir, args.json, dict(os.environ))
+    if args.command == "local":
+        from training_toolkit.local.cli import main as local_main
+
+        return local_main(args.rest)
+    build_parser().print_help(sys.stderr)
+    return errors.EXIT_USAGE
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``train``: what the platform runs in every container."""
+    parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).")
+    _add_job_flags(parser)
+    parser.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL of the script (default 120)")
+    # SageMaker calls `train` with no arguments; a stray positional (the platform's
+    # own "train") is accepted and ignored.
+    parser.add_argument("mode", nargs="?", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    return run(args.base_dir, args.grace_period, dict(os.environ))
+
+
+def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) -> int:
+    from training_toolkit import report
+
+    paths = Paths.from_environ(environ, base_dir)
+    report.clear_verdict(paths)
+    try:
+        outcome = _run(paths, grace_s, environ)
+    except errors.ToolkitError as exc:
+        outcome = report.Outcome(exc.exit_code, str(exc))
+    except KeyboardInterrupt:
+        outcome = report.Outcome(130, "interrupted")
+    if not outcome.ok:
+        _log(f"failed: {outcome.reason}")
+    report.write_verdict(paths, outcome)
+    return outcome.exit_code
+
+
+def _resolve(paths: Paths, environ: Mapping[str, str]):
+    from training_toolkit import hardware, job, plan
+
+    spec = job.load_job(paths, environ, hardware.probe(environ))
+    return spec, plan.make_plan(spec)
+
+
+def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
+    from training_toolkit import code, contract
+    from training_toolkit.process import become_subreaper
+    from training_toolkit.runners.base import RunContext
+
+    grace = grace_s if grace_s is not None else _float_env(environ, "TRAINING_TOOLKIT_GRACE_PERIOD", DEFAULT_GRACE_S)
+    spec, launch = _resolve(paths, environ)
+    python = code.python_for(environ)
+    code_dir, command = code.prepare(spec, environ, python)
+    argv = (*command.argv, *contract.user_args(spec.hyperparameters))
+    become_subreaper()
+    ctx = RunContext(
+        job=spec,
+        plan=launch,
+        environ=environ,
+        script_env=contract.script_environment(spec, environ),
+        argv=argv,
+        code_dir=code_dir,
+        python=python,
+        grace_s=grace,
+    )
+    return _runner(launch.runner).run(ctx)
+
+
+def _runner(name: str):
+    import importlib
+
+    return importlib.import_module(f"training_toolkit.runners.{name}")
+
+
+def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> int:
+    from training_toolkit import code, contract
+    from training_toolkit.redact import redact
+
+    paths = Paths.from_environ(environ, base_dir)
+    try:
+        spec, launch = _resolve(paths, environ)
+        python = code.python_for(environ)
+        entry = _planned_command(spec, python)
+        script_env = contract.script_environment(spec, environ)
+    except errors.ToolkitError as exc:
+        _log(str(exc))
+        return exc.exit_code
+    argv = [*entry, *contract.user_args(spec.hyperparameters)]
+    shown_env = redact({k: v for k, v in script_env.items() if environ.get(k) != v or k.startswith("SM_")})
+    doc = {
+        "base_dir": str(paths.base),
+        "current_host": spec.resource.current_host,
+        "hosts": list(spec.resource.hosts),
+        "runner": launch.runner,
+        "plan_hosts": list(launch.hosts),
+        "options": dict(launch.options),
+        "command": argv,
+        "environment": dict(sorted(shown_env.items())),
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"base dir:     {doc['base_dir']}")
+    print(f"current host: {doc['current_host']} of {', '.join(doc['hosts'])}")
+    print(f"runner:       {launch.runner} on {', '.join(launch.hosts)}")
+    for key, value in launch.options.items():
+        print(f"  {key}: {value}")
+    print(f"command:      {shlex.join(argv)}")
+    print("environment (set or changed by the toolkit; secrets redacted):")
+    for key, value in doc["environment"].items():
+        print(f"  {key}={value}")
+    return 0
+
+
+def _planned_command(spec, python: str) -> list[str]:
+    """The command as it would run, without fetching code: a best guess when the code is not there yet."""
+    from training_toolkit import code
+
+    try:
+        return list(code.entry_command(spec, spec.paths.code_dir, python).argv)
+    except errors.CodeError:
+        if not spec.entry_point:
+            raise
+        return [python, spec.entry_point] if spec.entry_point.endswith(".py") else [spec.entry_point]

@@ -1,0 +1,1 @@
+"""How the hosts of one job reach each other: the control channel and per-job SSH."""

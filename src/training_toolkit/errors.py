@@ -1,0 +1,45 @@
+"""Errors the toolkit raises for bad input or a broken environment, and their exit codes.
+
+Each error is one line naming what is wrong, so it can go straight into the
+failure file.  The exit codes keep toolkit failures apart from the user script's
+own codes (see docs/contract.md, "Exit codes").
+"""
+
+from __future__ import annotations
+
+EXIT_USAGE = 64  # bad command line
+EXIT_CODE_ERROR = 66  # the user's code could not be fetched or installed
+EXIT_CLUSTER_ERROR = 69  # other hosts never joined, ssh unreachable, the job failed elsewhere
+EXIT_INTERNAL = 70  # a bug in the toolkit
+EXIT_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
+
+
+class ToolkitError(Exception):
+    """Base class: an error whose message is fit for the failure file."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class ConfigError(ToolkitError):
+    """A configuration file is missing, malformed, or inconsistent."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, source: str, field: str | None, problem: str):
+        self.source = source
+        self.field = field
+        self.problem = problem
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}")
+
+
+class CodeError(ToolkitError):
+    """The user's code could not be fetched, unpacked, installed or found."""
+
+    exit_code = EXIT_CODE_ERROR
+
+
+class ClusterError(ToolkitError):
+    """Hosts could not find each other, or the job failed on another host."""
+
+    exit_code = EXIT_CLUSTER_ERROR

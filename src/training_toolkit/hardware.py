@@ -1,0 +1,51 @@
+"""What this host has: CPUs, GPUs, Neuron devices.  Probed once per run.
+
+Probing reads ``/proc`` and ``/dev`` rather than spawning ``nvidia-smi``: it is
+cheap enough to stay out of the launch overhead, and the result is passed
+around as a value, never probed again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Hardware:
+    num_cpus: int
+    num_gpus: int
+    num_neurons: int
+
+
+def probe(environ: Mapping[str, str], root: Path = Path("/")) -> Hardware:
+    """Count devices.  ``TRAINING_TOOLKIT_NUM_GPUS`` overrides the GPU count (for tests and odd drivers)."""
+    gpus_override = environ.get("TRAINING_TOOLKIT_NUM_GPUS")
+    gpus = int(gpus_override) if gpus_override and gpus_override.isdigit() else _count_gpus(root)
+    return Hardware(num_cpus=os.cpu_count() or 1, num_gpus=gpus, num_neurons=_count_neurons(root))
+
+
+def _count_gpus(root: Path) -> int:
+    proc = root / "proc/driver/nvidia/gpus"
+    if proc.is_dir():
+        return sum(1 for _ in proc.iterdir())
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "--list-gpus"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _count_neurons(root: Path) -> int:
+    dev = root / "dev"
+    try:
+        return sum(1 for p in dev.iterdir() if p.name.startswith("neuron") and p.name[6:].isdigit())
+    except OSError:
+        return 0

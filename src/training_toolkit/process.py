@@ -1,0 +1,269 @@
+"""Supervised child processes.
+
+A child runs in its own session (so its own process group): a signal sent to
+the group reaches everything the script started, and a terminal's Ctrl-C does
+not bypass us.  stdout is inherited untouched (zero copy, zero overhead);
+stderr goes through one relay thread that writes every chunk as it was read and
+keeps a bounded tail for the failure reason.  ``stop`` sends a signal, waits a
+grace period, then kills the group; descendants that left the group are found
+because the supervisor is their subreaper.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DEFAULT_GRACE_S = 120.0
+TAIL_BYTES = 32 * 1024
+_PR_SET_CHILD_SUBREAPER = 36
+# Marks every descendant of a supervised child, so leftovers that left its
+# process group are still found (and processes that are not ours never are).
+TOKEN_VAR = "TRAINING_TOOLKIT_SUPERVISOR"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended.  ``returncode`` is Popen's: negative for a signal."""
+
+    returncode: int
+    killed_by_us: bool = False
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode)
+        except ValueError:
+            return None
+
+    @property
+    def exit_code(self) -> int:
+        """The shell convention: 128+N for death by signal N."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        if self.returncode >= 0:
+            return f"exited with code {self.returncode}"
+        sig = self.signal
+        name = sig.name if sig else f"signal {-self.returncode}"
+        if sig == signal.SIGKILL and not self.killed_by_us:
+            return f"killed by {name}: likely out of memory (exit code {self.exit_code})"
+        if self.killed_by_us:
+            return f"killed by {name} after the stop grace period (exit code {self.exit_code})"
+        return f"terminated by {name} (exit code {self.exit_code})"
+
+
+class Tail:
+    """The last ``limit`` bytes written, for the failure reason."""
+
+    def __init__(self, limit: int = TAIL_BYTES):
+        self._limit = limit
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+
+    def feed(self, chunk: bytes) -> None:
+        with self._lock:
+            self._buf += chunk
+            if len(self._buf) > 2 * self._limit:
+                del self._buf[: len(self._buf) - self._limit]
+
+    def lines(self, count: int = 100) -> list[str]:
+        with self._lock:
+            data = bytes(self._buf[-self._limit :])
+        text = data.decode("utf-8", errors="replace")
+        return text.splitlines()[-count:]
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of our children get re-parented to us, so we can find and reap them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Supervised:
+    """One child process group, started at construction."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        *,
+        relay_stderr: bool = True,
+        stdout: int | None = None,
+        stdin: int | None = subprocess.DEVNULL,
+    ):
+        self.argv = list(argv)
+        self.tail = Tail()
+        self._stop_lock = threading.Lock()
+        self._stopping = False
+        self._killed = False
+        self._kill_timer: threading.Timer | None = None
+        self._token = secrets.token_hex(8)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env={**env, TOKEN_VAR: self._token},
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE if relay_stderr else None,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+        self._relay: threading.Thread | None = None
+        if relay_stderr:
+            self._relay = threading.Thread(target=self._pump, name=f"stderr-{self.pid}", daemon=True)
+            self._relay.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        fd = self.proc.stderr.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            _write_all(2, chunk)
+            self.tail.feed(chunk)
+        self.proc.stderr.close()
+
+    def send(self, sig: int) -> None:
+        """Signal the whole group; a group already gone is not an error."""
+        _signal_group(self.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = DEFAULT_GRACE_S) -> None:
+        """Ask the group to stop with ``sig``; SIGKILL it if it is still there after ``grace_s``."""
+        with self._stop_lock:
+            self.send(sig)
+            if self._stopping:
+                return
+            self._stopping = True
+            self._kill_timer = threading.Timer(grace_s, self.kill)
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+
+    def kill(self) -> None:
+        self._killed = self.proc.poll() is None
+        self.send(signal.SIGKILL)
+
+    def poll(self) -> ExitStatus | None:
+        code = self.proc.poll()
+        return None if code is None else ExitStatus(code, killed_by_us=self._killed)
+
+    def wait(self, timeout: float | None = None) -> ExitStatus | None:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return ExitStatus(code, killed_by_us=self._killed)
+
+    def finish(self, linger_s: float = 2.0) -> None:
+        """After the main child ended: end whatever it left behind, and drain stderr.
+
+        Members of its group get SIGTERM, then SIGKILL after ``linger_s``;
+        descendants re-parented to us (subreaper) get the same.
+        """
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+        _end_leftovers(self.pid, self._token, linger_s)
+        if self._relay is not None:
+            self._relay.join(timeout=linger_s)
+
+
+def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
+    import psutil  # deferred: only needed once, at the end
+
+    marker = f"{TOKEN_VAR}={token}"
+
+    def ours(proc: "psutil.Process") -> bool:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return proc.ppid() == os.getpid()
+            if os.getpgid(proc.pid) == pgid:
+                return True
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                return marker.encode() in f.read().split(b"\0")
+        except (psutil.Error, OSError):
+            return False
+
+    def survivors() -> list["psutil.Process"]:
+        return [p for p in psutil.Process().children(recursive=True) if ours(p)]
+
+    _signal_group(pgid, signal.SIGTERM)
+    left = survivors()
+    for proc in left:
+        _quiet(proc.terminate)
+    if left:
+        _, left = psutil.wait_procs(left, timeout=linger_s)
+    _signal_group(pgid, signal.SIGKILL)
+    for proc in left + survivors():
+        _quiet(proc.kill)
+        if _quiet(proc.ppid) == os.getpid():
+            _quiet(lambda: os.waitpid(proc.pid, 0))
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _quiet(action):
+    try:
+        return action()
+    except Exception:  # noqa: BLE001 - the process may be gone already
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # our stderr is gone; keep draining the child so it never blocks
+        view = view[written:]
+
+
+class SignalForwarder:
+    """Routes the signals ``train`` receives to a callback, and restores the old handlers on exit."""
+
+    def __init__(self, on_signal, signals: Sequence[int] = FORWARDED_SIGNALS):
+        self._on_signal = on_signal
+        self._signals = tuple(signals)
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "SignalForwarder":
+        for sig in self._signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, _frame) -> None:
+        self._on_signal(signum)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,1 @@
+"""Runners: one module each, sharing the supervision and cluster mechanics outside them."""

@@ -1,0 +1,42 @@
+"""What every runner is given, and how a supervised script's end becomes an Outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from training_toolkit.job import JobSpec
+from training_toolkit.plan import LaunchPlan
+from training_toolkit.process import ExitStatus, Supervised
+from training_toolkit.report import Outcome, summary_line
+
+
+@dataclass(frozen=True)
+class RunContext:
+    job: JobSpec
+    plan: LaunchPlan
+    environ: Mapping[str, str]  # the toolkit's own environment, as read at start
+    script_env: Mapping[str, str]  # the user script's environment (contract applied)
+    argv: tuple[str, ...]  # the user's command with its arguments
+    code_dir: Path
+    python: str
+    grace_s: float
+
+
+def outcome_of(child: Supervised, status: ExitStatus, label: str = "") -> Outcome:
+    """A failed script's outcome names how it ended and its last stderr line."""
+    if status.ok:
+        return Outcome(0)
+    tail = tuple(child.tail.lines(100))
+    prefix = f"{label}: " if label else ""
+    description = f"{prefix}{_program(child.argv)} {status.describe()}"
+    return Outcome(status.exit_code, summary_line(description, tail), tuple(child.argv), tail)
+
+
+def _program(argv: list[str]) -> str:
+    if len(argv) >= 3 and argv[1] == "-m":
+        return f"python -m {argv[2]}"
+    if len(argv) >= 2 and Path(argv[0]).name.startswith("python"):
+        return Path(argv[1]).name
+    return Path(argv[0]).name if argv else "script"
