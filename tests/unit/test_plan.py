@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+
+from training_toolkit.errors import ConfigError
+from training_toolkit.hardware import Hardware
+from training_toolkit.job import build_job
+from training_toolkit.paths import Paths
+from training_toolkit.plan import make_plan
+
+RC2 = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
+
+
+def plan(hps=None, rc=None, gpus=0):
+    job = build_job(Paths(Path("/opt/ml")), hps or {}, rc or RC2, {}, {}, Hardware(4, gpus, 0))
+    return make_plan(job)
+
+
+def test_single_by_default():
+    p = plan()
+    assert (p.runner, p.hosts, p.current_host) == ("single", ("algo-2",), "algo-2")
+
+
+def test_parameter_server_needs_several_hosts_as_the_reference():
+    assert plan({"sagemaker_parameter_server_enabled": "true"}).runner == "parameter_server"
+    one = {"current_host": "algo-1", "hosts": ["algo-1"]}
+    assert plan({"sagemaker_parameter_server_enabled": "true"}, one).runner == "single"
+
+
+@pytest.mark.parametrize("key, runner", [
+    ("sagemaker_mpi_enabled", "mpi"),
+    ("sagemaker_multi_worker_mirrored_strategy_enabled", "multi_worker_mirrored"),
+    ("sagemaker_distributed_dataparallel_enabled", "dataparallel"),
+    ("sagemaker_torch_distributed_enabled", "dataparallel"),
+    ("sagemaker_pytorch_ddp_enabled", "dataparallel"),
+])
+def test_switches(key, runner):
+    p = plan({key: "true"})
+    assert p.runner == runner and p.hosts == ("algo-1", "algo-2") and not p.is_master and p.host_index == 1
+
+
+def test_mpi_processes_default_to_gpus_else_one():
+    assert plan({"sagemaker_mpi_enabled": "true"}).options["processes_per_host"] == 1
+    p = plan({"sagemaker_mpi_enabled": "true"}, gpus=4)
+    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": ""}
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
+              "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
+    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO"}
+
+
+@pytest.mark.parametrize("hps, match", [
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_parameter_server_enabled": "true"}, "more than one"),
+    ({"sagemaker_mpi_enabled": '"yes"'}, "sagemaker_mpi_enabled: expected true or false"),
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "0"}, "positive integer"),
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": '"-1"'}, "positive integer"),
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": "[1]"}, "expected a string"),
+])
+def test_bad_distribution_settings(hps, match):
+    with pytest.raises(ConfigError, match=match):
+        plan(hps)
+
+
+def test_host_outside_distribution_groups_runs_alone():
+    rc = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "current_group_name": "b",
+          "instance_groups": [{"instance_group_name": "a", "instance_type": "t", "hosts": ["algo-1"]},
+                              {"instance_group_name": "b", "instance_type": "t", "hosts": ["algo-2"]}]}
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["a"]'}, rc)
+    assert p.runner == "single"
