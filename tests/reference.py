@@ -8,12 +8,13 @@ What the reference does (read from its source, confirmed by captures; paths are 
 the base dir ``B`` = ``$SAGEMAKER_BASE_DIR``, default ``/opt/ml``):
 
 Resolution
-- Hyperparameter values are ``json.loads``-ed when they parse, else kept raw. Keys in
-  the reserved set (``sagemaker_program``, ``_submit_directory``, ``_enable_cloudwatch_metrics``,
-  ``_region``, ``_container_log_level``, ``_job_name``, ``_s3_output``,
-  ``default_user_module_name``, ``_tuning_objective_metric``) and every ``sagemaker_*``
-  key leave the user's hps; the non-reserved ``sagemaker_*`` ones form
-  ``SM_FRAMEWORK_PARAMS``. The ``sagemaker_enable_cloudwatch_metrics`` hp does nothing.
+- Hyperparameter values are ``json.loads``-ed when they parse, else kept raw, so
+  ``"1.50"`` -> ``1.5``, ``"1e3"`` -> ``1000.0``, ``"null"`` -> None, ``"True"`` stays a
+  string. Reserved keys ``sagemaker_{program, submit_directory, enable_cloudwatch_metrics,
+  region, container_log_level, job_name, s3_output}``, ``default_user_module_name`` and
+  ``_tuning_objective_metric`` are dropped; every other ``sagemaker_*`` key goes to
+  ``SM_FRAMEWORK_PARAMS``; the rest are the user's hps (argv, ``SM_HPS``, ``SM_HP_*``).
+  ``sagemaker_enable_cloudwatch_metrics`` has no effect at all.
 - ``sagemaker_program`` and ``sagemaker_submit_directory`` are written JSON-encoded by the
   SDK (``"\\"train.py\\""``); a raw string works too (falls back to the raw value).
   ``SAGEMAKER_PROGRAM`` in the environment overrides the hp. ``SAGEMAKER_SUBMIT_DIRECTORY``
@@ -49,6 +50,7 @@ Code dir
   (shlex-quoted, so no injection in 5.1.4).
 - Python command: ``[sys.executable, "--", entry, *args]`` (the ``--`` shows in
   ``sys.orig_argv``, not in ``sys.argv``); ``sys.executable`` is the venv's python.
+  ``sys.argv[0]`` is the entry as named (``dump_env.py``; ``./run.sh`` for commands).
 
 Arguments: ``mapping.to_cmd_args``: keys sorted; ``--key``, or ``-k`` for one-character
 keys; value ``str(v)``: ``True``/``False``, ``0.1``, ``[1, 'x']``, dicts as
@@ -98,8 +100,9 @@ spaces>"`` (not written if the script wrote one), exit 1 whatever N; other Clien
 also exit 1; other exceptions write "Framework Error: <traceback>" and exit with the
 exception's errno, else 1. The script's stdout/stderr are inherited unchanged (no
 re-chunking on this non-MPI path); the reference logs to stderr: ``Environment()`` is
-built 4 times per run (each runs ``nvidia-smi``, ``neuron-ls``, ``which smddprun``...),
-and one INFO block prints the training env, every SM_ var and the command.
+built 3 times per run, 4 with the host-name wait (each runs ``nvidia-smi``,
+``neuron-ls``, ``which smddprun``/``smddpmprun`` and reads boto3's region), and one INFO
+block prints the training env, every SM_ var and the command.
 ``B/output/intermediate`` is only created (and synced to S3) when hp
 ``sagemaker_s3_output`` is given and the dir does not exist yet. SIGTERM is not
 forwarded (run the reference in its own session and kill the group).

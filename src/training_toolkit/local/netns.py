@@ -235,9 +235,7 @@ class NamespaceCluster:
             if isinstance(exc, NamespaceClusterError):
                 raise
             if isinstance(exc, Exception):
-                raise NamespaceClusterError(
-                    f"starting cluster {self._tag} failed: {exc}"
-                ) from exc
+                raise NamespaceClusterError(f"starting cluster {self._tag} failed: {exc}") from exc
             raise
 
     def _prepare_files(self) -> None:
@@ -265,9 +263,7 @@ class NamespaceCluster:
             if ident is not None:
                 self._netns_ids[name] = ident
         if result.returncode != 0:
-            raise NamespaceClusterError(
-                f"creating network namespaces failed: {_output(result)}"
-            )
+            raise NamespaceClusterError(f"creating network namespaces failed: {_output(result)}")
         own = {_proc_netns_id("self"), _proc_netns_id("1")}
         if own & set(self._netns_ids.values()):
             # Should never happen; if it did, teardown would kill the caller's processes.
@@ -290,11 +286,7 @@ class NamespaceCluster:
         prefix = self._network.prefixlen
         running = []
         for i, address in enumerate(self._addresses, start=1):
-            batch = (
-                "link set lo up\n"
-                f"address add {address}/{prefix} dev eth0\n"
-                "link set eth0 up\n"
-            )
+            batch = f"link set lo up\naddress add {address}/{prefix} dev eth0\nlink set eth0 up\n"
             argv = [ip, "-netns", _host_netns(self._tag, i), "-batch", "-"]
             running.append((i, _spawn_ip(argv, batch)))
         failures = []
@@ -368,7 +360,11 @@ class NamespaceCluster:
     # -- running commands inside a host -------------------------------------------------------
 
     def command(
-        self, host: Host | str, argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] | None = None
+        self,
+        host: Host | str,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> list[str]:
         """The command line that runs ``argv`` inside ``host``; pure, nothing is started.
 
@@ -488,7 +484,9 @@ class NamespaceCluster:
             idents |= {i for i in (_netns_id(NETNS_DIR / n) for n in names) if i is not None}
             idents -= {_proc_netns_id("self"), _proc_netns_id("1")}
             if not _kill_all_in(idents, time.monotonic() + _KILL_TIMEOUT):
-                _log.warning("cluster %s: processes survived SIGKILL: %s", self._tag, self.leftovers())
+                _log.warning(
+                    "cluster %s: processes survived SIGKILL: %s", self._tag, self.leftovers()
+                )
             for proc in self._holders + self._children:
                 _reap(proc)
             for holder in self._holders:
@@ -535,7 +533,9 @@ def leftovers(tag: str) -> list[str]:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _validate(names: tuple[str, ...], network: ipaddress._BaseNetwork, tag: str) -> None:
+def _validate(
+    names: tuple[str, ...], network: ipaddress.IPv4Network | ipaddress.IPv6Network, tag: str
+) -> None:
     """Reject bad arguments before anything is created, naming the argument at fault."""
     if not names:
         raise ValueError("names: at least one host is needed")
