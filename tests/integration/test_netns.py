@@ -20,19 +20,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from training_toolkit.local.netns import (
-        NamespaceCluster,
-        NamespaceClusterError,
-        leftovers,
-    )
-except ImportError:  # the package is not installed in the venv: use the source tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from training_toolkit.local.netns import (
-        NamespaceCluster,
-        NamespaceClusterError,
-        leftovers,
-    )
+from training_toolkit.local.netns import NamespaceCluster, NamespaceClusterError, leftovers
 
 NAMES = ("algo-1", "algo-2", "algo-3")
 #: Tags of this run's clusters start with it, so the final check ignores other runs' clusters.

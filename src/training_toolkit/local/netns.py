@@ -126,7 +126,7 @@ class NamespaceCluster:
     no namespace, process or mount of the cluster behind. The per-host directories under
     ``workdir`` are kept: they hold what the job wrote to ``/opt/ml``.
 
-    Not thread-safe: start, use and close one cluster from one thread.
+    A cluster starts once. Not thread-safe: start, use and close it from one thread.
     """
 
     def __init__(
@@ -215,7 +215,9 @@ class NamespaceCluster:
         anything fails; the caller never has to clean up a half-started cluster.
         """
         if self._owns_tag:
-            raise NamespaceClusterError(f"cluster {self._tag} was already started")
+            raise NamespaceClusterError(
+                f"cluster {self._tag} was already started; a cluster starts once, make a new one"
+            )
         tools = _require_privileges_and_tools()
         ip, self._nsenter = tools["ip"], tools["nsenter"]
         taken = _existing_netns(self._tag)
@@ -251,7 +253,7 @@ class NamespaceCluster:
                 # group- or world-writable directory, and /opt/ml is on that path.
                 opt_ml.chmod(0o755)
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{a}\t{n}" for a, n in zip(self._addresses, self._names)]
+        lines += [f"{a}\t{n}" for a, n in zip(self._addresses, self._names, strict=True)]
         self.hosts_file.write_text("\n".join(lines) + "\n")
 
     def _create_namespaces(self, ip: str) -> None:
@@ -344,8 +346,9 @@ class NamespaceCluster:
             ready, output = _wait_for_ready(proc, deadline)
             if not ready:
                 state = "timed out" if proc.poll() is None else f"exited with {proc.returncode}"
+                said = output.strip() or "(no output)"
                 raise NamespaceClusterError(
-                    f"host {name}: setting up its namespaces {state}: {output.strip() or '(no output)'}"
+                    f"host {name}: setting up its namespaces {state}: {said}"
                 )
             hosts.append(
                 Host(
