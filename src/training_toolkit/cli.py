@@ -127,13 +127,20 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
         job=spec,
         plan=launch,
         environ=environ,
-        script_env=contract.script_environment(spec, environ),
+        script_env=contract.script_environment(spec, _script_environ(environ)),
         argv=argv,
         code_dir=code_dir,
         python=python,
         grace_s=grace,
     )
     return _runner(launch.runner).run(ctx)
+
+
+def _script_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the user's script inherits: ours, minus the job secret."""
+    from training_toolkit.cluster.secret import SECRET_VAR
+
+    return {k: v for k, v in environ.items() if k != SECRET_VAR}
 
 
 def _runner(name: str):

@@ -811,16 +811,19 @@ def wait_for_ssh(
 
 def _probe_until(prefix: Sequence[str], host: str, deadline: float, per_try_timeout_s: float) -> str | None:
     """Probe one host until it answers (None) or the deadline passes (its last error)."""
-    last_error = "not tried before the deadline"
+    last_error: str | None = None
     backoff = 0.1
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return last_error
-        error = _probe_once(prefix, host, min(per_try_timeout_s, remaining))
+            return last_error or "not tried before the deadline"
+        timeout = min(per_try_timeout_s, remaining)
+        error, timed_out = _probe_once(prefix, host, timeout)
         if error is None:
             return None
-        last_error = error
+        # A try the deadline cut short says less than a real error seen before it.
+        if not (timed_out and timeout < per_try_timeout_s and last_error is not None):
+            last_error = error
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return last_error
@@ -828,7 +831,8 @@ def _probe_until(prefix: Sequence[str], host: str, deadline: float, per_try_time
         backoff = min(backoff * 2, 1.0)
 
 
-def _probe_once(prefix: Sequence[str], host: str, timeout_s: float) -> str | None:
+def _probe_once(prefix: Sequence[str], host: str, timeout_s: float) -> tuple[str | None, bool]:
+    """One ``ssh host true``: (None, False) on success, else (last error line, whether it timed out)."""
     connect_timeout = max(1, math.ceil(timeout_s))
     argv = [*prefix, "-o", f"ConnectTimeout={connect_timeout}", host, "true"]
     try:
@@ -840,15 +844,15 @@ def _probe_once(prefix: Sequence[str], host: str, timeout_s: float) -> str | Non
             start_new_session=True,
         )
     except OSError as exc:
-        return f"cannot run {argv[0]}: {exc.strerror or exc}"
+        return f"cannot run {argv[0]}: {exc.strerror or exc}", False
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _quiet(lambda: os.killpg(proc.pid, signal.SIGKILL))
         proc.kill()
         proc.communicate()
-        return f"no answer within {timeout_s:.1f}s"
+        return f"no answer within {timeout_s:.1f}s", True
     if proc.returncode == 0:
-        return None
+        return None, False
     lines = [line.strip() for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
-    return lines[-1] if lines else f"ssh exited with code {proc.returncode}"
+    return (lines[-1] if lines else f"ssh exited with code {proc.returncode}"), False

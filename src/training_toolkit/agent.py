@@ -1,0 +1,237 @@
+"""HostAgent: the template every multi-host runner follows on every host.
+
+    join the channel -> prepare (e.g. sshd) -> barrier -> start local processes
+    -> monitor (local exits, peers, signals) -> verdict -> stop and clean up
+
+Runners override the small steps (``prepare``, ``after_barrier``, ``start``,
+``failure_of``, ``cleanup``); the order, the failure handling and the verdict
+are here, once.  The first host decides the verdict and sends it to the
+others; the others report their failures to it.  Nothing is left running:
+every local process is stopped and reaped before ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+
+from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
+from training_toolkit.cluster.membership import ChannelSettings, Membership
+from training_toolkit.cluster.secret import JobSecret, job_secret
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, ToolkitError
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runners.base import RunContext, outcome_of
+
+FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
+REPORT_WAIT_S = 5.0  # a host that failed waits this long for the verdict before ending on its own
+PEER_FINISH_TIMEOUT_S = 600.0  # after success on the first host, how long others may take to finish
+
+
+@dataclass(frozen=True)
+class LocalExit:
+    name: str
+    status: ExitStatus
+
+
+@dataclass(frozen=True)
+class GotSignal:
+    signum: int
+
+
+@dataclass
+class Local:
+    """A process this host runs for the job; the host's part ends when its primary ends."""
+
+    name: str
+    child: Supervised
+    primary: bool = True
+
+
+class Stopped(ToolkitError):
+    """A stopping signal arrived before the job started."""
+
+    def __init__(self, signum: int):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the job started")
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"training-toolkit: {message}\n")
+    sys.stderr.flush()
+
+
+class HostAgent:
+    wait_for_peers = False  # on success, does the first host wait for every host's own success?
+
+    def __init__(self, ctx: RunContext, secret: JobSecret | None = None):
+        self.ctx = ctx
+        self.host = ctx.plan.current_host
+        self.is_master = ctx.plan.is_master
+        self.secret = secret or job_secret(ctx.job, ctx.environ)
+        self.events: SimpleQueue = SimpleQueue()
+        self.settings = ChannelSettings.from_environ(ctx.environ)
+        self.locals: list[Local] = []
+        self._setup_phase = True
+
+    # Steps for runners to override ------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Before this host says it is ready (every host)."""
+
+    def after_barrier(self) -> None:
+        """After every host is ready, before anything starts (first host only)."""
+
+    def start(self) -> list[Local]:
+        """The processes this host runs for the job (may be none)."""
+        return []
+
+    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+        """The outcome of a local process that failed, its reason naming this host."""
+        return outcome_of(local.child, status, label=self.host)
+
+    def cleanup(self) -> None:
+        """After every local process is gone (every host, always)."""
+
+    # The template -----------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        if self.secret.derived and self.is_master:
+            log("no job secret given (TRAINING_TOOLKIT_JOB_SECRET or input/config/job_secret): "
+                "derived one from the job name and hosts; the job is only as private as its network")
+        membership = Membership(self.secret.value, self.ctx.plan.hosts, self.host, self.settings, self.events)
+        try:
+            with SignalForwarder(self._on_signal):
+                try:
+                    membership.open()
+                    self.prepare()
+                    membership.barrier()
+                    if self.is_master:
+                        self.after_barrier()
+                    self.locals = self.start()
+                except ToolkitError as exc:
+                    return self._failed_before_start(membership, exc)
+                finally:
+                    self._setup_phase = False
+                for local in self.locals:
+                    _watch(local, self.events)
+                outcome = self._monitor_master(membership) if self.is_master else self._monitor_worker(membership)
+        finally:
+            self._stop_locals(FAILURE_GRACE_S)
+            self.cleanup()
+            membership.close()
+        return outcome
+
+    def _on_signal(self, signum: int) -> None:
+        if self._setup_phase and signum in STOPPING_SIGNALS:
+            raise Stopped(signum)
+        self.events.put(GotSignal(signum))
+
+    def _failed_before_start(self, membership: Membership, exc: ToolkitError) -> Outcome:
+        reason = str(exc)
+        if not reason.startswith(self.host + ":") and "before the job started, " not in reason:
+            reason = f"{self.host}: {reason}"
+        outcome = Outcome(exc.exit_code, reason)
+        if self.is_master:
+            membership.announce(Verdict(outcome.exit_code, reason, self.host))
+        else:
+            membership.report_failure(reason, outcome.exit_code)
+        return outcome
+
+    def _forward(self, signum: int, grace_s: float) -> None:
+        for local in self.locals:
+            if signum in STOPPING_SIGNALS:
+                local.child.stop(signum, grace_s)
+            else:
+                local.child.send(signum)
+
+    def _local(self, name: str) -> Local:
+        return next(local for local in self.locals if local.name == name)
+
+    def _monitor_master(self, membership: Membership) -> Outcome:
+        workers = set(self.ctx.plan.hosts[1:])
+        done: set[str] = set()
+        succeeded = False
+        outcome: Outcome | None = None
+        while outcome is None:
+            try:
+                event = self.events.get(timeout=PEER_FINISH_TIMEOUT_S if succeeded else None)
+            except Empty:
+                missing = ", ".join(sorted(workers - done))
+                outcome = Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: the job succeeded here but {missing} did not finish "
+                                                      f"within {PEER_FINISH_TIMEOUT_S:g} s")
+                break
+            if isinstance(event, GotSignal):
+                self._forward(event.signum, self.ctx.grace_s)
+            elif isinstance(event, LocalExit):
+                local = self._local(event.name)
+                if not event.status.ok or not local.primary:
+                    outcome = self._local_failure(local, event.status)
+                elif self.wait_for_peers and not workers <= done:
+                    succeeded = True
+                else:
+                    outcome = Outcome(0)
+            elif isinstance(event, PeerDone):
+                done.add(event.host)
+                if event.exit_code != 0:
+                    outcome = Outcome(event.exit_code, f"{event.host}: exited with code {event.exit_code}")
+                elif succeeded and workers <= done:
+                    outcome = Outcome(0)
+            elif isinstance(event, PeerFailed):
+                outcome = Outcome(event.exit_code, event.reason if event.reason.startswith(event.host) else f"{event.host}: {event.reason}")
+            elif isinstance(event, PeerLost) and event.host not in done:
+                outcome = Outcome(EXIT_CLUSTER_ERROR, f"{event.host}: left the job ({event.reason})")
+        membership.announce(Verdict(outcome.exit_code, outcome.reason, self.host))
+        return outcome
+
+    def _local_failure(self, local: Local, status: ExitStatus) -> Outcome:
+        if status.ok:  # a helper process (not the primary) ended on its own
+            return Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: {local.name} ended before the job did")
+        return self.failure_of(local, status)
+
+    def _monitor_worker(self, membership: Membership) -> Outcome:
+        own: Outcome | None = None
+        while True:
+            try:
+                event = self.events.get(timeout=REPORT_WAIT_S if own is not None else None)
+            except Empty:
+                return own  # the first host never answered our failure report
+            if isinstance(event, GotSignal):
+                self._forward(event.signum, self.ctx.grace_s)
+                if event.signum in STOPPING_SIGNALS and own is None:
+                    own = Outcome(128 + event.signum, f"{self.host}: stopped by {signal.Signals(event.signum).name}")
+                    membership.report_failure(own.reason or "", own.exit_code)
+            elif isinstance(event, LocalExit):
+                local = self._local(event.name)
+                if event.status.ok and local.primary:
+                    membership.report_done(0)
+                elif own is None:
+                    own = self._local_failure(local, event.status)
+                    membership.report_failure(own.reason or "", own.exit_code)
+            elif isinstance(event, Verdict):
+                if event.exit_code == 0:
+                    return Outcome(0)
+                return Outcome(event.exit_code, event.reason or f"the job failed with code {event.exit_code}")
+            elif isinstance(event, PeerLost):
+                return own or Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: {event.reason}")
+
+    def _stop_locals(self, grace_s: float) -> None:
+        for local in self.locals:
+            if local.child.poll() is None:
+                local.child.stop(signal.SIGTERM, grace_s)
+        for local in self.locals:
+            local.child.wait(grace_s + 5)
+            local.child.finish(linger_s=1.0)
+
+
+def _watch(local: Local, events: SimpleQueue) -> None:
+    def wait() -> None:
+        events.put(LocalExit(local.name, local.child.wait()))
+
+    threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
+
+
+__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "Stopped", "ClusterError", "log"]

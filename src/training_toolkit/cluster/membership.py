@@ -1,0 +1,97 @@
+"""This host's seat in the job: the channel's server on the first host, a client elsewhere.
+
+Runners see one small interface whatever the host's role: open, barrier,
+report, end.  Deadlines and ports come from the environment so a platform can
+set them without flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from queue import SimpleQueue
+
+from training_toolkit.cluster.channel import DEFAULT_PORT, ControlClient, ControlServer, Verdict
+from training_toolkit.errors import ConfigError
+
+DEFAULT_JOIN_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    port: int = DEFAULT_PORT
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    heartbeat_s: float = 1.0
+    peer_timeout_s: float = 10.0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "ChannelSettings":
+        def number(name: str, default: float, kind=float):
+            raw = environ.get(name)
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}", None, f"expected a number, got {raw!r}") from None
+            if value <= 0:
+                raise ConfigError(f"environment variable {name}", None, f"expected a positive number, got {raw!r}")
+            return value
+
+        return cls(
+            port=number("TRAINING_TOOLKIT_CONTROL_PORT", DEFAULT_PORT, int),
+            join_timeout_s=number("TRAINING_TOOLKIT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S),
+            heartbeat_s=number("TRAINING_TOOLKIT_HEARTBEAT", 1.0),
+            peer_timeout_s=number("TRAINING_TOOLKIT_PEER_TIMEOUT", 10.0),
+        )
+
+
+class Membership:
+    def __init__(self, secret: bytes, hosts: Sequence[str], current: str, settings: ChannelSettings, events: SimpleQueue):
+        self.hosts = tuple(hosts)
+        self.current = current
+        self.settings = settings
+        self.is_master = current == self.hosts[0]
+        kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s)
+        if self.is_master:
+            self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events, **kw)
+            self._client: ControlClient | None = None
+        else:
+            self._server = None
+            self._client = ControlClient(secret, current, self.hosts[0], settings.port, events, **kw)
+
+    def open(self) -> None:
+        """Serve, or join within the join deadline."""
+        if self._server:
+            self._server.start()
+        else:
+            assert self._client is not None
+            self._client.connect(self.settings.join_timeout_s)
+
+    def barrier(self) -> None:
+        """Every host ready, or a ClusterError naming who is not."""
+        if self._server:
+            self._server.wait_ready(self.settings.join_timeout_s)
+            self._server.release()
+        else:
+            assert self._client is not None
+            self._client.ready()
+            self._client.wait_go(self.settings.join_timeout_s)
+
+    def report_failure(self, reason: str, exit_code: int) -> None:
+        if self._client:
+            self._client.failed(reason, exit_code)
+
+    def report_done(self, exit_code: int) -> None:
+        if self._client:
+            self._client.done(exit_code)
+
+    def announce(self, verdict: Verdict) -> None:
+        if self._server:
+            self._server.broadcast(verdict)
+
+    def close(self) -> None:
+        if self._server:
+            self._server.close()
+        if self._client:
+            self._client.close()

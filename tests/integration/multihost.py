@@ -1,0 +1,63 @@
+"""Helpers for tests on local clusters: jobs from fixture scripts, and checks that nothing survives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from training_toolkit.local.launcher import HostResult, LocalJob, run_local
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
+
+
+def needs_root_cluster():
+    return pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
+                              reason="local clusters need root, iproute2 and util-linux")
+
+
+def needs_mpi():
+    return pytest.mark.skipif(not shutil.which("mpirun") or not os.path.exists("/usr/sbin/sshd"),
+                              reason="needs Open MPI (mpirun) and openssh-server")
+
+
+def source_dir(tmp_path: Path, *scripts: str) -> Path:
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    for name in scripts:
+        shutil.copy(FIXTURES / name, src / name)
+    return src
+
+
+def hps(program: str, src: Path, **extra) -> dict[str, str]:
+    values = {"sagemaker_program": json.dumps(program), "sagemaker_submit_directory": json.dumps(str(src))}
+    values.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
+    return values
+
+
+def ours_running(tag_env: str = "TRAINING_TOOLKIT_JOB_SECRET") -> list[str]:
+    """Processes that carry a job secret in their environment (train, mpirun, ranks, sshd sessions)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if proc.pid == os.getpid():
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "training_toolkit.rank" in cmd or cmd.endswith("/train") or "mpi_allreduce" in cmd or "orted" in cmd \
+                    or "training-toolkit-" in cmd:
+                found.append(f"{proc.pid} {cmd[:120]}")
+        except psutil.Error:
+            pass
+    return found
+
+
+def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120) -> list[HostResult]:
+    results = run_local(job, tmp_path / "cluster", timeout_s=timeout_s, out=sys.stdout.buffer)
+    leftovers = ours_running()
+    assert not leftovers, f"processes of the job survived: {leftovers}"
+    return results
