@@ -22,7 +22,7 @@ from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Ver
 from training_toolkit.cluster.membership import ChannelSettings, Membership
 from training_toolkit.cluster.secret import JobSecret, job_secret
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, ToolkitError
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
 
@@ -123,6 +123,9 @@ class HostAgent:
             self._stop_locals(FAILURE_GRACE_S)
             self.cleanup()
             membership.close()
+            ended = end_descendants()
+            if ended:
+                log(f"ended processes the job left behind: {', '.join(ended)}")
         return outcome
 
     def _on_signal(self, signum: int) -> None:

@@ -222,6 +222,28 @@ def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
             _quiet(lambda: os.waitpid(proc.pid, 0))
 
 
+def end_descendants(linger_s: float = 1.0) -> list[str]:
+    """End every process below us: what the job started here and that outlived its parent.
+
+    Daemons such as Open MPI's ``orted --daemonize`` leave the tree of the
+    process that started them; because the toolkit is a subreaper, they are
+    re-parented to us, and so still found here.  Returns what had to be ended.
+    """
+    import psutil  # deferred: only needed once, at the end
+
+    left = [p for p in psutil.Process().children(recursive=True) if _quiet(p.status) not in (None, psutil.STATUS_ZOMBIE)]
+    names = [f"{p.pid} {_quiet(p.name)}" for p in left]
+    for proc in left:
+        _quiet(proc.terminate)
+    _, alive = psutil.wait_procs(left, timeout=linger_s)
+    for proc in alive:
+        _quiet(proc.kill)
+    psutil.wait_procs(alive, timeout=linger_s)
+    for proc in left:
+        _quiet(lambda: os.waitpid(proc.pid, os.WNOHANG))
+    return names
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)

@@ -56,8 +56,11 @@ def ours_running(tag_env: str = "TRAINING_TOOLKIT_JOB_SECRET") -> list[str]:
     return found
 
 
-def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120) -> list[HostResult]:
-    results = run_local(job, tmp_path / "cluster", timeout_s=timeout_s, out=sys.stdout.buffer)
+def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120, **kw) -> list[HostResult]:
+    """Run on a local cluster; assert no host left a process behind when its train ended."""
+    results = run_local(job, tmp_path / "cluster", timeout_s=timeout_s, out=sys.stdout.buffer, **kw)
+    for r in results:
+        assert not r.survivors, f"{r.host}: processes survived its train: {r.survivors}"
     leftovers = ours_running()
     assert not leftovers, f"processes of the job survived: {leftovers}"
     return results

@@ -51,3 +51,115 @@ def test_a_rank_raising_fails_every_host_with_the_cause(tmp_path):
         first = r.failure.splitlines()[0]
         assert "rank 3" in first and "algo-2" in first, first
         assert "ValueError: rank 3 was told to fail" in first, first
+
+
+def spread(results) -> float:
+    ended = [r.ended_at for r in results]
+    return max(ended) - min(ended)
+
+
+def test_a_rank_killed_by_sigkill_on_the_last_host(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    t0 = time.monotonic()
+    results = run(mpi_job(src, env={"KILL_RANK": "5"}), tmp_path)
+    assert all(r.exit_code not in (0, None) for r in results), [r.exit_code for r in results]
+    for r in results:
+        first = r.failure.splitlines()[0]
+        assert "rank 5 on algo-3 killed by SIGKILL" in first, first
+    assert spread(results) < 3.0
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_host_whose_sshd_never_starts(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    job = mpi_job(src)
+    job = LocalJob(**{**job.__dict__, "host_env": {"algo-3": {"TRAINING_TOOLKIT_SSHD": "/bin/false"}}})
+    t0 = time.monotonic()
+    results = run(job, tmp_path)
+    assert time.monotonic() - t0 < 20
+    for r in results:
+        assert r.exit_code not in (0, None)
+        first = r.failure.splitlines()[0]
+        assert "algo-3" in first and "sshd" in first, first
+    assert spread(results) < 3.0
+
+
+def test_a_host_that_never_starts_train(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    job = mpi_job(src, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "4"})
+    job = LocalJob(**{**job.__dict__, "start_hosts": ["algo-1", "algo-2"]})
+    t0 = time.monotonic()
+    results = run(job, tmp_path)
+    assert time.monotonic() - t0 < 15
+    by_host = {r.host: r for r in results}
+    assert by_host["algo-3"].exit_code is None
+    for name in ("algo-1", "algo-2"):
+        assert by_host[name].exit_code == 69
+        assert "never joined: algo-3" in by_host[name].failure.splitlines()[0]
+
+
+def test_sigterm_to_the_first_hosts_train_stops_the_job_everywhere(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    import signal
+    import threading
+
+    def later(procs):
+        threading.Timer(3.0, lambda: procs["algo-1"].send_signal(signal.SIGTERM)).start()
+
+    t0 = time.monotonic()
+    results = run(mpi_job(src, env={"SLEEP": "60"}), tmp_path, on_start=later)
+    assert time.monotonic() - t0 < 20
+    assert all(r.exit_code not in (0, None) for r in results), [r.exit_code for r in results]
+    assert all(not r.success and r.failure for r in results)
+    assert spread(results) < 3.0
+
+
+def test_a_worker_host_vanishing_fails_the_job(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    import signal
+    import threading
+
+    def later(procs):
+        threading.Timer(3.0, lambda: procs["algo-2"].send_signal(signal.SIGKILL)).start()
+
+    t0 = time.monotonic()
+    results = run_local_no_survivor_check(mpi_job(src, env={"SLEEP": "60"}), tmp_path, on_start=later)
+    assert time.monotonic() - t0 < 20
+    by_host = {r.host: r for r in results}
+    for name in ("algo-1", "algo-3"):
+        assert by_host[name].exit_code not in (0, None)
+        assert "algo-2" in by_host[name].failure.splitlines()[0], by_host[name].failure
+        assert not by_host[name].survivors
+
+
+def run_local_no_survivor_check(job, tmp_path, **kw):
+    """SIGKILLed train cannot clean up its own host; the others must still end cleanly."""
+    import sys
+
+    from training_toolkit.local.launcher import run_local
+
+    return run_local(job, tmp_path / "cluster", timeout_s=120, out=sys.stdout.buffer, **kw)
+
+
+def test_control_port_taken_on_the_first_host(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    import sys
+
+    squatters = []
+
+    def squat(cluster):
+        code = "import socket,time; s=socket.socket(); s.bind(('',8950)); s.listen(); print('up', flush=True); time.sleep(120)"
+        proc = cluster.popen("algo-1", [sys.executable, "-c", code], stdout=__import__("subprocess").PIPE)
+        proc.stdout.readline()
+        squatters.append(proc)
+
+    t0 = time.monotonic()
+    results = run_local_no_survivor_check(mpi_job(src, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "5"}), tmp_path,
+                                          before_start=squat)
+    assert time.monotonic() - t0 < 20
+    by_host = {r.host: r for r in results}
+    first = by_host["algo-1"].failure.splitlines()[0]
+    assert by_host["algo-1"].exit_code == 69 and "port 8950" in first and "in use" in first, first
+    for name in ("algo-2", "algo-3"):
+        assert by_host[name].exit_code == 69
+        assert "control channel on algo-1:8950" in by_host[name].failure, by_host[name].failure

@@ -41,6 +41,20 @@ HOST = "127.0.0.1"
 ALIAS = "localhost"
 
 
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def named(proc: psutil.Process) -> str:
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -152,7 +166,7 @@ def test_wait_for_ssh_is_bounded_when_a_host_never_answers(tmp_path):
         with pytest.raises(SshUnreachable, match=HOST):
             wait_for_ssh(layout, [HOST, ALIAS], deadline_s=2, per_try_timeout_s=30)
         assert time.monotonic() - started < 3.5
-        assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "ssh"]
+        assert not [p for p in psutil.Process().children(recursive=True) if named(p) == "ssh" and alive(p)]
     finally:
         silent.close()
 
@@ -186,7 +200,7 @@ def test_stop_ends_sshd_and_its_sessions(tmp_path):
     session = subprocess.Popen([*ssh_command(layout), HOST, "sleep", "300"], stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not any(p.name() == "sleep" for p in listener.children(recursive=True)):
+        while not any(named(p) == "sleep" for p in listener.children(recursive=True)):
             assert time.monotonic() < deadline, "the ssh session never started"
             time.sleep(0.05)
         ours = [listener, *listener.children(recursive=True)]
@@ -194,8 +208,7 @@ def test_stop_ends_sshd_and_its_sessions(tmp_path):
         sshd.stop()
         assert time.monotonic() - started < 5
         assert session.wait(timeout=10) != 0  # the client saw its connection close
-        alive = [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert alive == []
+        assert [p for p in ours if alive(p)] == []
         assert not sshd.running
         sshd.stop()  # idempotent
     finally:

@@ -153,6 +153,8 @@ class ControlServer:
         self._heartbeat_s = heartbeat_s
         self._timeout_s = timeout_s
         self._links: dict[str, _Link] = {}
+        self._joined: set[str] = set()  # every host that ever joined (lost ones included)
+        self._verdict: Verdict | None = None
         self._ready: set[str] = set()
         self._failure: str | None = None
         self._state = threading.Condition()
@@ -221,6 +223,12 @@ class ControlServer:
             raise ConnectionError(reason)
         link.send_raw({"t": "welcome", "mac": _mac(self._secret, "welcome", nonce, cnonce, host)})
         link.key = hmac.new(self._secret, f"session|{nonce}|{cnonce}".encode(), hashlib.sha256).digest()
+        with self._state:
+            self._joined.add(host)
+            verdict = self._verdict
+            self._state.notify_all()
+        if verdict is not None:  # a late joiner learns at once that the job is over
+            link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
         return host
 
     def _on_message(self, host: str, message: dict) -> None:
@@ -231,8 +239,9 @@ class ControlServer:
                 self._state.notify_all()
         elif kind == "failed":
             reason = str(message.get("reason", "failed"))
+            named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
-                self._failure = self._failure or f"{host}: {reason}"
+                self._failure = self._failure or named
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, int(message.get("code", 1))))
         elif kind == "done":
@@ -283,7 +292,19 @@ class ControlServer:
         self._send_all("go")
 
     def broadcast(self, verdict: Verdict) -> None:
+        with self._state:
+            self._verdict = verdict
         self._send_all("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+
+    def linger(self, timeout_s: float) -> None:
+        """After the verdict: give hosts that have not joined yet up to ``timeout_s`` to come and hear it."""
+        end = time.monotonic() + timeout_s
+        with self._state:
+            while not set(self.expected) <= self._joined:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._state.wait(min(left, 0.5))
 
     def _send_all(self, kind: str, **fields) -> None:
         with self._state:

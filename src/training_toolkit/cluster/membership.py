@@ -15,6 +15,7 @@ from training_toolkit.cluster.channel import DEFAULT_PORT, ControlClient, Contro
 from training_toolkit.errors import ConfigError
 
 DEFAULT_JOIN_TIMEOUT_S = 180.0
+VERDICT_LINGER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,10 @@ class Membership:
             self._client.done(exit_code)
 
     def announce(self, verdict: Verdict) -> None:
+        """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""
         if self._server:
             self._server.broadcast(verdict)
+            self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
 
     def close(self) -> None:
         if self._server:

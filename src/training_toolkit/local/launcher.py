@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -51,6 +51,7 @@ class HostResult:
     failure: str | None
     opt_ml: Path
     ended_at: float | None  # time.monotonic() when its train ended
+    survivors: tuple[str, ...] = ()  # processes still in the host once its train ended (should be none)
 
     @property
     def model_dir(self) -> Path:
@@ -114,7 +115,8 @@ def default_train() -> list[str]:
 
 
 def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: BinaryIO | None = None,
-              stop_grace_s: float = 10.0) -> list[HostResult]:
+              stop_grace_s: float = 10.0, before_start: Callable[[NamespaceCluster], None] | None = None,
+              on_start: Callable[[Mapping[str, subprocess.Popen]], None] | None = None) -> list[HostResult]:
     """Run ``job`` on local hosts under ``workdir``; every host's result, in host order.
 
     Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller is
@@ -137,6 +139,9 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
     with NamespaceCluster(list(job.hosts), workdir) as cluster:
         for host in cluster.hosts:
             host_tree(host.opt_ml, job, host.name)
+        if before_start is not None:
+            before_start(cluster)
+        holders = {name: set(pids) for name, pids in cluster.pids().items()}
         base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
                     "HOME": os.environ.get("HOME", "/root"), "TRAINING_TOOLKIT_JOB_SECRET": secret, **job.env}
         pumps = []
@@ -151,6 +156,8 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
                 procs[name] = proc
                 prefix = f"[{name.ljust(width)}] ".encode()
                 pumps += [_Prefixer(proc.stdout, out, prefix, lock), _Prefixer(proc.stderr, out, prefix, lock)]
+            if on_start is not None:
+                on_start(procs)
             deadline = time.monotonic() + timeout_s
             while len(ended) < len(procs) and time.monotonic() < deadline and not stop.is_set():
                 for name, proc in procs.items():
@@ -171,6 +178,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             codes = {name: proc.poll() for name, proc in procs.items()}
+            survivors = _survivors(cluster, holders) if len(ended) == len(procs) else {}
     for pump in pumps:
         pump.thread.join(timeout=2)
     results = []
@@ -184,5 +192,26 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
             failure=failure_file.read_text(errors="replace") if failure_file.exists() else None,
             opt_ml=opt_ml,
             ended_at=ended.get(host),
+            survivors=tuple(survivors.get(host, ())),
         ))
     return results
+
+
+def _survivors(cluster: NamespaceCluster, before: Mapping[str, set[int]]) -> dict[str, list[str]]:
+    """Processes a host's train left behind: everything in its namespace that was not there before it."""
+    time.sleep(0.05)  # let the kernel finish reaping what exited with train
+    found = {}
+    for name, pids in cluster.pids().items():
+        left = []
+        for pid in pids:
+            if pid in before.get(name, set()):
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                left.append(f"{pid} {cmdline}")
+            except OSError:
+                continue
+        if left:
+            found[name] = left
+    return found

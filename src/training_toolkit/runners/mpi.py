@@ -62,7 +62,7 @@ class MpiAgent(HostAgent):
         keys = ssh.load_keys(Path(keys_dir)) if keys_dir else ssh.derive_keys(self.secret.value)
         self.layout = ssh.write_ssh_dir(ssh_dir(self.secret.value), keys, self.ctx.plan.hosts, port=self.ssh_port)
         if not self.is_master:
-            self.sshd = ssh.Sshd(self.layout)
+            self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.environ.get("TRAINING_TOOLKIT_SSHD") or None)
             self.sshd.start()
 
     def after_barrier(self) -> None:
