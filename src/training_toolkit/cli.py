@@ -57,21 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
     _add_job_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
-    local = sub.add_parser("local", help="run a job on N local hosts (network namespaces; needs root)", add_help=False)
-    local.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("local", help="run a job on N local hosts (network namespaces; needs root); see `local --help`")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["local"]:  # its own parser: every flag after `local` is its own
+        from training_toolkit.local.cli import main as local_main
+
+        return local_main(argv[1:])
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `training-toolkit plan | head`
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return run(args.base_dir, args.grace_period, dict(os.environ))
     if args.command == "plan":
         return show_plan(args.base_dir, args.json, dict(os.environ))
-    if args.command == "local":
-        from training_toolkit.local.cli import main as local_main
-
-        return local_main(args.rest)
     build_parser().print_help(sys.stderr)
     return errors.EXIT_USAGE
 

@@ -20,7 +20,8 @@ for epoch in range(args.epochs):
     gb = sum((w * x + b - y) for x, y in points) / len(points)
     w, b = w - args.learning_rate * gw, b - args.learning_rate * gb
     loss = sum((w * x + b - y) ** 2 for x, y in points) / len(points)
-    print(f"epoch {epoch + 1}/{args.epochs} loss={loss:.5f}", flush=True)
+    if (epoch + 1) % 50 == 0 or epoch == 0:
+        print(f"epoch {epoch + 1}/{args.epochs} loss={loss:.5f}", flush=True)
 
 os.makedirs(args.model_dir, exist_ok=True)
 with open(os.path.join(args.model_dir, "model.json"), "w") as f:

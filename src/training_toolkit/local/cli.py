@@ -1,0 +1,93 @@
+"""``training-toolkit local``: run a job on N hosts of this machine (network namespaces; needs root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from training_toolkit.errors import EXIT_USAGE
+
+DISTRIBUTIONS = {
+    "none": {},
+    "mpi": {"sagemaker_mpi_enabled": "true"},
+    "parameter_server": {"sagemaker_parameter_server_enabled": "true"},
+    "multi_worker_mirrored": {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"},
+    "dataparallel": {"sagemaker_distributed_dataparallel_enabled": "true"},
+    "torch_distributed": {"sagemaker_torch_distributed_enabled": "true"},
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="training-toolkit local",
+        description="Run a training job on N local hosts, each a network namespace with its own hostname, "
+        "address and /opt/ml, as a platform would; output is prefixed by host. Needs root.",
+    )
+    parser.add_argument("--hosts", type=int, default=2, help="number of hosts (algo-1..algo-N), default 2")
+    parser.add_argument("--source", required=True, type=Path, help="directory with the training code")
+    parser.add_argument("--entry-point", required=True, help="script (or command) in --source to run")
+    parser.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
+                        help="a hyperparameter, as it would appear in hyperparameters.json (repeatable)")
+    parser.add_argument("--channel", action="append", default=[], metavar="NAME=DIR",
+                        help="a data channel copied to every host's input/data/NAME (repeatable)")
+    parser.add_argument("--distribution", choices=sorted(DISTRIBUTIONS), default="none")
+    parser.add_argument("--processes-per-host", type=int, help="MPI processes per host")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment for every host")
+    parser.add_argument("--workdir", type=Path, help="where the hosts' /opt/ml trees are kept (default: a new temp dir)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is stopped (default 3600)")
+    return parser
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"training-toolkit local: {flag} expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    from training_toolkit.local.launcher import LocalJob, run_local
+    from training_toolkit.local.netns import NamespaceClusterError
+
+    args = build_parser().parse_args(list(argv))
+    if args.hosts < 1:
+        print("training-toolkit local: --hosts must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    source = args.source.resolve()
+    if not (source / args.entry_point).exists():
+        print(f"training-toolkit local: {args.entry_point} not found in {source}", file=sys.stderr)
+        return EXIT_USAGE
+    hps = {"sagemaker_program": json.dumps(args.entry_point), "sagemaker_submit_directory": json.dumps(str(source))}
+    hps.update(DISTRIBUTIONS[args.distribution])
+    if args.processes_per_host:
+        hps["sagemaker_mpi_num_of_processes_per_host"] = str(args.processes_per_host)
+    hps.update(_pairs(args.hp, "--hp"))
+    channels = {k: Path(v).resolve() for k, v in _pairs(args.channel, "--channel").items()}
+    for name, path in channels.items():
+        if not path.is_dir():
+            print(f"training-toolkit local: channel {name}: {path} is not a directory", file=sys.stderr)
+            return EXIT_USAGE
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="training-toolkit-local-"))
+    job = LocalJob(hosts=tuple(f"algo-{i}" for i in range(1, args.hosts + 1)), hyperparameters=hps,
+                   channels=channels, env=_pairs(args.env, "--env"))
+    try:
+        results = run_local(job, workdir, timeout_s=args.timeout)
+    except NamespaceClusterError as exc:
+        print(f"training-toolkit local: {exc}", file=sys.stderr)
+        return 69
+    print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
+    for r in results:
+        verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]
+        code = "did not end" if r.exit_code is None else f"exit {r.exit_code}"
+        print(f"  {r.host}: {code}: {verdict}", file=sys.stderr)
+    codes = {r.exit_code for r in results}
+    if len(codes) == 1 and None not in codes:
+        return codes.pop()
+    return 1
