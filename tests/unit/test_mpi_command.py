@@ -1,0 +1,80 @@
+import pytest
+
+from training_toolkit.errors import ConfigError
+from training_toolkit.process import ExitStatus
+from training_toolkit.runners.mpi import describe_mpi_failure
+from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
+
+JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
+             rank_command=("/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c"),
+             forward_env=("PATH", "SM_HOSTS"), rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
+             custom_options=("-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
+
+
+def test_openmpi4_command_exactly():
+    assert mpirun_command(JOB, "openmpi4") == [
+        "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--allow-run-as-root", "--tag-output",
+        "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+        "--mca", "plm_rsh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+        "--mca", "orte_abort_on_non_zero_status", "1",
+        "-x", "NCCL_SOCKET_IFNAME=eth0", "-x", "PATH", "-x", "SM_HOSTS",
+        "-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024",
+        "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
+    ]
+
+
+def test_openmpi5_command_exactly():
+    job = MpiJob(**{**JOB.__dict__, "as_root": False, "custom_options": (), "forward_env": ()})
+    assert mpirun_command(job, "openmpi5", mpirun="/opt/bin/mpirun") == [
+        "/opt/bin/mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--output", "tag",
+        "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+        "--mca", "plm_ssh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_ssh_no_tree_spawn", "1",
+        "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        "-x", "NCCL_SOCKET_IFNAME=eth0",
+        "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
+    ]
+
+
+def test_one_host_and_many_hosts():
+    one = MpiJob(**{**JOB.__dict__, "hosts": ("algo-1",), "num_processes": 2})
+    assert mpirun_command(one)[1:5] == ["--host", "algo-1:2", "-np", "2"]
+    many = MpiJob(**{**JOB.__dict__, "hosts": tuple(f"algo-{i}" for i in range(1, 9)), "processes_per_host": 8,
+                     "num_processes": 64})
+    assert mpirun_command(many)[2] == ",".join(f"algo-{i}:8" for i in range(1, 9))
+    with pytest.raises(ConfigError, match="do not fit"):
+        mpirun_command(MpiJob(**{**JOB.__dict__, "num_processes": 5}))
+
+
+def test_custom_options_are_split_safely():
+    assert parse_custom_options("-x A='b c' --mca x 1; rm -rf /", "hp") == ("-x", "A=b c", "--mca", "x", "1;", "rm", "-rf", "/")
+    with pytest.raises(ConfigError, match="cannot be parsed"):
+        parse_custom_options("-x 'unbalanced", "hp")
+
+
+def test_forwarded_variables_exclude_secrets_and_noise():
+    names = ["PATH", "SM_HOSTS", "TRAINING_TOOLKIT_JOB_SECRET", "HOSTNAME", "OMPI_COMM_WORLD_RANK", "BAD-NAME", "A"]
+    assert forwardable(names) == ("A", "PATH", "SM_HOSTS")
+
+
+HOSTS = ("algo-1", "algo-2", "algo-3")
+
+
+def test_describe_signal_death_from_mpirun_report():
+    tail = ["[1,0]<stdout>:hello",
+            "mpirun noticed that process rank 5 with PID 0 on node algo-3 exited on signal 9 (Killed)."]
+    assert describe_mpi_failure(tail, HOSTS, 2, ExitStatus(137)) == \
+        "rank 5 on algo-3 killed by SIGKILL: likely out of memory (exit code 137)"
+
+
+def test_describe_abort_with_the_ranks_exception():
+    tail = ["[1,3]<stderr>:Traceback (most recent call last):", "[1,3]<stderr>:ValueError: boom",
+            "[1,1]<stderr>:unrelated", "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD"]
+    assert describe_mpi_failure(tail, HOSTS, 2, ExitStatus(1)) == "rank 3 on algo-2 called MPI_Abort: ValueError: boom"
+
+
+def test_describe_non_zero_exit_and_unknown():
+    tail = ["[1,4]<stderr>:oops", "  Process name: [[6491,1],4]", "  Exit code:    3"]
+    assert describe_mpi_failure(tail, HOSTS, 2, ExitStatus(3)) == "rank 4 on algo-3 exited with code 3: oops"
+    assert describe_mpi_failure(["ssh: connect failed"], HOSTS, 2, ExitStatus(255)) == \
+        "algo-1: mpirun exited with code 255: ssh: connect failed"
