@@ -15,8 +15,7 @@ Here every piece is per job and lives in a directory of our own (never
   ``StrictHostKeyChecking no``.
 
 Every host must write its directory at the same path: Open MPI's tree spawn
-runs the rsh agent (``ssh -F <path>``) on remote hosts too.  Linux only (sshd
-children are found through ``/proc``).
+runs the rsh agent (``ssh -F <path>``) on remote hosts too.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import psutil
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -65,7 +65,7 @@ DEFAULT_SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 # sshd's children get a fresh environment anyway; this keeps the job's secrets
 # out of the listener's /proc/<pid>/environ.
-_SSHD_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+_SSHD_ENV = MappingProxyType({"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
 
 # Characters that would need quoting, start a comment, expand as a token (%h, ~)
 # or split the rsh agent string mpirun is given.  We refuse them instead.
@@ -601,8 +601,10 @@ class Sshd:
         stop_grace_s: float = 2.0,
     ):
         resolved = sshd_path or shutil.which("sshd") or DEFAULT_SSHD
+        if not os.path.isabs(resolved):
+            resolved = shutil.which(resolved) or os.path.abspath(resolved)
         # sshd re-executes itself for every connection and refuses a relative path.
-        self.sshd_path = os.path.abspath(resolved)
+        self.sshd_path = resolved
         self.layout = layout
         self.privsep_dir = Path(privsep_dir)
         self.start_timeout_s = start_timeout_s
@@ -674,7 +676,7 @@ class Sshd:
             code = self._proc.poll()
             if code is not None:
                 lines = _log_lines(self.layout.sshd_log, log_offset)
-                bind = next((line for line in lines if "Bind to port" in line or "bind" in line.lower()), None)
+                bind = next((line for line in lines if "bind" in line.lower()), None)
                 if bind is not None:
                     raise SshdError(f"sshd could not listen on port {self.layout.port}: {bind}")
                 reason = lines[-1] if lines else "no output"

@@ -1,0 +1,57 @@
+"""Shared pieces of the benchmarks: job trees, the commands under test, timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OURS = REPO / ".venv" / "bin" / "train"
+REFERENCE = Path(os.environ.get("REFERENCE_VENV", REPO / ".venv-ref")) / "bin" / "train"
+PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def make_tree(base: Path, script: str, entry: str = "job.py", hps: dict | None = None) -> Path:
+    """A one-host job whose code is already in the code dir (no copy, no install)."""
+    (base / "code").mkdir(parents=True, exist_ok=True)
+    (base / "code" / entry).write_text(script)
+    config = base / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    values = {"sagemaker_program": json.dumps(entry), **(hps or {})}
+    (config / "hyperparameters.json").write_text(json.dumps(values))
+    (config / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+    (config / "inputdataconfig.json").write_text("{}")
+    for sub in ("model", "output/data"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def env_for(base: Path) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root"),
+           "SAGEMAKER_BASE_DIR": str(base), "SM_STUDIO_LOCAL_MODE": "true"}
+    return env
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None, stdout=subprocess.DEVNULL) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} failed with {proc.returncode}")
+    return elapsed
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def have_reference() -> bool:
+    if not os.access(REFERENCE, os.X_OK):
+        print(f"(reference not installed at {REFERENCE}: run scripts/setup-reference.sh)", file=sys.stderr)
+        return False
+    return True

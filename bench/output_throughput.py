@@ -1,0 +1,62 @@
+"""Output throughput: ~200 MB of log lines through `train` vs the same script run directly.
+
+The reader drains the pipe as fast as it can, as a log collector would.  Both stdout (inherited
+by the script, untouched) and stderr (relayed by the supervisor, which keeps a tail) are measured.
+Target: ratio <= 1.05.   Usage: .venv/bin/python bench/output_throughput.py [MEGABYTES]
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import OURS, PYTHON, env_for, make_tree
+
+SCRIPT = """
+import os, sys
+stream = sys.argv[2]
+fd = 1 if stream == "stdout" else 2
+line = b"step 000123 loss=0.123456 accuracy=0.987654 lr=0.001 throughput=1234.5 samples/s\\n"
+block = line * 1024
+for _ in range(int(float(sys.argv[1]) * 1024 * 1024 // len(block))):
+    os.write(fd, block)
+"""
+
+
+def drain(cmd, env, cwd, stream) -> float:
+    t0 = time.perf_counter()
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL} if stream == "stdout" else \
+         {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, **kw)
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    total = 0
+    while chunk := pipe.read1(1 << 20):
+        total += len(chunk)
+    proc.wait()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    megabytes = float(sys.argv[1]) if len(sys.argv) > 1 else 200
+    rounds = 5
+    with tempfile.TemporaryDirectory() as tmp:
+        for stream in ("stdout", "stderr"):
+            tree = make_tree(Path(tmp) / stream, SCRIPT, hps={"a": str(megabytes), "b": f'"{stream}"'})
+            # the script reads its size and stream from argv: --a MB --b stream
+            (tree / "code" / "job.py").write_text(SCRIPT.replace("sys.argv[1]", "sys.argv[2]").replace("sys.argv[2]\nfd", "sys.argv[4]\nfd"))
+            ours, bare = [], []
+            for _ in range(rounds):
+                ours.append(drain([str(OURS)], env_for(tree), None, stream))
+                bare.append(drain([str(PYTHON), "job.py", "--a", str(megabytes), "--b", stream], env_for(tree),
+                                  tree / "code", stream))
+            o, b = statistics.median(ours), statistics.median(bare)
+            print(f"{stream}: {megabytes:.0f} MB  bare {b:6.3f} s ({megabytes / b:6.0f} MB/s)  "
+                  f"through train {o:6.3f} s ({megabytes / o:6.0f} MB/s)  ratio {o / b:5.3f} (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
