@@ -11,8 +11,6 @@ import posixpath
 import shutil
 import stat
 import sys
-import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,8 @@ def fetch(job: JobSpec, environ: Mapping[str, str]) -> Path:
     if not source or any(code_dir.iterdir()):
         return code_dir
     if source.startswith("s3://"):
+        import tempfile  # deferred, as every import on the launch path that a run may not need
+
         with tempfile.TemporaryDirectory(prefix="tt-code-") as tmp:
             archive = Path(tmp) / "sourcedir.tar.gz"
             download_s3(source, archive, environ)
@@ -76,6 +76,8 @@ def download_s3(uri: str, dest: Path, environ: Mapping[str, str]) -> None:
 
 def extract_tarball(archive: Path, dest: Path, label: str) -> None:
     """Unpack a tarball, refusing any member that would land outside ``dest``."""
+    import tarfile
+
     try:
         with tarfile.open(archive, mode="r:*") as tar:
             members = tar.getmembers()
@@ -91,7 +93,7 @@ def extract_tarball(archive: Path, dest: Path, label: str) -> None:
         raise CodeError(f"{label}: not a readable tar.gz archive: {exc}") from None
 
 
-def _unsafe_member(member: tarfile.TarInfo) -> str | None:
+def _unsafe_member(member) -> str | None:
     name = member.name
     if name.startswith("/") or posixpath.isabs(name):
         return "absolute path"

@@ -11,14 +11,15 @@ because the supervisor is their subreaper.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import secrets
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from training_toolkit import procfs
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -90,6 +91,8 @@ class Tail:
 
 def become_subreaper() -> bool:
     """Orphaned descendants of our children get re-parented to us, so we can find and reap them."""
+    import ctypes  # deferred: only the CLI's run needs it
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
@@ -116,7 +119,7 @@ class Supervised:
         self._stopping = False
         self._killed = False
         self._kill_timer: threading.Timer | None = None
-        self._token = secrets.token_hex(8)
+        self._token = os.urandom(8).hex()
         self.proc = subprocess.Popen(
             self.argv,
             env={**env, TOKEN_VAR: self._token},
@@ -191,35 +194,24 @@ class Supervised:
 
 
 def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
-    import psutil  # deferred: only needed once, at the end
+    """End what a finished script left: its process group, and descendants carrying its token."""
+    marker = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
 
-    marker = f"{TOKEN_VAR}={token}"
-
-    def ours(proc: "psutil.Process") -> bool:
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return proc.ppid() == os.getpid()
-            if os.getpgid(proc.pid) == pgid:
-                return True
-            with open(f"/proc/{proc.pid}/environ", "rb") as f:
-                return marker.encode() in f.read().split(b"\0")
-        except (psutil.Error, OSError):
-            return False
-
-    def survivors() -> list["psutil.Process"]:
-        return [p for p in psutil.Process().children(recursive=True) if ours(p)]
+    def survivors() -> list[procfs.Proc]:
+        return [p for p in procfs.descendants(me) if not p.zombie and (p.pgid == pgid or procfs.has_marker(p.pid, marker))]
 
     _signal_group(pgid, signal.SIGTERM)
     left = survivors()
-    for proc in left:
-        _quiet(proc.terminate)
-    if left:
-        _, left = psutil.wait_procs(left, timeout=linger_s)
+    procfs.signal_all([p.pid for p in left], signal.SIGTERM)
+    deadline = time.monotonic() + linger_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        _reap([p.pid for p in left])
+        left = survivors()
     _signal_group(pgid, signal.SIGKILL)
-    for proc in left + survivors():
-        _quiet(proc.kill)
-        if _quiet(proc.ppid) == os.getpid():
-            _quiet(lambda: os.waitpid(proc.pid, 0))
+    procfs.signal_all([p.pid for p in survivors()], signal.SIGKILL)
+    _reap([p.pid for p in procfs.descendants(me) if p.ppid == me and p.zombie])
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
@@ -229,19 +221,36 @@ def end_descendants(linger_s: float = 1.0) -> list[str]:
     process that started them; because the toolkit is a subreaper, they are
     re-parented to us, and so still found here.  Returns what had to be ended.
     """
-    import psutil  # deferred: only needed once, at the end
-
-    left = [p for p in psutil.Process().children(recursive=True) if _quiet(p.status) not in (None, psutil.STATUS_ZOMBIE)]
-    names = [f"{p.pid} {_quiet(p.name)}" for p in left]
-    for proc in left:
-        _quiet(proc.terminate)
-    _, alive = psutil.wait_procs(left, timeout=linger_s)
-    for proc in alive:
-        _quiet(proc.kill)
-    psutil.wait_procs(alive, timeout=linger_s)
-    for proc in left:
-        _quiet(lambda: os.waitpid(proc.pid, os.WNOHANG))
+    me = os.getpid()
+    left = [p for p in procfs.descendants(me) if not p.zombie]
+    names = [f"{p.pid} {_comm(p.pid)}" for p in left]
+    procfs.signal_all([p.pid for p in left], signal.SIGTERM)
+    deadline = time.monotonic() + linger_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        _reap([p.pid for p in left])
+        left = [p for p in procfs.descendants(me) if not p.zombie]
+    procfs.signal_all([p.pid for p in left], signal.SIGKILL)
+    time.sleep(0.02)
+    _reap([p.pid for p in procfs.descendants(me) if p.ppid == me and p.zombie])
     return names
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the given children of ours that have exited (orphans re-parented to us included)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def _signal_group(pgid: int, sig: int) -> None:
