@@ -115,7 +115,7 @@ def entry_command(job: JobSpec, code_dir: Path, python: str = sys.executable) ->
     entry = job.entry_point
     if not entry:
         raise CodeError("no entry point: set the sagemaker_program hyperparameter or SAGEMAKER_PROGRAM")
-    if entry.startswith("/") or ".." in Path(entry).parts:
+    if entry.startswith(("/", "-")) or ".." in Path(entry).parts:
         raise CodeError(f"entry point {entry!r} must be a path inside the code dir")
     if (code_dir / "setup.py").is_file():
         module = entry[:-3] if entry.endswith(".py") else entry
@@ -125,6 +125,10 @@ def entry_command(job: JobSpec, code_dir: Path, python: str = sys.executable) ->
         raise CodeError(f"entry point {entry!r} not found in {code_dir}")
     if entry.endswith(".py"):
         return EntryCommand("python", (python, entry))
+    with open(target, "rb") as f:
+        head = f.read(4)
+    if head[:2] != b"#!" and head != b"\x7fELF":  # what execvp would hand to the shell anyway
+        return EntryCommand("command", ("/bin/sh", str(target)))
     return EntryCommand("command", (str(target),))
 
 
@@ -133,7 +137,7 @@ def install(job: JobSpec, code_dir: Path, command: EntryCommand, environ: Mappin
     from training_toolkit.process import Supervised  # deferred: keeps module import light
 
     if command.kind == "command":
-        target = Path(command.argv[0])
+        target = code_dir / str(job.entry_point)
         mode = target.stat().st_mode
         target.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         return

@@ -230,3 +230,22 @@ def test_plan_prints_runner_command_and_redacts_secrets(job_dir):
     assert doc["environment"]["SM_HP_LR"] == "0.1"
     assert "hunter2" not in out.stdout and "tok123" not in out.stdout and "AKIA123" not in out.stdout
     assert not (job_dir / "code").exists() or not any((job_dir / "code").iterdir()), "plan must not fetch code"
+
+
+def test_command_without_shebang_runs_through_sh_and_binary_garbage_is_a_code_error(job_dir, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "run").write_text("echo \"plain: $1 $2\"\n")
+    write_job(job_dir, hyperparameters={"sagemaker_program": '"run"', "sagemaker_submit_directory": json.dumps(str(src)),
+                                        "k": '"v w"'})
+    result = run_train(job_dir)
+    assert result.returncode == 0, result.stderr
+    assert "plain: -k v w" in result.stdout
+    bad_src = tmp_path / "bad"
+    bad_src.mkdir()
+    (bad_src / "tool").write_bytes(b"#!/nonexistent/interpreter\n")
+    other = tmp_path / "job2"
+    write_job(other, hyperparameters={"sagemaker_program": '"tool"', "sagemaker_submit_directory": json.dumps(str(bad_src))})
+    result = run_train(other)
+    assert result.returncode == 66
+    assert "cannot run" in (other / "output" / "failure").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from training_toolkit.errors import CodeError
 from training_toolkit.process import STOPPING_SIGNALS, SignalForwarder, Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -22,7 +23,10 @@ def run(ctx: RunContext) -> Outcome:
     with SignalForwarder(on_signal):
         if stop_requested:
             return Outcome(128 + stop_requested[0], "stopped by a signal before the script started")
-        child = Supervised(ctx.argv, ctx.script_env, cwd=str(ctx.code_dir))
+        try:
+            child = Supervised(ctx.argv, ctx.script_env, cwd=str(ctx.code_dir))
+        except OSError as exc:
+            raise CodeError(f"cannot run {ctx.argv[0]}: {exc.strerror or exc}") from None
         for signum in stop_requested:
             on_signal(signum)
         status = child.wait()
