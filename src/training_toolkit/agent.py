@@ -154,9 +154,14 @@ class HostAgent:
     def _local(self, name: str) -> Local:
         return next(local for local in self.locals if local.name == name)
 
+    def _part_done(self, finished: set[str]) -> bool:
+        """This host's part is done when every primary process has ended well."""
+        return all(local.name in finished for local in self.locals if local.primary)
+
     def _monitor_master(self, membership: Membership) -> Outcome:
         workers = set(self.ctx.plan.hosts[1:])
         done: set[str] = set()
+        finished: set[str] = set()
         succeeded = False
         outcome: Outcome | None = None
         while outcome is None:
@@ -173,7 +178,11 @@ class HostAgent:
                 local = self._local(event.name)
                 if not event.status.ok or not local.primary:
                     outcome = self._local_failure(local, event.status)
-                elif self.wait_for_peers and not workers <= done:
+                    continue
+                finished.add(local.name)
+                if not self._part_done(finished):
+                    continue
+                if self.wait_for_peers and not workers <= done:
                     succeeded = True
                 else:
                     outcome = Outcome(0)
@@ -197,6 +206,7 @@ class HostAgent:
 
     def _monitor_worker(self, membership: Membership) -> Outcome:
         own: Outcome | None = None
+        finished: set[str] = set()
         while True:
             try:
                 event = self.events.get(timeout=REPORT_WAIT_S if own is not None else None)
@@ -210,7 +220,9 @@ class HostAgent:
             elif isinstance(event, LocalExit):
                 local = self._local(event.name)
                 if event.status.ok and local.primary:
-                    membership.report_done(0)
+                    finished.add(local.name)
+                    if self._part_done(finished):
+                        membership.report_done(0)
                 elif own is None:
                     own = self._local_failure(local, event.status)
                     membership.report_failure(own.reason or "", own.exit_code)

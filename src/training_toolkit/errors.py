@@ -29,8 +29,13 @@ class ConfigError(ToolkitError):
         self.source = source
         self.field = field
         self.problem = problem
-        where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {problem}")
+        where = f"{source}: {_printable(field)}" if field else source
+        super().__init__(f"{where}: {_printable(problem)}")
+
+
+def _printable(text: str) -> str:
+    """A field name or problem from user input may hold newlines: keep the message one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 class CodeError(ToolkitError):

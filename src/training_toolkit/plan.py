@@ -20,7 +20,7 @@ SWITCHES = {
     "sagemaker_mpi_enabled": MPI,
     "sagemaker_parameter_server_enabled": PARAMETER_SERVER,
     "sagemaker_multi_worker_mirrored_strategy_enabled": MULTI_WORKER_MIRRORED,
-    "sagemaker_distributed_dataparallel_enabled": DATA_PARALLEL,
+    "sagemaker_distributed_dataparallel_enabled": MPI,  # the library's launcher is mpirun (+ smddprun)
     "sagemaker_torch_distributed_enabled": DATA_PARALLEL,
     "sagemaker_pytorch_ddp_enabled": DATA_PARALLEL,
 }
@@ -83,7 +83,45 @@ def make_plan(job: JobSpec) -> LaunchPlan:
     options: dict[str, Any] = {}
     if runner == MPI:
         options = _mpi_options(job, source, len(hosts))
+    elif runner == PARAMETER_SERVER:
+        options = _ps_options(job, source, len(hosts))
+    elif runner == MULTI_WORKER_MIRRORED:
+        options = {"port": _port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port", 8890, source)}
+    elif runner == DATA_PARALLEL:
+        options = _dp_options(job, source)
     return LaunchPlan(runner, hosts, current, options)
+
+
+def _port(params: Mapping[str, Any], key: str, default: int, source: str) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(source, key, f"expected a port number, got {value!r}")
+    return value
+
+
+def _ps_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
+    params = job.framework_params
+    naming = params.get("sagemaker_parameter_server_naming", "chief")
+    if naming not in ("chief", "master"):
+        raise ConfigError(source, "sagemaker_parameter_server_naming", f"expected \"chief\" or \"master\", got {naming!r}")
+    num_ps = params.get("sagemaker_parameter_server_num_ps")
+    if num_ps is not None:
+        num_ps = positive_int(num_ps, source, "sagemaker_parameter_server_num_ps")
+        if num_ps > host_count:
+            raise ConfigError(source, "sagemaker_parameter_server_num_ps", f"{num_ps} parameter servers for {host_count} hosts")
+    worker_port = _port(params, "sagemaker_parameter_server_worker_port", 2222, source)
+    ps_port = _port(params, "sagemaker_parameter_server_port", 2223, source)
+    if worker_port == ps_port:
+        raise ConfigError(source, "sagemaker_parameter_server_port", "must differ from the worker port")
+    return {"naming": naming, "num_ps": num_ps, "worker_port": worker_port, "ps_port": ps_port}
+
+
+def _dp_options(job: JobSpec, source: str) -> dict[str, Any]:
+    params = job.framework_params
+    key = "sagemaker_distributed_processes_per_host"
+    per_host = params.get(key)
+    per_host = positive_int(per_host, source, key) if per_host is not None else max(1, job.hardware.num_gpus)
+    return {"processes_per_host": per_host, "master_port": _port(params, "sagemaker_distributed_master_port", 29500, source)}
 
 
 def _participating_hosts(job: JobSpec) -> tuple[str, ...]:
@@ -94,6 +132,7 @@ def _participating_hosts(job: JobSpec) -> tuple[str, ...]:
 
 def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     params = job.framework_params
+    data_parallel = bool(params.get("sagemaker_distributed_dataparallel_enabled"))
     per_host_key = "sagemaker_mpi_num_of_processes_per_host"
     per_host = params.get(per_host_key)
     per_host = positive_int(per_host, source, per_host_key) if per_host is not None else max(1, job.hardware.num_gpus)
@@ -103,4 +142,9 @@ def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     custom = params.get("sagemaker_mpi_custom_mpi_options", "")
     if not isinstance(custom, str):
         raise ConfigError(source, "sagemaker_mpi_custom_mpi_options", f"expected a string, got {custom!r}")
-    return {"processes_per_host": per_host, "num_processes": total, "custom_mpi_options": custom}
+    if data_parallel:
+        custom = custom or params.get("sagemaker_distributed_dataparallel_custom_mpi_options", "")
+        if not isinstance(custom, str):
+            raise ConfigError(source, "sagemaker_distributed_dataparallel_custom_mpi_options", f"expected a string, got {custom!r}")
+    return {"processes_per_host": per_host, "num_processes": total, "custom_mpi_options": custom,
+            "data_parallel": data_parallel}

@@ -30,7 +30,7 @@ def test_parameter_server_needs_several_hosts_as_the_reference():
 @pytest.mark.parametrize("key, runner", [
     ("sagemaker_mpi_enabled", "mpi"),
     ("sagemaker_multi_worker_mirrored_strategy_enabled", "multi_worker_mirrored"),
-    ("sagemaker_distributed_dataparallel_enabled", "dataparallel"),
+    ("sagemaker_distributed_dataparallel_enabled", "mpi"),
     ("sagemaker_torch_distributed_enabled", "dataparallel"),
     ("sagemaker_pytorch_ddp_enabled", "dataparallel"),
 ])
@@ -42,10 +42,32 @@ def test_switches(key, runner):
 def test_mpi_processes_default_to_gpus_else_one():
     assert plan({"sagemaker_mpi_enabled": "true"}).options["processes_per_host"] == 1
     p = plan({"sagemaker_mpi_enabled": "true"}, gpus=4)
-    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": ""}
+    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": "", "data_parallel": False}
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
               "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
-    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO"}
+    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO", "data_parallel": False}
+
+
+def test_data_parallel_library_goes_through_mpi_with_its_own_options():
+    p = plan({"sagemaker_distributed_dataparallel_enabled": "true",
+              "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x A=1"'}, gpus=8)
+    assert p.runner == "mpi"
+    assert p.options == {"processes_per_host": 8, "num_processes": 16, "custom_mpi_options": "-x A=1", "data_parallel": True}
+
+
+def test_parameter_server_options():
+    p = plan({"sagemaker_parameter_server_enabled": "true"})
+    assert p.options == {"naming": "chief", "num_ps": None, "worker_port": 2222, "ps_port": 2223}
+    p = plan({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_naming": '"master"',
+              "sagemaker_parameter_server_num_ps": "1", "sagemaker_parameter_server_port": "3000"})
+    assert p.options == {"naming": "master", "num_ps": 1, "worker_port": 2222, "ps_port": 3000}
+
+
+def test_torch_and_mwms_options():
+    assert plan({"sagemaker_torch_distributed_enabled": "true"}, gpus=4).options == {"processes_per_host": 4, "master_port": 29500}
+    assert plan({"sagemaker_pytorch_ddp_enabled": "true", "sagemaker_distributed_processes_per_host": "2"}).options == \
+        {"processes_per_host": 2, "master_port": 29500}
+    assert plan({"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}).options == {"port": 8890}
 
 
 @pytest.mark.parametrize("hps, match", [
@@ -54,6 +76,11 @@ def test_mpi_processes_default_to_gpus_else_one():
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "0"}, "positive integer"),
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": '"-1"'}, "positive integer"),
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": "[1]"}, "expected a string"),
+    ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_naming": '"boss"'}, "chief"),
+    ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_num_ps": "3"}, "2 hosts"),
+    ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_port": "2222"}, "must differ"),
+    ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_port": "70000"}, "port number"),
+    ({"sagemaker_multi_worker_mirrored_strategy_enabled": "true", "sagemaker_multi_worker_mirrored_strategy_port": '"x"'}, "port number"),
 ])
 def test_bad_distribution_settings(hps, match):
     with pytest.raises(ConfigError, match=match):

@@ -1,0 +1,54 @@
+"""Data parallel, torch style: one process per device on every host, each told its place.
+
+Every process gets what ``torch.distributed`` expects (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``), as torchrun would give it; every one is supervised, and one
+failing stops every host.  MPI-based libraries go through the MPI runner instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from training_toolkit.agent import HostAgent, Local
+from training_toolkit.process import Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runners.base import RunContext
+from training_toolkit.runners.tf_ports import check_free
+
+
+def run(ctx: RunContext) -> Outcome:
+    return DataParallelAgent(ctx).run()
+
+
+def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: int, master_port: int) -> dict[str, str]:
+    """The torch.distributed variables of one process (pure)."""
+    index = hosts.index(host)
+    return {
+        "RANK": str(index * per_host + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(len(hosts) * per_host),
+        "LOCAL_WORLD_SIZE": str(per_host),
+        "GROUP_RANK": str(index),
+        "NODE_RANK": str(index),
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": str(master_port),
+    }
+
+
+class DataParallelAgent(HostAgent):
+    wait_for_peers = True
+
+    def prepare(self) -> None:
+        if self.is_master:
+            check_free(self.ctx.plan.options["master_port"], "torch.distributed store", self.host)
+
+    def start(self) -> list[Local]:
+        options: Mapping = self.ctx.plan.options
+        per_host = options["processes_per_host"]
+        started = []
+        for local_rank in range(per_host):
+            extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options["master_port"])
+            child = Supervised(self.ctx.argv, {**self.ctx.script_env, **extra}, cwd=str(self.ctx.code_dir))
+            started.append(Local(f"rank {extra['RANK']}", child))
+        return started

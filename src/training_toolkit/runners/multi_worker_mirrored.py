@@ -1,0 +1,32 @@
+"""MultiWorkerMirroredStrategy: one worker per host, TF_CONFIG of workers only, index by host order.
+
+Every host runs the script; the job succeeds when every host's script has
+succeeded, and fails everywhere as soon as one fails.
+"""
+
+from __future__ import annotations
+
+import json
+
+from training_toolkit.agent import HostAgent, Local
+from training_toolkit.process import Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runners.base import RunContext
+from training_toolkit.runners.tf_config import mwms_config
+from training_toolkit.runners.tf_ports import check_free
+
+
+def run(ctx: RunContext) -> Outcome:
+    return MultiWorkerMirroredAgent(ctx).run()
+
+
+class MultiWorkerMirroredAgent(HostAgent):
+    wait_for_peers = True
+
+    def prepare(self) -> None:
+        check_free(self.ctx.plan.options["port"], "TensorFlow worker", self.host)
+
+    def start(self) -> list[Local]:
+        config = mwms_config(self.ctx.plan.hosts, self.host, self.ctx.plan.options["port"])
+        env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(config)}
+        return [Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir)))]

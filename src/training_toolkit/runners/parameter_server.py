@@ -1,0 +1,53 @@
+"""Parameter servers: TF_CONFIG for every host, ps servers owned by the toolkit, done when the chief is.
+
+The first host runs the user's script as the chief (``master`` with legacy
+naming), the others as workers; the toolkit itself runs a CPU-only
+``tf.distribute.Server`` for each ps task.  When the chief's script ends, the
+job ends: every worker script and ps server is stopped, on every host, at
+once (a ps's ``join()`` never returns, which is why the reference can hang).
+A ps or worker dying fails the job everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from training_toolkit.agent import HostAgent, Local
+from training_toolkit.process import Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runners.base import RunContext
+from training_toolkit.runners.tf_config import PsLayout
+from training_toolkit.runners.tf_ports import check_free
+
+
+def run(ctx: RunContext) -> Outcome:
+    return ParameterServerAgent(ctx).run()
+
+
+def layout_of(ctx: RunContext) -> PsLayout:
+    options = ctx.plan.options
+    return PsLayout(hosts=ctx.plan.hosts, naming=options["naming"], num_ps=options["num_ps"],
+                    worker_port=options["worker_port"], ps_port=options["ps_port"])
+
+
+class ParameterServerAgent(HostAgent):
+    def prepare(self) -> None:
+        layout = layout_of(self.ctx)
+        check_free(layout.worker_port, "TensorFlow worker", self.host)
+        if layout.ps_config(self.host) is not None:
+            check_free(layout.ps_port, "parameter server", self.host)
+
+    def start(self) -> list[Local]:
+        layout = layout_of(self.ctx)
+        started = []
+        ps = layout.ps_config(self.host)
+        if ps is not None:
+            env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
+            server = Supervised([sys.executable, "-m", "training_toolkit.ps_server"], env, cwd=str(self.ctx.code_dir))
+            started.append(Local("parameter server", server, primary=False))
+        env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
+        # Only the chief's end is the job's end; a worker's script usually serves until stopped.
+        started.append(Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir)),
+                             primary=self.is_master))
+        return started

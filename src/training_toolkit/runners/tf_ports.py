@@ -1,0 +1,16 @@
+"""Free-port checks before a TensorFlow server is started: a clear error beats a gRPC stack trace."""
+
+from __future__ import annotations
+
+import socket
+
+from training_toolkit.errors import ClusterError
+
+
+def check_free(port: int, what: str, host: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            raise ClusterError(f"port {port} for the {what} on {host} is not free: {exc.strerror or exc}") from None

@@ -1,0 +1,48 @@
+from training_toolkit.runners.dataparallel import process_env
+from training_toolkit.runners.tf_config import PsLayout, mwms_config
+
+H3 = ("algo-1", "algo-2", "algo-3")
+
+
+def test_parameter_server_tf2_naming_on_three_hosts():
+    layout = PsLayout(H3)
+    cluster = {"chief": ["algo-1:2222"], "worker": ["algo-2:2222", "algo-3:2222"],
+               "ps": ["algo-1:2223", "algo-2:2223", "algo-3:2223"]}
+    assert layout.script_config("algo-1") == {"cluster": cluster, "task": {"type": "chief", "index": 0}}
+    assert layout.script_config("algo-3") == {"cluster": cluster, "task": {"type": "worker", "index": 1}}
+    assert layout.ps_config("algo-2") == {"cluster": cluster, "task": {"type": "ps", "index": 1}}
+
+
+def test_parameter_server_legacy_master_naming_as_the_reference():
+    layout = PsLayout(("algo-1", "algo-2"), naming="master")
+    cluster = {"master": ["algo-1:2222"], "worker": ["algo-2:2222"], "ps": ["algo-1:2223", "algo-2:2223"]}
+    assert layout.script_config("algo-1") == {"cluster": cluster, "environment": "cloud", "task": {"type": "master", "index": 0}}
+    assert layout.script_config("algo-2") == {"cluster": cluster, "environment": "cloud", "task": {"type": "worker", "index": 0}}
+
+
+def test_parameter_server_count_and_ports():
+    layout = PsLayout(H3, num_ps=1, worker_port=3000, ps_port=3001)
+    assert layout.cluster() == {"chief": ["algo-1:3000"], "worker": ["algo-2:3000", "algo-3:3000"], "ps": ["algo-1:3001"]}
+    assert layout.ps_config("algo-2") is None
+    assert layout.ps_config("algo-1")["task"] == {"type": "ps", "index": 0}
+
+
+def test_parameter_server_on_one_and_many_hosts():
+    assert PsLayout(("a",)).cluster() == {"chief": ["a:2222"], "worker": [], "ps": ["a:2223"]}
+    many = tuple(f"algo-{i}" for i in range(1, 33))
+    layout = PsLayout(many)
+    assert len(layout.cluster()["worker"]) == 31 and len(layout.cluster()["ps"]) == 32
+    assert layout.script_config("algo-32")["task"] == {"type": "worker", "index": 30}
+
+
+def test_mwms():
+    assert mwms_config(H3, "algo-2") == {"cluster": {"worker": ["algo-1:8890", "algo-2:8890", "algo-3:8890"]},
+                                         "task": {"type": "worker", "index": 1}}
+    assert mwms_config(("solo",), "solo", port=9000) == {"cluster": {"worker": ["solo:9000"]}, "task": {"type": "worker", "index": 0}}
+
+
+def test_torch_process_env():
+    assert process_env(H3, "algo-2", 4, 3, 29500) == {
+        "RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+        "NODE_RANK": "1", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
+    assert process_env(("solo",), "solo", 1, 0, 1234)["WORLD_SIZE"] == "1"
