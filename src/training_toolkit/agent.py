@@ -91,7 +91,8 @@ class HostAgent:
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         """The outcome of a local process that failed, its reason naming this host."""
-        return outcome_of(local.child, status, label=self.host)
+        what = None if local.name == "script" or local.name.startswith("rank ") else local.name
+        return outcome_of(local.child, status, label=self.host, what=what)
 
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""

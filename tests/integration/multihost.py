@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from training_toolkit import procfs
 from training_toolkit.local.launcher import HostResult, LocalJob, run_local
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
@@ -40,20 +41,17 @@ def hps(program: str, src: Path, **extra) -> dict[str, str]:
     return values
 
 
-def ours_running(tag_env: str = "TRAINING_TOOLKIT_JOB_SECRET") -> list[str]:
-    """Processes that carry a job secret in their environment (train, mpirun, ranks, sshd sessions)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+def ours_running() -> list[str]:
+    """Processes still below this test process (the launcher's hosts and whatever they started)."""
+    left = []
+    for proc in procfs.descendants(os.getpid()):
+        if proc.zombie:
+            continue
         try:
-            if proc.pid == os.getpid():
-                continue
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if "training_toolkit.rank" in cmd or cmd.endswith("/train") or "mpi_allreduce" in cmd or "orted" in cmd \
-                    or "training-toolkit-" in cmd:
-                found.append(f"{proc.pid} {cmd[:120]}")
+            left.append(f"{proc.pid} {' '.join(psutil.Process(proc.pid).cmdline())[:120]}")
         except psutil.Error:
             pass
-    return found
+    return left
 
 
 def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120, **kw) -> list[HostResult]:

@@ -24,13 +24,13 @@ class RunContext:
     grace_s: float
 
 
-def outcome_of(child: Supervised, status: ExitStatus, label: str = "") -> Outcome:
-    """A failed script's outcome names how it ended and its last stderr line."""
+def outcome_of(child: Supervised, status: ExitStatus, label: str = "", what: str | None = None) -> Outcome:
+    """A failed process's outcome names how it ended and its last stderr line."""
     if status.ok:
         return Outcome(0)
     tail = tuple(child.tail.lines(100))
     prefix = f"{label}: " if label else ""
-    description = f"{prefix}{_program(child.argv)} {status.describe()}"
+    description = f"{prefix}{what or _program(child.argv)} {status.describe()}"
     return Outcome(status.exit_code, summary_line(description, tail), tuple(child.argv), tail)
 
 
