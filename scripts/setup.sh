@@ -30,6 +30,8 @@ pip install -e '.[test]' mpi4py
 if [[ -z ${SETUP_MINIMAL:-} ]]; then
     .venv/bin/python -c 'import tensorflow' 2>/dev/null || pip install tensorflow-cpu
     scripts/build-horovod.sh .venv/bin/python
+    # after Horovod, so that it builds for TensorFlow only (torch here is for the DDP tests)
+    .venv/bin/python -c 'import torch' 2>/dev/null || pip install torch==2.13.0
     scripts/setup-reference.sh
 fi
 echo "setup: done in $((SECONDS - start)) s"

@@ -91,8 +91,9 @@ class HostAgent:
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         """The outcome of a local process that failed, its reason naming this host."""
-        what = None if local.name == "script" or local.name.startswith("rank ") else local.name
-        return outcome_of(local.child, status, label=self.host, what=what)
+        if local.name.startswith("rank "):
+            return outcome_of(local.child, status, label=f"{self.host} {local.name}")
+        return outcome_of(local.child, status, label=self.host, what=None if local.name == "script" else local.name)
 
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""

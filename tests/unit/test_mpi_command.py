@@ -78,3 +78,14 @@ def test_describe_non_zero_exit_and_unknown():
     assert describe_mpi_failure(tail, HOSTS, 2, ExitStatus(3)) == "rank 4 on algo-3 exited with code 3: oops"
     assert describe_mpi_failure(["ssh: connect failed"], HOSTS, 2, ExitStatus(255)) == \
         "algo-1: mpirun exited with code 255: ssh: connect failed"
+
+
+def test_rank_wrapper_maps_open_mpi_ranks_to_torch_names():
+    from training_toolkit.rank import torch_style_variables
+
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert torch_style_variables(env, "algo-1") == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                                                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
+    assert torch_style_variables({}, "algo-1") == {}
+    assert torch_style_variables({**env, "RANK": "9", "MASTER_PORT": "1"}, "a")["MASTER_PORT"] == "1"

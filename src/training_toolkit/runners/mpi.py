@@ -73,8 +73,9 @@ class MpiAgent(HostAgent):
         if not self.is_master:
             return []
         assert self.layout is not None
-        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ))
-        return [Local("mpirun", Supervised(command, self.ctx.script_env, cwd=str(self.ctx.code_dir)))]
+        env = {**self.ctx.script_env, **data_parallel_env(self.ctx)}
+        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ), env)
+        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         tail = tuple(local.child.tail.lines(100))
@@ -119,16 +120,29 @@ def has_mpi4py(python: str) -> bool:
         return False
 
 
-def rank_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
-    """What each rank runs: our wrapper, then the user's command (through mpi4py for Python)."""
+def data_parallel_env(ctx: RunContext) -> dict[str, str]:
+    """What the data-parallel library's launcher sets for its ranks (reference: smdataparallel)."""
+    if not ctx.plan.options.get("data_parallel"):
+        return {}
+    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.hosts[0],
+            "MASTER_PORT": ctx.environ.get("MASTER_PORT", "29500")}
+
+
+def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None) -> tuple[str, ...]:
+    """What each rank runs: our wrapper, then the user's command (through mpi4py for Python).
+
+    With the vendor's ``smddprun`` installed, data-parallel ranks go through it, as the reference does.
+    """
     argv = list(ctx.argv)
     is_python = len(argv) >= 2 and argv[0] == ctx.python
     if is_python and with_mpi4py:
         argv = [argv[0], "-m", "mpi4py", *argv[1:]]
+    if smddprun:
+        argv = [smddprun, *argv]
     return (sys.executable, "-m", "training_toolkit.rank", "--base-dir", str(ctx.job.paths.base), "--", *argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[str]:
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str]) -> list[str]:
     options = ctx.plan.options
     source = str(ctx.job.paths.hyperparameters_file)
     job = MpiJob(
@@ -136,8 +150,9 @@ def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[s
         processes_per_host=options["processes_per_host"],
         num_processes=options["num_processes"],
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, has_mpi4py(ctx.python)),
-        forward_env=forwardable(list(ctx.script_env)),
+        rank_command=rank_command(ctx, has_mpi4py(ctx.python),
+                                  shutil.which("smddprun") if options.get("data_parallel") else None),
+        forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
         custom_options=parse_custom_options(options["custom_mpi_options"], source),
         as_root=os.geteuid() == 0,

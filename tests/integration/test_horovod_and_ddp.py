@@ -1,0 +1,75 @@
+"""Horovod (TensorFlow) under the MPI runner, and torch DDP under the data-parallel runner, across hosts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from multihost import hps, needs_mpi, needs_root_cluster, run, source_dir
+from training_toolkit.local.launcher import LocalJob
+
+pytestmark = [pytest.mark.root, needs_root_cluster()]
+H2 = ("algo-1", "algo-2")
+ENV = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def rank_files(results, pattern="rank-*.json") -> dict[int, dict]:
+    ranks = {}
+    for r in results:
+        for f in r.model_dir.glob(pattern):
+            info = json.loads(f.read_text())
+            info["host"] = r.host
+            ranks[info["rank"]] = info
+    return ranks
+
+
+@pytest.mark.horovod
+@needs_mpi()
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="needs Horovod (scripts/build-horovod.sh)")
+def test_horovod_tensorflow_on_2_hosts_x_2(tmp_path):
+    src = source_dir(tmp_path, "horovod_tf_train.py")
+    job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("horovod_tf_train.py", src, sagemaker_mpi_enabled=True,
+                                                          sagemaker_mpi_num_of_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, info in ranks.items():
+        assert (info["size"], info["local_size"], info["local_rank"]) == (4, 2, rank % 2)
+        assert info["host"] == H2[rank // 2]
+        assert info["last_loss"] < info["first_loss"] / 10
+    assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install torch==2.13.0)")
+def test_torch_ddp_on_2_hosts_x_2(tmp_path):
+    src = source_dir(tmp_path, "torch_ddp_train.py")
+    job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True,
+                                                          sagemaker_distributed_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["world"] == 4 and info["local_rank"] == rank % 2 and info["host"] == H2[rank // 2]
+               for rank, info in ranks.items())
+    assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
+    assert all(info["last_loss"] < info["first_loss"] for info in ranks.values())
+
+
+def test_a_failing_data_parallel_process_stops_every_host(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "dp.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '3':\n    time.sleep(1); sys.exit('rank 3 gives up')\n"
+        "time.sleep(60)\n")
+    job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("dp.py", src, sagemaker_pytorch_ddp_enabled=True,
+                                                          sagemaker_distributed_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=60)
+    for r in results:
+        assert r.exit_code == 1
+        assert r.failure.splitlines()[0] == "algo-2 rank 3: dp.py exited with code 1: rank 3 gives up"
+    ended = [r.ended_at for r in results]
+    assert max(ended) - min(ended) < 3
