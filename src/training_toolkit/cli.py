@@ -134,7 +134,7 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
         job=spec,
         plan=launch,
         environ=environ,
-        script_env=contract.script_environment(spec, _script_environ(environ)),
+        script_env=contract.script_environment(spec, environ),
         argv=argv,
         code_dir=code_dir,
         python=python,
@@ -142,12 +142,6 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
     )
     return _runner(launch.runner).run(ctx)
 
-
-def _script_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """What the user's script inherits: ours, minus the job secret."""
-    from training_toolkit.cluster.secret import SECRET_VAR
-
-    return {k: v for k, v in environ.items() if k != SECRET_VAR}
 
 
 def _runner(name: str):
@@ -170,6 +164,15 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         _log(str(exc))
         return exc.exit_code
     argv = [*entry, *contract.user_args(spec.hyperparameters)]
+    from training_toolkit.runners.base import RunContext
+
+    ctx = RunContext(job=spec, plan=launch, environ=environ, script_env=script_env, argv=tuple(argv),
+                     code_dir=spec.paths.code_dir, python=python, grace_s=DEFAULT_GRACE_S)
+    try:
+        details = _runner(launch.runner).describe(ctx)
+    except errors.ToolkitError as exc:
+        _log(str(exc))
+        return exc.exit_code
     shown_env = redact({k: v for k, v in script_env.items() if environ.get(k) != v or k.startswith("SM_")})
     doc = {
         "base_dir": str(paths.base),
@@ -179,6 +182,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         "plan_hosts": list(launch.hosts),
         "options": dict(launch.options),
         "command": argv,
+        **details,
         "environment": dict(sorted(shown_env.items())),
     }
     if as_json:
@@ -190,6 +194,9 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     for key, value in launch.options.items():
         print(f"  {key}: {value}")
     print(f"command:      {shlex.join(argv)}")
+    for key, value in details.items():
+        shown = shlex.join(value) if key == "mpirun" else json.dumps(value)
+        print(f"{key}: {shown}")
     print("environment (set or changed by the toolkit; secrets redacted):")
     for key, value in doc["environment"].items():
         print(f"  {key}={value}")

@@ -14,6 +14,10 @@ from typing import Any
 
 from training_toolkit.job import JobSpec
 
+# The toolkit's own secrets: never in the script's environment.
+SECRET_VAR = "TRAINING_TOOLKIT_JOB_SECRET"
+HIDDEN_VARIABLES = (SECRET_VAR,)
+
 # Framework parameters that put a host into a distribution group when the job
 # names no groups itself (reference: get_distribution_instance_groups_from_resource_config).
 DISTRIBUTION_SWITCHES = (
@@ -194,7 +198,7 @@ def script_environment(
     The platform variables the reference exports for itself (job name, current
     host, region) are set the same way; ``PYTHONPATH`` starts with the code dir.
     """
-    env = dict(environ)
+    env = {k: v for k, v in environ.items() if k not in HIDDEN_VARIABLES}
     env["SAGEMAKER_JOB_NAME"] = str(job.reserved.get("sagemaker_job_name", "") or "")
     env["CURRENT_HOST"] = job.resource.current_host
     env["SAGEMAKER_REGION"] = job.region or ""
@@ -204,7 +208,7 @@ def script_environment(
         env.setdefault("SAGEMAKER_PROGRAM", job.entry_point)
     env.update(sm_variables(job, environ))
     code_dir = str(job.paths.code_dir)
-    inherited = [p for p in environ.get("PYTHONPATH", "").split(":") if p and p != code_dir]
+    inherited = [p for p in env.get("PYTHONPATH", "").split(":") if p and p != code_dir]
     env["PYTHONPATH"] = ":".join([code_dir, *inherited])
     if extra:
         env.update(extra)

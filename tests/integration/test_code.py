@@ -249,3 +249,35 @@ def test_command_without_shebang_runs_through_sh_and_binary_garbage_is_a_code_er
     result = run_train(other)
     assert result.returncode == 66
     assert "cannot run" in (other / "output" / "failure").read_text()
+
+
+@pytest.mark.parametrize("hps, key, expected", [
+    ({"sagemaker_parameter_server_enabled": "true"}, "TF_CONFIG",
+     {"cluster": {"chief": ["algo-1:2222"], "worker": ["algo-2:2222"], "ps": ["algo-1:2223", "algo-2:2223"]},
+      "task": {"type": "chief", "index": 0}}),
+    ({"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}, "TF_CONFIG",
+     {"cluster": {"worker": ["algo-1:8890", "algo-2:8890"]}, "task": {"type": "worker", "index": 0}}),
+    ({"sagemaker_torch_distributed_enabled": "true"}, "processes",
+     [{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "NODE_RANK": "0",
+       "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}]),
+])
+def test_plan_shows_each_runners_launch_details(job_dir, hps, key, expected):
+    write_job(job_dir, hyperparameters=hps, script="print(1)\n",
+              resourceconfig={"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]})
+    out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
+                         text=True, env=clean_env(), timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[key] == expected
+
+
+def test_plan_shows_the_mpirun_line_without_the_secret(job_dir):
+    write_job(job_dir, hyperparameters={"sagemaker_mpi_enabled": "true", "msg": '"a b"'}, script="print(1)\n",
+              resourceconfig={"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]})
+    env = clean_env(TRAINING_TOOLKIT_JOB_SECRET="x" * 32)
+    out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
+                         text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    mpirun = json.loads(out.stdout)["mpirun"]
+    assert mpirun[:5] == ["mpirun", "--host", "algo-1:1,algo-2:1", "-np", "2"]
+    assert mpirun[-3:] == ["train.py", "--msg", "a b"]
+    assert "x" * 32 not in out.stdout

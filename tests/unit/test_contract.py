@@ -96,3 +96,10 @@ def test_script_environment_keeps_parent_adds_platform_variables_and_pythonpath(
     assert env["CURRENT_HOST"] == "algo-2"
     assert env["SAGEMAKER_PROGRAM"] == "t.py"
     assert contract.script_environment(job, {}, {"SM_CURRENT_HOST": "x"})["SM_CURRENT_HOST"] == "x"
+
+
+def test_the_job_secret_never_reaches_the_script():
+    job = spec()
+    env = contract.script_environment(job, {"TRAINING_TOOLKIT_JOB_SECRET": "s3cr3t" * 4, "KEEP": "1"})
+    assert "TRAINING_TOOLKIT_JOB_SECRET" not in env and env["KEEP"] == "1"
+    assert "s3cr3t" not in env["SM_TRAINING_ENV"]

@@ -13,10 +13,10 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from training_toolkit.contract import SECRET_VAR
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
 
-SECRET_VAR = "TRAINING_TOOLKIT_JOB_SECRET"
 MIN_SECRET_BYTES = 16
 
 

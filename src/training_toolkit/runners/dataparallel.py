@@ -36,6 +36,12 @@ def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: in
     }
 
 
+def describe(ctx: RunContext) -> dict:
+    options = ctx.plan.options
+    return {"processes": [process_env(ctx.plan.hosts, ctx.plan.current_host, options["processes_per_host"], i,
+                                      options["master_port"]) for i in range(options["processes_per_host"])]}
+
+
 class DataParallelAgent(HostAgent):
     wait_for_peers = True
 

@@ -90,6 +90,15 @@ class MpiAgent(HostAgent):
             shutil.rmtree(self.layout.directory, ignore_errors=True)
 
 
+def describe(ctx: RunContext) -> dict:
+    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
+    from training_toolkit.cluster.secret import job_secret
+
+    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), DEFAULT_SSH_PORT)
+    env = {**ctx.script_env, **data_parallel_env(ctx)}
+    return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.environ), env)}
+
+
 def ssh_dir(secret: bytes) -> Path:
     """The same path on every host (the rsh agent string names it), private to this job."""
     tag = hashlib.sha256(b"training-toolkit ssh dir\0" + secret).hexdigest()[:16]

@@ -20,6 +20,10 @@ def run(ctx: RunContext) -> Outcome:
     return MultiWorkerMirroredAgent(ctx).run()
 
 
+def describe(ctx: RunContext) -> dict:
+    return {"TF_CONFIG": mwms_config(ctx.plan.hosts, ctx.plan.current_host, ctx.plan.options["port"])}
+
+
 class MultiWorkerMirroredAgent(HostAgent):
     wait_for_peers = True
 

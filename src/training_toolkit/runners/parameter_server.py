@@ -31,6 +31,12 @@ def layout_of(ctx: RunContext) -> PsLayout:
                     worker_port=options["worker_port"], ps_port=options["ps_port"])
 
 
+def describe(ctx: RunContext) -> dict:
+    layout = layout_of(ctx)
+    return {"TF_CONFIG": layout.script_config(ctx.plan.current_host),
+            "parameter server TF_CONFIG": layout.ps_config(ctx.plan.current_host)}
+
+
 class ParameterServerAgent(HostAgent):
     def prepare(self) -> None:
         layout = layout_of(self.ctx)

@@ -32,3 +32,7 @@ def run(ctx: RunContext) -> Outcome:
         status = child.wait()
     child.finish()
     return outcome_of(child, status)
+
+
+def describe(ctx: RunContext) -> dict:
+    return {}
