@@ -6,10 +6,7 @@ only set variables can still configure the toolkit.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -34,14 +31,16 @@ def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
         raise errors.ConfigError(f"environment variable {name}", None, f"expected seconds, got {raw!r}") from None
 
 
-def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+def _add_job_flags(parser) -> None:
     parser.add_argument(
         "--base-dir",
         help="the job directory (default: $SAGEMAKER_BASE_DIR or /opt/ml)",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    import argparse  # deferred, like every import `train` does not need on its launch path
+
     parser = argparse.ArgumentParser(
         prog="training-toolkit",
         description="Run a SageMaker-style training job from /opt/ml on this host.",
@@ -85,6 +84,11 @@ def _main(argv: list[str]) -> int:
 
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``train``: what the platform runs in every container."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in ([], ["train"]):  # how platforms call it: skip building a parser on the launch path
+        return run(None, None, dict(os.environ))
+    import argparse
+
     parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).")
     _add_job_flags(parser)
     parser.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL of the script (default 120)")
@@ -151,6 +155,9 @@ def _runner(name: str):
 
 
 def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> int:
+    import json
+    import shlex
+
     from training_toolkit import code, contract
     from training_toolkit.redact import redact
 

@@ -203,6 +203,8 @@ def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
 
     _signal_group(pgid, signal.SIGTERM)
     left = survivors()
+    if not left:  # the usual case: one look at /proc, and done
+        return
     procfs.signal_all([p.pid for p in left], signal.SIGTERM)
     deadline = time.monotonic() + linger_s
     while left and time.monotonic() < deadline:

@@ -14,10 +14,12 @@ library is listed in docs/dataparallel.md.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 if TYPE_CHECKING:  # annotations only: importing TensorFlow costs seconds
     import tensorflow as tf
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
     "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
@@ -42,6 +44,17 @@ class ReduceOp(enum.Enum):
     MAX = "Max"
 
 
+def _as_python(fn: _F) -> _F:
+    """Mark ``fn`` for tf.function's AutoGraph to call as plain Python instead of converting it.
+
+    Converting would recurse into Horovod's code and cost seconds on every first trace.  The mark
+    is the attribute ``tf.autograph.experimental.do_not_convert`` sets; setting it directly keeps
+    TensorFlow unimported until init().
+    """
+    fn.autograph_info__ = None  # type: ignore[attr-defined]
+    return fn
+
+
 class _State:
     """All the module state the API needs. ``init()`` may run only once, and other calls only after it."""
 
@@ -55,6 +68,7 @@ class _State:
 _state = _State()
 
 
+@_as_python
 def init() -> None:
     """Start Horovod on whichever controller launched this process (MPI or Gloo). As in the library, only once."""
     if _state.shut_down:
@@ -79,21 +93,25 @@ def _hvd() -> Any:
     return _state.hvd
 
 
+@_as_python
 def size() -> int:
     """Number of processes across all hosts (one per GPU, or per MPI slot on CPUs)."""
     return _hvd().size()
 
 
+@_as_python
 def local_size() -> int:
     """Number of processes on this host."""
     return _hvd().local_size()
 
 
+@_as_python
 def rank() -> int:
     """This process's rank among all processes, 0 to size() - 1; rank 0 is the leader."""
     return _hvd().rank()
 
 
+@_as_python
 def local_rank() -> int:
     """This process's rank on its host: the index of the GPU to pin."""
     return _hvd().local_rank()
@@ -127,7 +145,7 @@ def _no_devices(caller: str, device_dense: str, device_sparse: str) -> None:
 
 
 def _tf_variable(value: Any) -> Any:
-    """The tf.Variable inside a Keras 3 variable (``.value``), which Horovod needs (it calls ``.ref()``); else ``value``.
+    """The tf.Variable inside a Keras 3 variable (``.value``), else ``value``: Horovod calls ``.ref()``.
 
     A tf.Variable's own ``value`` is a method, so tf.Variables and tensors pass through unchanged.
     """
@@ -137,6 +155,7 @@ def _tf_variable(value: Any) -> Any:
     return inner if isinstance(inner, tf.Variable) else value
 
 
+@_as_python
 def allreduce(tensor: tf.Tensor, param_index: int, num_params: int, compression: Compression = Compression.none,
               op: ReduceOp = ReduceOp.AVERAGE) -> tf.Tensor:
     """``tensor`` reduced over all ranks (averaged by default); same shape and dtype.
@@ -148,6 +167,7 @@ def allreduce(tensor: tf.Tensor, param_index: int, num_params: int, compression:
                             op=_op(op, "allreduce"))
 
 
+@_as_python
 def oob_allreduce(tensor: tf.Tensor, compression: Compression = Compression.none,
                   op: ReduceOp = ReduceOp.AVERAGE) -> tf.Tensor:
     """``tensor`` averaged over all ranks, e.g. to report a global loss. The library only supports AVERAGE here.
@@ -158,11 +178,13 @@ def oob_allreduce(tensor: tf.Tensor, compression: Compression = Compression.none
                             op=_op(op, "oob_allreduce", (ReduceOp.AVERAGE,)))
 
 
+@_as_python
 def broadcast(tensor: tf.Tensor, root_rank: int) -> tf.Tensor:
     """``tensor`` as it is on ``root_rank``, on every rank."""
     return _hvd().broadcast(_tf_variable(tensor), root_rank)
 
 
+@_as_python
 def broadcast_variables(variables: Iterable[Any], root_rank: int) -> Any:
     """Assign every variable its value on ``root_rank``, so all ranks start from the same weights.
 
@@ -173,6 +195,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int) -> Any:
     return hvd.broadcast_variables([_tf_variable(v) for v in variables], root_rank)
 
 
+@_as_python
 def broadcast_global_variables(root_rank: int) -> Any:
     """The op that broadcasts every global variable from ``root_rank`` (graph mode: tf.compat.v1, estimators).
 
@@ -187,6 +210,7 @@ def broadcast_global_variables(root_rank: int) -> Any:
     return hvd.broadcast_global_variables(root_rank)
 
 
+@_as_python
 def BroadcastGlobalVariablesHook(root_rank: int) -> Any:  # noqa: N802 - the library's name
     """A SessionRunHook that broadcasts all global variables from ``root_rank`` once the session exists.
 
@@ -206,6 +230,7 @@ def BroadcastGlobalVariablesHook(root_rank: int) -> Any:  # noqa: N802 - the lib
     return _BroadcastGlobalVariablesHook()
 
 
+@_as_python
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",  # noqa: N802
                             compression: Compression = Compression.none, sparse_as_dense: bool = False,
                             op: ReduceOp = ReduceOp.AVERAGE) -> tf.GradientTape:
@@ -222,6 +247,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                                        op=_op(op, "DistributedGradientTape", (ReduceOp.AVERAGE,)))
     reduced_gradient = tape.gradient  # Horovod's: wants a flat list of tf.Variables (it calls .ref() on each)
 
+    @_as_python
     def gradient(target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         flat = [_tf_variable(s) for s in tf.nest.flatten(sources)]
@@ -236,6 +262,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     return tape
 
 
+@_as_python
 def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,  # noqa: N802
                          device_dense: str = "", device_sparse: str = "", compression: Compression = Compression.none,
                          sparse_as_dense: bool = False, op: ReduceOp = ReduceOp.AVERAGE,
@@ -263,6 +290,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                                     op=_op(op, "DistributedOptimizer", (ReduceOp.AVERAGE,)))
 
 
+@_as_python
 def overlap(tensor: tf.Tensor) -> tf.Tensor:
     """``tensor`` itself. The library inserts an identity node that helps XLA overlap its allreduce with the
     backward pass; Horovod needs no hint: in a tf.function each gradient's allreduce may start once it exists."""
@@ -270,6 +298,7 @@ def overlap(tensor: tf.Tensor) -> tf.Tensor:
     return tensor
 
 
+@_as_python
 def shutdown() -> None:
     """Stop Horovod. Optional at the end of a script; a second call does nothing."""
     if _state.shut_down:
