@@ -12,15 +12,14 @@ import shutil
 import stat
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from training_toolkit.errors import CodeError
 from training_toolkit.job import JobSpec
 
 
-@dataclass(frozen=True)
-class EntryCommand:
+class EntryCommand(NamedTuple):
     """How the entry point runs: ``kind`` is ``python``, ``package`` or ``command``."""
 
     kind: str

@@ -11,12 +11,11 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 
-@dataclass(frozen=True)
-class Hardware:
+class Hardware(NamedTuple):
     num_cpus: int
     num_gpus: int
     num_neurons: int

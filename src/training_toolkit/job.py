@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
@@ -43,22 +42,20 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-@dataclass(frozen=True)
-class InstanceGroup:
+class InstanceGroup(NamedTuple):
     name: str
     instance_type: str
     hosts: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class ResourceConfig:
+class ResourceConfig(NamedTuple):
     current_host: str
     hosts: tuple[str, ...]
     network_interface_name: str
     current_group_name: str
     current_instance_type: str
     instance_groups: tuple[InstanceGroup, ...]
-    raw: Mapping[str, Any] = field(repr=False)
+    raw: Mapping[str, Any]  # the file as read, for SM_RESOURCE_CONFIG
 
     @property
     def host_index(self) -> int:
@@ -80,8 +77,7 @@ class ResourceConfig:
         return self.hosts
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(NamedTuple):
     paths: Paths
     resource: ResourceConfig
     hardware: Hardware

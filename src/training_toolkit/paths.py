@@ -1,19 +1,20 @@
 """The layout of the job directory (``/opt/ml`` by default).
 
-Only a value object: building one touches nothing on disk.
+Only a value object: building one touches nothing on disk.  Launch-path value
+types are ``NamedTuple``s: as immutable as frozen dataclasses, without the
+cost of importing ``dataclasses`` on every start (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 DEFAULT_BASE_DIR = "/opt/ml"
 
 
-@dataclass(frozen=True)
-class Paths:
+class Paths(NamedTuple):
     base: Path
 
     @classmethod

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
@@ -26,12 +26,11 @@ SWITCHES = {
 }
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
+class LaunchPlan(NamedTuple):
     runner: str
     hosts: tuple[str, ...]  # the hosts taking part, in rank order
     current_host: str
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def is_master(self) -> bool:

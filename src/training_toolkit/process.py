@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from training_toolkit import procfs
 
@@ -31,8 +31,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 TOKEN_VAR = "TRAINING_TOOLKIT_SUPERVISOR"
 
 
-@dataclass(frozen=True)
-class ExitStatus:
+class ExitStatus(NamedTuple):
     """How a process ended.  ``returncode`` is Popen's: negative for a signal."""
 
     returncode: int

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from training_toolkit.paths import Paths
 
 FAILURE_LIMIT = 1024 * 64
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     exit_code: int
     reason: str | None = None  # one line naming the cause; None on success
     command: tuple[str, ...] = ()
-    stderr_tail: tuple[str, ...] = field(default=(), repr=False)
+    stderr_tail: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

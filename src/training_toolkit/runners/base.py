@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from training_toolkit.job import JobSpec
 from training_toolkit.plan import LaunchPlan
@@ -12,8 +12,7 @@ from training_toolkit.process import ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 
 
-@dataclass(frozen=True)
-class RunContext:
+class RunContext(NamedTuple):
     job: JobSpec
     plan: LaunchPlan
     environ: Mapping[str, str]  # the toolkit's own environment, as read at start
