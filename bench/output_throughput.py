@@ -1,4 +1,4 @@
-"""Output throughput: ~200 MB of log lines through `train` vs the same script run directly.
+"""Output throughput: ~200 MB of log lines (print per line) through `train` vs the same script run directly.
 
 The reader drains the pipe as fast as it can, as a log collector would.  Both stdout (inherited
 by the script, untouched) and stderr (relayed by the supervisor, which keeps a tail) are measured.
@@ -17,13 +17,12 @@ from pathlib import Path
 from common import OURS, PYTHON, env_for, make_tree
 
 SCRIPT = """
-import os, sys
-stream = sys.argv[2]
-fd = 1 if stream == "stdout" else 2
-line = b"step 000123 loss=0.123456 accuracy=0.987654 lr=0.001 throughput=1234.5 samples/s\\n"
-block = line * 1024
-for _ in range(int(float(sys.argv[1]) * 1024 * 1024 // len(block))):
-    os.write(fd, block)
+import sys
+megabytes = float(sys.argv[sys.argv.index("--megabytes") + 1])
+out = sys.stdout if sys.argv[sys.argv.index("--stream") + 1] == "stdout" else sys.stderr
+line = "step 000123 loss=0.123456 accuracy=0.987654 lr=0.001 throughput=1234.5 samples/s"
+for step in range(int(megabytes * 1024 * 1024 // (len(line) + 1))):
+    print(line, file=out)
 """
 
 
@@ -45,13 +44,11 @@ def main() -> None:
     rounds = 5
     with tempfile.TemporaryDirectory() as tmp:
         for stream in ("stdout", "stderr"):
-            tree = make_tree(Path(tmp) / stream, SCRIPT, hps={"a": str(megabytes), "b": f'"{stream}"'})
-            # the script reads its size and stream from argv: --a MB --b stream
-            (tree / "code" / "job.py").write_text(SCRIPT.replace("sys.argv[1]", "sys.argv[2]").replace("sys.argv[2]\nfd", "sys.argv[4]\nfd"))
+            tree = make_tree(Path(tmp) / stream, SCRIPT, hps={"megabytes": str(megabytes), "stream": f'"{stream}"'})
             ours, bare = [], []
             for _ in range(rounds):
                 ours.append(drain([str(OURS)], env_for(tree), None, stream))
-                bare.append(drain([str(PYTHON), "job.py", "--a", str(megabytes), "--b", stream], env_for(tree),
+                bare.append(drain([str(PYTHON), "job.py", "--megabytes", str(megabytes), "--stream", stream], env_for(tree),
                                   tree / "code", stream))
             o, b = statistics.median(ours), statistics.median(bare)
             print(f"{stream}: {megabytes:.0f} MB  bare {b:6.3f} s ({megabytes / b:6.0f} MB/s)  "

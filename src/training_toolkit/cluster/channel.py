@@ -153,6 +153,7 @@ class ControlServer:
         self._heartbeat_s = heartbeat_s
         self._timeout_s = timeout_s
         self._links: dict[str, _Link] = {}
+        self._joining: set[str] = set()  # in the handshake: the seat is taken, the link cannot sign yet
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
         self._verdict: Verdict | None = None
         self._ready: set[str] = set()
@@ -213,22 +214,28 @@ class ControlServer:
         with self._state:
             if host not in self.expected:
                 reason = f"{host!r} is not a host of this job"
-            elif host in self._links:
+            elif host in self._links or host in self._joining:
                 reason = f"{host!r} has joined already"
             else:
                 reason = None
-                self._links[host] = link
+                self._joining.add(host)
         if reason:
             link.send_raw({"t": "reject", "reason": reason})
             raise ConnectionError(reason)
-        link.send_raw({"t": "welcome", "mac": _mac(self._secret, "welcome", nonce, cnonce, host)})
-        link.key = hmac.new(self._secret, f"session|{nonce}|{cnonce}".encode(), hashlib.sha256).digest()
-        with self._state:
-            self._joined.add(host)
-            verdict = self._verdict
-            self._state.notify_all()
+        try:
+            link.send_raw({"t": "welcome", "mac": _mac(self._secret, "welcome", nonce, cnonce, host)})
+            link.key = hmac.new(self._secret, f"session|{nonce}|{cnonce}".encode(), hashlib.sha256).digest()
+        finally:
+            # Seated only once it can sign: a broadcast never reaches a half-joined link.
+            with self._state:
+                self._joining.discard(host)
+                self._links[host] = link
+                verdict = self._verdict
         if verdict is not None:  # a late joiner learns at once that the job is over
             link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+        with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
+            self._joined.add(host)
+            self._state.notify_all()
         return host
 
     def _on_message(self, host: str, message: dict) -> None:

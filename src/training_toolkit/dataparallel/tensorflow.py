@@ -14,7 +14,8 @@ library is listed in docs/dataparallel.md.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # annotations only: importing TensorFlow costs seconds
     import tensorflow as tf
@@ -85,7 +86,7 @@ def init() -> None:
 
 
 def _hvd() -> Any:
-    """Horovod, or a clear error when init() has not run (Horovod itself would fail obscurely or hang)."""
+    """Horovod; before init() (Horovod not yet imported) or after shutdown(), an error saying which."""
     if _state.shut_down:
         raise RuntimeError("smdistributed.dataparallel was shut down: no calls are possible after shutdown().")
     if _state.hvd is None:
