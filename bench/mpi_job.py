@@ -1,6 +1,6 @@
 """MPI jobs on a 4-host local cluster: our runner vs a bare mpirun on hosts prepared in advance.
 
-Three figures, from runs interleaved round by round (ours, bare, ours with a killed rank, ...):
+Three figures, from runs interleaved round by round (ours, bare, then the same with a killed rank):
 
 1. job wall time of the same mpi4py allreduce (1 process per host): ``run_local`` with
    ``sagemaker_mpi_enabled``, from the call to the last host's exit (cluster bring-up, code,
@@ -59,12 +59,13 @@ if comm.Get_rank() == 3:
 comm.Barrier()  # the others wait for a rank that never comes
 """
 
+# Open MPI 4 waits odls_base_sigkill_timeout (default 1 s) between SIGTERM and SIGKILL when it
+# tears down the surviving ranks: (3) is measured once more under the bare mpirun with it at 0.
+FAST_KILL = ("--mca", "odls_base_sigkill_timeout", "0")
+
 # Run inside each prepared host: the job's ssh dir at the same path on every host (/run is a
 # per-host tmpfs), written by the toolkit's own code with keys derived from one secret.
 SSH_DIR = "/run/bench-mpi-ssh"
-# Open MPI 4 waits odls_base_sigkill_timeout (1 s) between SIGTERM and SIGKILL of the surviving
-# ranks, at more than one step of its teardown: measured once more without it, for comparison.
-FAST_KILL = ("--mca", "odls_base_sigkill_timeout", "0")
 WRITE_SSH_DIR = """\
 import os, sys
 from pathlib import Path
@@ -153,9 +154,11 @@ def bare(cluster: NamespaceCluster, mpirun: list[str], script: str, expect_succe
 
 def bare_death(cluster: NamespaceCluster, mpirun: list[str]) -> float:
     """Seconds from rank 3's SIGKILL to mpirun's exit, for the kill script under a bare mpirun."""
+    stamp = cluster.hosts[3].opt_ml / "model" / "killed_at"
+    stamp.unlink(missing_ok=True)
     bare(cluster, mpirun, "kill.py", expect_success=False)
     mpirun_end = time.monotonic()
-    return mpirun_end - float((cluster.hosts[3].opt_ml / "model" / "killed_at").read_text())
+    return mpirun_end - float(stamp.read_text())
 
 
 def stats(samples: list[float]) -> str:

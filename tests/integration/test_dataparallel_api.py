@@ -124,11 +124,6 @@ def run(tmp_path_factory):
     return {"ranks": ranks, "wall": wall, "model_dir": model_dir}
 
 
-def per_rank(values):
-    """What each rank contributed in the fixture's direct allreduce checks."""
-    return [values(r) for r in range(NP)]
-
-
 class TestTwoRanks:
     pytestmark = [pytest.mark.mpi, pytest.mark.tensorflow, pytest.mark.horovod]
 
@@ -148,7 +143,7 @@ class TestTwoRanks:
         assert list((run["model_dir"] / "checkpoint").glob("ckpt-1.index")), "rank 0 saved no checkpoint"
 
     def test_allreduce_ops(self, run):
-        mine = per_rank(lambda r: [r + 1.0, -10.0 * (r + 1)])
+        mine = [[r + 1.0, -10.0 * (r + 1)] for r in range(NP)]  # what each rank contributed
         expected = {
             "SUM": [sum(col) for col in zip(*mine)],
             "MIN": [min(col) for col in zip(*mine)],
