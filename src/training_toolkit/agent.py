@@ -42,6 +42,13 @@ class GotSignal:
     signum: int
 
 
+@dataclass(frozen=True)
+class PartStopped:
+    """A runner's own report: this host's part of the job was stopped by a signal."""
+
+    signum: int
+
+
 @dataclass
 class Local:
     """A process this host runs for the job; the host's part ends when its primary ends."""
@@ -97,6 +104,15 @@ class HostAgent:
 
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
+
+    def signal_job(self, signum: int) -> None:
+        """Pass a signal ``train`` received to this host's part of the job.
+
+        By default every local process gets it (stopping signals with the grace
+        period, then SIGKILL).  A runner whose processes are not its children
+        (MPI ranks under sshd) posts ``PartStopped`` once they are gone.
+        """
+        self._forward(signum, self.ctx.grace_s)
 
     # The template -----------------------------------------------------------------------------
 
@@ -175,7 +191,9 @@ class HostAgent:
                                                       f"within {PEER_FINISH_TIMEOUT_S:g} s")
                 break
             if isinstance(event, GotSignal):
-                self._forward(event.signum, self.ctx.grace_s)
+                self.signal_job(event.signum)
+            elif isinstance(event, PartStopped):
+                outcome = Outcome(128 + event.signum, f"{self.host}: stopped by {signal.Signals(event.signum).name}")
             elif isinstance(event, LocalExit):
                 local = self._local(event.name)
                 if not event.status.ok or not local.primary:
@@ -215,8 +233,10 @@ class HostAgent:
             except Empty:
                 return own  # the first host never answered our failure report
             if isinstance(event, GotSignal):
-                self._forward(event.signum, self.ctx.grace_s)
-                if event.signum in STOPPING_SIGNALS and own is None:
+                # The part's processes get the signal and their grace; their ends tell the job.
+                self.signal_job(event.signum)
+            elif isinstance(event, PartStopped):
+                if own is None:
                     own = Outcome(128 + event.signum, f"{self.host}: stopped by {signal.Signals(event.signum).name}")
                     membership.report_failure(own.reason or "", own.exit_code)
             elif isinstance(event, LocalExit):
@@ -251,4 +271,4 @@ def _watch(local: Local, events: SimpleQueue) -> None:
     threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
 
 
-__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "Stopped", "ClusterError", "log"]
+__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log"]

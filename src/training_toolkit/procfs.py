@@ -62,3 +62,8 @@ def signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Live descendants of ``root`` whose environment holds ``marker``."""
+    return [p.pid for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]

@@ -163,3 +163,30 @@ def test_control_port_taken_on_the_first_host(tmp_path):
     for name in ("algo-2", "algo-3"):
         assert by_host[name].exit_code == 69
         assert "control channel on algo-1:8950" in by_host[name].failure, by_host[name].failure
+
+
+def test_preemption_gives_every_rank_its_grace_period_to_checkpoint(tmp_path):
+    """The platform stops every container (SIGTERM to each train): ranks get SIGTERM and time to save."""
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    import signal
+    import threading
+
+    def stop_all_when_ranks_wait(procs):
+        def later():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if len(list((tmp_path / "cluster").glob("algo-*/opt/ml/model/waiting-*"))) == 6:
+                    break
+                time.sleep(0.05)
+            for proc in procs.values():
+                proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=later, daemon=True).start()
+
+    results = run(mpi_job(src, env={"SLEEP": "60", "CHECKPOINT_ON_TERM": "1"}), tmp_path,
+                  on_start=stop_all_when_ranks_wait)
+    saved = sorted(p.name for r in results for p in r.model_dir.glob("checkpoint-*"))
+    assert saved == [f"checkpoint-{i}" for i in range(6)]
+    for r in results:
+        assert r.exit_code == 143, (r.host, r.exit_code, r.failure)
+        assert "stopped by SIGTERM" in r.failure.splitlines()[0]
+    assert spread(results) < 3.0

@@ -14,16 +14,20 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit.agent import HostAgent, Local
+from training_toolkit import procfs
+from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import ssh
 from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.process import ExitStatus, Supervised
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.mpi_command import (
@@ -47,11 +51,24 @@ def run(ctx: RunContext) -> Outcome:
     return MpiAgent(ctx).run()
 
 
+RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # forwarded to every rank: how each host finds its own ranks
+
+
 class MpiAgent(HostAgent):
+    """Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
+
+    A stopping signal on any host goes straight to that host's ranks (with the
+    grace period, so they can checkpoint), not through mpirun, whose own
+    SIGTERM handling would kill every rank after a second.  A rank's death, on
+    the other hand, makes mpirun end the job at once (no kill timeout).
+    """
+
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         self.layout: ssh.SshLayout | None = None
         self.sshd: ssh.Sshd | None = None
+        self.rank_tag = hashlib.sha256(b"training-toolkit ranks\0" + self.secret.value).hexdigest()[:16]
+        self._stopping = False
         port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(DEFAULT_SSH_PORT))
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
@@ -73,9 +90,32 @@ class MpiAgent(HostAgent):
         if not self.is_master:
             return []
         assert self.layout is not None
-        env = {**self.ctx.script_env, **data_parallel_env(self.ctx)}
+        env = {**self.ctx.script_env, **data_parallel_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
         command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ), env)
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
+
+    def signal_job(self, signum: int) -> None:
+        if signum not in STOPPING_SIGNALS:
+            if self.locals:
+                self._forward(signum, self.ctx.grace_s)  # mpirun passes SIGUSR1/2 to every rank
+            return
+        if self._stopping:
+            return
+        self._stopping = True
+        threading.Thread(target=self._stop_ranks, args=(signum,), name="stop-ranks", daemon=True).start()
+
+    def _ranks(self) -> list[int]:
+        mpirun = frozenset(local.child.pid for local in self.locals)
+        return procfs.marked_descendants(os.getpid(), f"{RANK_TAG_VAR}={self.rank_tag}".encode(), mpirun)
+
+    def _stop_ranks(self, signum: int) -> None:
+        """Signal this host's ranks, give them the grace period, then kill what is left."""
+        procfs.signal_all(self._ranks(), signum)
+        deadline = time.monotonic() + self.ctx.grace_s
+        while (left := self._ranks()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        procfs.signal_all(left, signal.SIGKILL)
+        self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         tail = tuple(local.child.tail.lines(100))

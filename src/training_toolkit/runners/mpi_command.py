@@ -70,7 +70,10 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
             "--bind-to", "none", "--map-by", "slot",
             "--mca", "pml", "ob1", "--mca", "btl", "tcp,self" if flavor == OPENMPI5 else "^openib"]
     if flavor == OPENMPI4:
-        cmd += ["--mca", "orte_abort_on_non_zero_status", "1"]
+        # abort the job when a rank fails, and kill the other ranks at once (not 1 s later):
+        # a failed job's survivors have nothing to save, and stopping signals reach the ranks
+        # directly with their own grace period (runners/mpi.py)
+        cmd += ["--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0"]
     cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
     for name in job.forward_env:
         cmd += ["-x", name]
