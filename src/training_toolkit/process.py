@@ -132,6 +132,7 @@ class Supervised:
         self.pid = self.proc.pid
         self._relay: threading.Thread | None = None
         if relay_stderr:
+            _widen_pipe(self.proc.stderr.fileno())
             self._relay = threading.Thread(target=self._pump, name=f"stderr-{self.pid}", daemon=True)
             self._relay.start()
 
@@ -266,6 +267,16 @@ def _quiet(action):
         return action()
     except Exception:  # noqa: BLE001 - the process may be gone already
         return None
+
+
+def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
+    """A 1 MB pipe lets a chatty script write on while the relay is not scheduled (Linux only)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, ImportError):
+        pass  # over the user's pipe-max-size: the default 64 KB still works
 
 
 def _write_all(fd: int, data: bytes) -> None:
