@@ -73,3 +73,21 @@ def test_a_failing_data_parallel_process_stops_every_host(tmp_path):
         assert r.failure.splitlines()[0] == "algo-2 rank 3: dp.py exited with code 1: rank 3 gives up"
     ended = [r.ended_at for r in results]
     assert max(ended) - min(ended) < 3
+
+
+@pytest.mark.horovod
+@needs_mpi()
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="needs Horovod (scripts/build-horovod.sh)")
+def test_smddp_style_tensorflow_script_on_2_hosts_x_2_with_our_api(tmp_path):
+    """A script written for the data-parallel library, import line changed, launched as the library's jobs are."""
+    src = source_dir(tmp_path, "smddp_tf_train.py")
+    job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("smddp_tf_train.py", src,
+                                                          sagemaker_distributed_dataparallel_enabled=True,
+                                                          sagemaker_mpi_num_of_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["size"] == 4 and info["local_size"] == 2 and info["host"] == H2[rank // 2]
+               for rank, info in ranks.items())
+    assert len({json.dumps(info["weights"]) for info in ranks.values()}) == 1

@@ -190,3 +190,23 @@ def test_preemption_gives_every_rank_its_grace_period_to_checkpoint(tmp_path):
         assert r.exit_code == 143, (r.host, r.exit_code, r.failure)
         assert "stopped by SIGTERM" in r.failure.splitlines()[0]
     assert spread(results) < 3.0
+
+
+def test_ssh_port_taken_on_a_worker(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    import subprocess
+    import sys
+
+    def squat(cluster):
+        code = "import socket,time; s=socket.socket(); s.bind(('',22)); s.listen(); print('up', flush=True); time.sleep(120)"
+        proc = cluster.popen("algo-2", [sys.executable, "-c", code], stdout=subprocess.PIPE)
+        proc.stdout.readline()
+
+    t0 = time.monotonic()
+    results = run_local_no_survivor_check(mpi_job(src), tmp_path, before_start=squat)
+    assert time.monotonic() - t0 < 20
+    for r in results:
+        assert r.exit_code == 69, (r.host, r.exit_code)
+        first = r.failure.splitlines()[0]
+        assert "algo-2" in first and "sshd could not listen on port 22" in first, first
+    assert spread(results) < 3.0

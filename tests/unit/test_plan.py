@@ -93,3 +93,19 @@ def test_host_outside_distribution_groups_runs_alone():
                               {"instance_group_name": "b", "instance_type": "t", "hosts": ["algo-2"]}]}
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["a"]'}, rc)
     assert p.runner == "single"
+
+
+def test_heterogeneous_groups_choose_the_hosts_that_take_part():
+    from training_toolkit.runners.tf_config import PsLayout
+
+    rc = {"current_host": "algo-3", "hosts": ["algo-1", "algo-2", "algo-3", "algo-4"], "current_group_name": "train",
+          "instance_groups": [{"instance_group_name": "data", "instance_type": "c5", "hosts": ["algo-1"]},
+                              {"instance_group_name": "train", "instance_type": "p3", "hosts": ["algo-4", "algo-2", "algo-3"]}]}
+    p = plan({"sagemaker_parameter_server_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc)
+    assert (p.runner, p.hosts, p.is_master, p.host_index) == ("parameter_server", ("algo-4", "algo-2", "algo-3"), False, 2)
+    assert PsLayout(p.hosts).script_config("algo-3")["task"] == {"type": "worker", "index": 1}
+    assert PsLayout(p.hosts).cluster()["chief"] == ["algo-4:2222"]
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc, gpus=8)
+    assert p.hosts == ("algo-4", "algo-2", "algo-3") and p.options["num_processes"] == 24
+    rc_data = {**rc, "current_host": "algo-1", "current_group_name": "data"}
+    assert plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc_data).runner == "single"

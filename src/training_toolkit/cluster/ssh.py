@@ -682,6 +682,12 @@ class Sshd:
                 reason = lines[-1] if lines else "no output"
                 raise SshdError(f"sshd exited with code {code} at startup: {reason}")
             if _read_pid(self.layout.pid_file) == self._proc.pid:
+                # sshd carries on when one address family is taken (another process on
+                # 0.0.0.0:22, sshd up on [::]:22): peers would reach the other process.
+                lines = _log_lines(self.layout.sshd_log, log_offset)
+                bind = next((line for line in lines if "Bind to port" in line and "failed" in line), None)
+                if bind is not None:
+                    raise SshdError(f"sshd could not listen on port {self.layout.port}: {bind}")
                 return
             if time.monotonic() >= deadline:
                 raise SshdError(f"sshd did not start listening on port {self.layout.port} within {self.start_timeout_s:g}s")
