@@ -21,7 +21,7 @@ from queue import Empty, SimpleQueue
 from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.membership import ChannelSettings, Membership
 from training_toolkit.cluster.secret import JobSecret, job_secret
-from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, ToolkitError
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed, ToolkitError
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -153,7 +153,7 @@ class HostAgent:
 
     def _failed_before_start(self, membership: Membership, exc: ToolkitError) -> Outcome:
         reason = str(exc)
-        if not reason.startswith(self.host + ":") and "before the job started, " not in reason:
+        if not isinstance(exc, JobFailed) and not reason.startswith(self.host + ":"):
             reason = f"{self.host}: {reason}"
         outcome = Outcome(exc.exit_code, reason)
         if self.is_master:
@@ -262,6 +262,33 @@ class HostAgent:
         for local in self.locals:
             local.child.wait(grace_s + 5)
             local.child.finish(linger_s=1.0)
+
+
+def fail_job(job, plan, environ, error: ToolkitError) -> None:
+    """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
+
+    Without it they would wait for this host until the join deadline and then
+    only say that it never came.
+    """
+    host = plan.current_host
+    reason = str(error) if str(error).startswith(f"{host}:") else f"{host}: {error}"
+    events: SimpleQueue = SimpleQueue()
+    settings = ChannelSettings.from_environ(environ)
+    membership = Membership(job_secret(job, environ).value, plan.hosts, host, settings, events)
+    try:
+        membership.open()
+        if membership.is_master:
+            membership.announce(Verdict(error.exit_code, reason, host))
+        else:
+            membership.report_failure(reason, error.exit_code)
+            try:
+                events.get(timeout=REPORT_WAIT_S)  # the verdict, or the first host gone
+            except Empty:
+                pass
+    except ToolkitError:
+        pass  # the job could not be told; this host's own verdict still stands
+    finally:
+        membership.close()
 
 
 def _watch(local: Local, events: SimpleQueue) -> None:

@@ -131,7 +131,16 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
     grace = grace_s if grace_s is not None else _float_env(environ, "TRAINING_TOOLKIT_GRACE_PERIOD", DEFAULT_GRACE_S)
     spec, launch = _resolve(paths, environ)
     python = code.python_for(environ)
-    code_dir, command = code.prepare(spec, environ, python)
+    try:
+        code_dir, command = code.prepare(spec, environ, python)
+    except errors.CodeError as exc:
+        if not launch.multi_host:
+            raise
+        from training_toolkit.agent import fail_job
+
+        named = errors.CodeError(f"{launch.current_host}: {exc}")
+        fail_job(spec, launch, environ, named)
+        raise named from None
     argv = (*command.argv, *contract.user_args(spec.hyperparameters))
     become_subreaper()
     ctx = RunContext(
@@ -145,7 +154,6 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
         grace_s=grace,
     )
     return _runner(launch.runner).run(ctx)
-
 
 
 def _runner(name: str):

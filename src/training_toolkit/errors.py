@@ -48,3 +48,11 @@ class ClusterError(ToolkitError):
     """Hosts could not find each other, or the job failed on another host."""
 
     exit_code = EXIT_CLUSTER_ERROR
+
+
+class JobFailed(ClusterError):
+    """The job failed on some host; ``reason`` names it, ``exit_code`` is the job's verdict."""
+
+    def __init__(self, reason: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(reason)

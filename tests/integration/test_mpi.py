@@ -80,7 +80,8 @@ def test_a_host_whose_sshd_never_starts(tmp_path):
     for r in results:
         assert r.exit_code not in (0, None)
         first = r.failure.splitlines()[0]
-        assert "algo-3" in first and "sshd" in first, first
+        assert first.startswith("algo-3: sshd rejected"), first
+        assert r.exit_code == 69
     assert spread(results) < 3.0
 
 
@@ -210,3 +211,17 @@ def test_ssh_port_taken_on_a_worker(tmp_path):
         first = r.failure.splitlines()[0]
         assert "algo-2" in first and "sshd could not listen on port 22" in first, first
     assert spread(results) < 3.0
+
+
+def test_code_that_fails_on_one_host_fails_the_job_at_once(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    # SAGEMAKER_PROGRAM wins over the hyperparameter (as in the reference): only algo-2 looks for this
+    job = mpi_job(src)
+    job = LocalJob(**{**job.__dict__, "host_env": {"algo-2": {"SAGEMAKER_PROGRAM": "missing.py"}}})
+    t0 = time.monotonic()
+    results = run(job, tmp_path)
+    assert time.monotonic() - t0 < 15
+    for r in results:
+        assert r.exit_code == 66, (r.host, r.exit_code, r.failure)
+        first = r.failure.splitlines()[0]
+        assert first.startswith("algo-2: entry point 'missing.py' not found"), first

@@ -12,7 +12,7 @@ import pytest
 
 from training_toolkit.cluster.channel import (ControlClient, ControlServer, PeerDone, PeerFailed, PeerLost,
                                               Verdict)
-from training_toolkit.errors import ClusterError
+from training_toolkit.errors import ClusterError, JobFailed
 
 SECRET = b"s" * 32
 
@@ -80,8 +80,9 @@ def test_failure_during_barrier_is_named(server):
     c1, _ = client(srv, "w1")
     c1.connect(5)
     c1.failed("w1: sshd could not listen on port 22", 69)
-    with pytest.raises(ClusterError, match="before the job started, w1: sshd could not listen"):
+    with pytest.raises(JobFailed, match="^w1: sshd could not listen on port 22$") as failed:
         srv.wait_ready(5)
+    assert failed.value.exit_code == 69
     assert get(events) == PeerFailed("w1", "w1: sshd could not listen on port 22", 69)
 
 
@@ -174,5 +175,6 @@ def test_late_joiner_gets_the_verdict(server):
     c1, e1 = client(srv, "w1")
     c1.connect(5)
     assert get(e1) == Verdict(1, "w2: boom", "algo-1")
-    with pytest.raises(ClusterError, match="the job ended before it started: w2: boom"):
+    with pytest.raises(JobFailed, match="^w2: boom$") as failed:
         c1.wait_go(2)
+    assert failed.value.exit_code == 1

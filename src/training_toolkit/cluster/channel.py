@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from queue import SimpleQueue
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
 
 PROTOCOL = 1
 DEFAULT_PORT = 8950
@@ -157,7 +157,7 @@ class ControlServer:
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
         self._verdict: Verdict | None = None
         self._ready: set[str] = set()
-        self._failure: str | None = None
+        self._failure: JobFailed | None = None
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -247,10 +247,11 @@ class ControlServer:
         elif kind == "failed":
             reason = str(message.get("reason", "failed"))
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
+            code = int(message.get("code", 1))
             with self._state:
-                self._failure = self._failure or named
+                self._failure = self._failure or JobFailed(named, code)
                 self._state.notify_all()
-            self._events.put(PeerFailed(host, reason, int(message.get("code", 1))))
+            self._events.put(PeerFailed(host, reason, code))
         elif kind == "done":
             self._events.put(PeerDone(host, int(message.get("code", 0))))
 
@@ -259,7 +260,7 @@ class ControlServer:
         with self._state:
             if self._links.get(host) is link:
                 del self._links[host]
-            self._failure = self._failure or f"{host}: left the job ({reason})"
+            self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
             self._state.notify_all()
         self._events.put(PeerLost(host, reason))
 
@@ -279,7 +280,7 @@ class ControlServer:
         with self._state:
             while True:
                 if self._failure:
-                    raise ClusterError(f"before the job started, {self._failure}")
+                    raise self._failure
                 missing = [h for h in self.expected if h not in self._ready]
                 if not missing:
                     return
@@ -465,7 +466,8 @@ class ControlClient:
         with self._state:
             while not self._go.is_set():
                 if isinstance(self._ended, Verdict):
-                    raise ClusterError(f"the job ended before it started: {self._ended.reason or self._ended.exit_code}")
+                    verdict = self._ended
+                    raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)
                 if isinstance(self._ended, str):
                     raise ClusterError(self._ended)
                 left = end - time.monotonic()
