@@ -58,6 +58,14 @@ def test_estimator_era_script_gets_master_naming(tmp_path):
     assert spread(results) < 1.0
 
 
+def test_workers_that_finish_early_are_fine_and_the_chief_decides(tmp_path):
+    src = source_dir(tmp_path, "tf_config_reader.py")
+    job = ps_job(src, "tf_config_reader.py", env={"MASTER_DELAY": "2"}, sagemaker_parameter_server_naming="master")
+    results = run(job, tmp_path, timeout_s=120)
+    assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
+    assert all(r.success for r in results)
+
+
 def test_chief_failure_is_every_hosts_verdict(tmp_path):
     src = source_dir(tmp_path, "tf_config_reader.py")
     job = ps_job(src, "tf_config_reader.py", env={"WORKER_SERVES": "1", "EXIT_CODE": "4"},

@@ -53,7 +53,7 @@ class ParameterServerAgent(HostAgent):
             server = Supervised([sys.executable, "-m", "training_toolkit.ps_server"], env, cwd=str(self.ctx.code_dir))
             started.append(Local("parameter server", server, primary=False))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
-        # Only the chief's end is the job's end; a worker's script usually serves until stopped.
-        started.append(Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir)),
-                             primary=self.is_master))
+        # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
+        # until stopped (TF2) or finish its own loop (estimator era): both are fine.
+        started.append(Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir))))
         return started
