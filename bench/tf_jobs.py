@@ -82,7 +82,7 @@ def make_src(tmp: Path) -> Path:
 
 
 def ours(job: LocalJob, workdir: Path, tags: list[str]):
-    """(seconds from the call to the last exit, seconds from the hosts being up to it, results)."""
+    """(seconds from the call to the last exit, from the hosts being up to it, to run_local's return, results)."""
     out = io.BytesIO()
     up = []
 
@@ -92,6 +92,7 @@ def ours(job: LocalJob, workdir: Path, tags: list[str]):
 
     t0 = time.monotonic()
     results = run_local(job, workdir, timeout_s=TIMEOUT_S, out=out, before_start=hosts_up)
+    returned = time.monotonic()
     codes = [r.exit_code for r in results]
     if codes != [0] * len(codes) or any(r.ended_at is None for r in results):
         sys.stdout.buffer.write(out.getvalue())
@@ -101,7 +102,7 @@ def ours(job: LocalJob, workdir: Path, tags: list[str]):
     if left:
         raise SystemExit(f"ours: processes survived their host's train: {left}")
     last = max(r.ended_at for r in results)
-    return last - t0, last - up[0], results
+    return last - t0, last - up[0], returned - t0, results
 
 
 def ps_job(src: Path) -> LocalJob:
@@ -243,8 +244,9 @@ def stats(samples: list[float]) -> str:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     tags: list[str] = []  # of every cluster run_local brought up, to check that none is left
-    f = {k: [] for k in ("ps_ours", "ps_ours_up", "ps_bare", "ps_spread", "chief_to_last", "bare_chief_exit",
-                         "bare_kill", "mw_ours", "mw_ours_up", "mw_bare", "mw_spread")}
+    f: dict[str, list[float]] = {k: [] for k in (
+        "ps_ours", "ps_ours_up", "ps_ours_back", "ps_bare", "ps_spread", "chief_to_last", "bare_chief_exit",
+        "bare_kill", "mw_ours", "mw_ours_up", "mw_ours_back", "mw_bare", "mw_spread")}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-tf-") as tmp_name:
         tmp = Path(tmp_name)
@@ -254,11 +256,12 @@ def main() -> None:
             prepared.start()
             prepare(prepared, src)
             for i in range(rounds):
-                wall, up, results = ours(ps_job(src), tmp / f"ps-{i}", tags)
+                wall, up, back, results = ours(ps_job(src), tmp / f"ps-{i}", tags)
                 chief_end = float((results[0].model_dir / "chief_end").read_text())
                 ended = [r.ended_at for r in results]
                 f["ps_ours"].append(wall)
                 f["ps_ours_up"].append(up)
+                f["ps_ours_back"].append(back)
                 f["ps_spread"].append(max(ended) - min(ended))
                 f["chief_to_last"].append(max(ended) - chief_end)
                 logs = tmp / f"bare-ps-{i}"
@@ -267,10 +270,11 @@ def main() -> None:
                 f["ps_bare"].append(wall)
                 f["bare_chief_exit"].append(chief_exit)
                 f["bare_kill"].append(kill)
-                wall, up, results = ours(mwms_job(src), tmp / f"mwms-{i}", tags)
+                wall, up, back, results = ours(mwms_job(src), tmp / f"mwms-{i}", tags)
                 ended = [r.ended_at for r in results]
                 f["mw_ours"].append(wall)
                 f["mw_ours_up"].append(up)
+                f["mw_ours_back"].append(back)
                 f["mw_spread"].append(max(ended) - min(ended))
                 logs = tmp / f"bare-mwms-{i}"
                 logs.mkdir()
@@ -292,26 +296,28 @@ def main() -> None:
     def verdict(value: float, target: float) -> str:
         return "met" if value <= target else "MISSED"
 
+    def line(label: str, samples: list[float], note: str = "") -> None:
+        print(f"  {label:<42}{stats(samples)}" + (f"   ({note})" if note else ""))
+
     print(f"TensorFlow jobs on local hosts, {rounds} interleaved rounds (1-min load avg "
           f"{min(load):.2f}-{max(load):.2f}, {os.cpu_count()} cores):")
-    print(f"  PS bare: by hand, start to chief exit  {stats(f['ps_bare'])}")
-    print(f"  PS ours: run_local, whole job          {stats(f['ps_ours'])}   "
-          f"(+{ps_over:.2f} s over bare; target <= 1.5: {verdict(ps_over, 1.5)})")
-    print(f"  PS ours - bare, per round              "
-          f"{stats([o - b for o, b in zip(f['ps_ours'], f['ps_bare'])])}")
-    print(f"  PS ours, from hosts up (info)          {stats(f['ps_ours_up'])}")
-    print(f"  PS chief script end to last exit       {stats(f['chief_to_last'])}   "
-          f"(target <= 1: {verdict(chief, 1.0)})")
-    print(f"  PS same, bare chief's own exit (info)  {stats(f['bare_chief_exit'])}   (interpreter shutdown)")
-    print(f"  PS first to last host exit (info)      {stats(f['ps_spread'])}")
-    print(f"  PS bare: killing the rest (info)       {stats(f['bare_kill'])}   (SIGTERM, not counted)")
-    print(f"  MWMS bare: by hand, until both exit    {stats(f['mw_bare'])}")
-    print(f"  MWMS ours: run_local, whole job        {stats(f['mw_ours'])}   "
-          f"(+{mw_over:.2f} s over bare; target <= 1.5: {verdict(mw_over, 1.5)})")
-    print(f"  MWMS ours - bare, per round            "
-          f"{stats([o - b for o, b in zip(f['mw_ours'], f['mw_bare'])])}")
-    print(f"  MWMS ours, from hosts up (info)        {stats(f['mw_ours_up'])}")
-    print(f"  MWMS first to last host exit (info)    {stats(f['mw_spread'])}")
+    line("PS bare: by hand, start to chief exit", f["ps_bare"])
+    line("PS ours: run_local, whole job", f["ps_ours"],
+         f"{ps_over:+.2f} s over bare; target <= 1.5: {verdict(ps_over, 1.5)}")
+    line("PS ours - bare, per round", [o - b for o, b in zip(f["ps_ours"], f["ps_bare"])])
+    line("PS ours, from hosts up (info)", f["ps_ours_up"])
+    line("PS ours, to run_local's return (info)", f["ps_ours_back"], "with the teardown")
+    line("PS chief's script end to last host exit", f["chief_to_last"], f"target <= 1: {verdict(chief, 1.0)}")
+    line("PS same, to the bare chief's exit (info)", f["bare_chief_exit"], "its own interpreter shutdown")
+    line("PS first to last host exit (info)", f["ps_spread"])
+    line("PS bare: killing the rest (info)", f["bare_kill"], "SIGTERM; not counted in bare")
+    line("MWMS bare: by hand, until both exit", f["mw_bare"])
+    line("MWMS ours: run_local, whole job", f["mw_ours"],
+         f"{mw_over:+.2f} s over bare; target <= 1.5: {verdict(mw_over, 1.5)}")
+    line("MWMS ours - bare, per round", [o - b for o, b in zip(f["mw_ours"], f["mw_bare"])])
+    line("MWMS ours, from hosts up (info)", f["mw_ours_up"])
+    line("MWMS ours, to run_local's return (info)", f["mw_ours_back"], "with the teardown")
+    line("MWMS first to last host exit (info)", f["mw_spread"])
     if left:
         raise SystemExit(f"left behind: {left}")
     print("  nothing left running (namespaces, processes, mounts)")
