@@ -55,3 +55,39 @@ def have_reference() -> bool:
         print(f"(reference not installed at {REFERENCE}: run scripts/setup-reference.sh)", file=sys.stderr)
         return False
     return True
+
+
+class LocalRun:
+    """One job on a local cluster, timed: when it was called, when its hosts were up, how each ended."""
+
+    def __init__(self, job, workdir: Path, tags: list[str], timeout_s: float = 300):
+        import io
+
+        from training_toolkit.local.launcher import run_local
+
+        self.out = io.BytesIO()
+        up: list[float] = []
+
+        def hosts_up(cluster) -> None:
+            up.append(time.monotonic())
+            tags.append(cluster.tag)  # so the caller can check that nothing of it is left
+
+        self.started = time.monotonic()
+        self.results = run_local(job, workdir, timeout_s=timeout_s, out=self.out, before_start=hosts_up)
+        self.returned = time.monotonic()
+        self.hosts_up = up[0]
+
+    def check(self, label: str, expect_success: bool = True) -> None:
+        """Stop the benchmark, with the job's output, when the job did not end as expected."""
+        codes = [r.exit_code for r in self.results]
+        ok = all(c == 0 for c in codes) if expect_success else all(c not in (0, None) for c in codes)
+        if not ok or any(r.ended_at is None for r in self.results):
+            sys.stdout.buffer.write(self.out.getvalue())
+            raise SystemExit(f"ours ({label}): exit codes {codes}, failures {[r.failure for r in self.results]}")
+        left = {r.host: r.survivors for r in self.results if r.survivors}
+        if left:
+            raise SystemExit(f"ours ({label}): processes survived their host's train: {left}")
+
+    @property
+    def last_exit(self) -> float:
+        return max(r.ended_at for r in self.results)

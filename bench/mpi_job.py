@@ -22,7 +22,6 @@ Usage: .venv/bin/python bench/mpi_job.py [ROUNDS]      (default 5)
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import secrets
@@ -34,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PYTHON
+from common import PYTHON, LocalRun
 
-from training_toolkit.local.launcher import INTERFACE, LocalJob, run_local
+from training_toolkit.local.launcher import INTERFACE, LocalJob
 from training_toolkit.local.netns import NamespaceCluster, leftovers
 
 HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
@@ -93,25 +92,9 @@ def job(src: Path, entry: str) -> LocalJob:
 
 def ours(src: Path, entry: str, workdir: Path, expect_success: bool, tags: list[str]):
     """(seconds from the call to the last exit, seconds from the hosts being up to it, results) of one job."""
-    out = io.BytesIO()
-    up = []
-
-    def hosts_up(cluster: NamespaceCluster) -> None:
-        up.append(time.monotonic())
-        tags.append(cluster.tag)
-
-    t0 = time.monotonic()
-    results = run_local(job(src, entry), workdir, timeout_s=120, out=out, before_start=hosts_up)
-    codes = [r.exit_code for r in results]
-    ok = all(c == 0 for c in codes) if expect_success else all(c not in (0, None) for c in codes)
-    if not ok or any(r.ended_at is None for r in results):
-        sys.stdout.buffer.write(out.getvalue())
-        raise SystemExit(f"ours ({entry}): unexpected exit codes {codes}")
-    left = {r.host: r.survivors for r in results if r.survivors}
-    if left:
-        raise SystemExit(f"ours ({entry}): processes survived their host's train: {left}")
-    last = max(r.ended_at for r in results)
-    return last - t0, last - up[0], results
+    run = LocalRun(job(src, entry), workdir, tags, timeout_s=120)
+    run.check(entry, expect_success)
+    return run.last_exit - run.started, run.last_exit - run.hosts_up, run.results
 
 
 def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:

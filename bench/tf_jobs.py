@@ -24,7 +24,6 @@ Usage: .venv/bin/python bench/tf_jobs.py [ROUNDS]      (default 3)
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -36,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PYTHON, REPO
+from common import PYTHON, REPO, LocalRun
 
-from training_toolkit.local.launcher import LocalJob, run_local
+from training_toolkit.local.launcher import LocalJob
 from training_toolkit.local.netns import NamespaceCluster, leftovers
 from training_toolkit.runners.tf_config import PsLayout, mwms_config
 
@@ -83,26 +82,9 @@ def make_src(tmp: Path) -> Path:
 
 def ours(job: LocalJob, workdir: Path, tags: list[str]):
     """(seconds from the call to the last exit, from the hosts being up to it, to run_local's return, results)."""
-    out = io.BytesIO()
-    up = []
-
-    def hosts_up(cluster: NamespaceCluster) -> None:
-        up.append(time.monotonic())
-        tags.append(cluster.tag)
-
-    t0 = time.monotonic()
-    results = run_local(job, workdir, timeout_s=TIMEOUT_S, out=out, before_start=hosts_up)
-    returned = time.monotonic()
-    codes = [r.exit_code for r in results]
-    if codes != [0] * len(codes) or any(r.ended_at is None for r in results):
-        sys.stdout.buffer.write(out.getvalue())
-        raise SystemExit(f"ours ({job.hyperparameters['sagemaker_program']}): exit codes {codes}, "
-                         f"failures {[r.failure for r in results]}")
-    left = {r.host: r.survivors for r in results if r.survivors}
-    if left:
-        raise SystemExit(f"ours: processes survived their host's train: {left}")
-    last = max(r.ended_at for r in results)
-    return last - t0, last - up[0], returned - t0, results
+    run = LocalRun(job, workdir, tags, timeout_s=TIMEOUT_S)
+    run.check(job.hyperparameters["sagemaker_program"])
+    return run.last_exit - run.started, run.last_exit - run.hosts_up, run.returned - run.started, run.results
 
 
 def ps_job(src: Path) -> LocalJob:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from multihost import hps, needs_mpi, needs_root_cluster, run, source_dir
-from training_toolkit.local.launcher import LocalJob
+from training_toolkit.local.launcher import LocalJob, run_local
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, needs_root_cluster(), needs_mpi()]
 
@@ -99,16 +103,17 @@ def test_a_host_that_never_starts_train(tmp_path):
         assert "never joined: algo-3" in by_host[name].failure.splitlines()[0]
 
 
+def signal_later(host: str, signum: int, delay_s: float = 3.0):
+    """An on_start hook: send ``signum`` to ``host``'s train after ``delay_s``."""
+    def on_start(procs):
+        threading.Timer(delay_s, lambda: procs[host].send_signal(signum)).start()
+    return on_start
+
+
 def test_sigterm_to_the_first_hosts_train_stops_the_job_everywhere(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    import signal
-    import threading
-
-    def later(procs):
-        threading.Timer(3.0, lambda: procs["algo-1"].send_signal(signal.SIGTERM)).start()
-
     t0 = time.monotonic()
-    results = run(mpi_job(src, env={"SLEEP": "60"}), tmp_path, on_start=later)
+    results = run(mpi_job(src, env={"SLEEP": "60"}), tmp_path, on_start=signal_later("algo-1", signal.SIGTERM))
     assert time.monotonic() - t0 < 20
     assert all(r.exit_code not in (0, None) for r in results), [r.exit_code for r in results]
     assert all(not r.success and r.failure for r in results)
@@ -117,14 +122,9 @@ def test_sigterm_to_the_first_hosts_train_stops_the_job_everywhere(tmp_path):
 
 def test_a_worker_host_vanishing_fails_the_job(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    import signal
-    import threading
-
-    def later(procs):
-        threading.Timer(3.0, lambda: procs["algo-2"].send_signal(signal.SIGKILL)).start()
-
     t0 = time.monotonic()
-    results = run_local_no_survivor_check(mpi_job(src, env={"SLEEP": "60"}), tmp_path, on_start=later)
+    results = run_local_no_survivor_check(mpi_job(src, env={"SLEEP": "60"}), tmp_path,
+                                          on_start=signal_later("algo-2", signal.SIGKILL))
     assert time.monotonic() - t0 < 20
     by_host = {r.host: r for r in results}
     for name in ("algo-1", "algo-3"):
@@ -134,29 +134,24 @@ def test_a_worker_host_vanishing_fails_the_job(tmp_path):
 
 
 def run_local_no_survivor_check(job, tmp_path, **kw):
-    """SIGKILLed train cannot clean up its own host; the others must still end cleanly."""
-    import sys
-
-    from training_toolkit.local.launcher import run_local
-
+    """A SIGKILLed train cannot clean up its own host (callers check the others themselves)."""
     return run_local(job, tmp_path / "cluster", timeout_s=120, out=sys.stdout.buffer, **kw)
+
+
+def squat(host: str, port: int):
+    """A before_start hook: another process listens on ``port`` in ``host`` before train starts."""
+    def before_start(cluster):
+        code = f"import socket,time; s=socket.socket(); s.bind(('',{port})); s.listen(); print('up', flush=True); time.sleep(120)"
+        proc = cluster.popen(host, [sys.executable, "-c", code], stdout=subprocess.PIPE)
+        proc.stdout.readline()
+    return before_start
 
 
 def test_control_port_taken_on_the_first_host(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    import sys
-
-    squatters = []
-
-    def squat(cluster):
-        code = "import socket,time; s=socket.socket(); s.bind(('',8950)); s.listen(); print('up', flush=True); time.sleep(120)"
-        proc = cluster.popen("algo-1", [sys.executable, "-c", code], stdout=__import__("subprocess").PIPE)
-        proc.stdout.readline()
-        squatters.append(proc)
-
     t0 = time.monotonic()
     results = run_local_no_survivor_check(mpi_job(src, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "5"}), tmp_path,
-                                          before_start=squat)
+                                          before_start=squat("algo-1", 8950))
     assert time.monotonic() - t0 < 20
     by_host = {r.host: r for r in results}
     first = by_host["algo-1"].failure.splitlines()[0]
@@ -169,8 +164,6 @@ def test_control_port_taken_on_the_first_host(tmp_path):
 def test_preemption_gives_every_rank_its_grace_period_to_checkpoint(tmp_path):
     """The platform stops every container (SIGTERM to each train): ranks get SIGTERM and time to save."""
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    import signal
-    import threading
 
     def stop_all_when_ranks_wait(procs):
         def later():
@@ -195,16 +188,8 @@ def test_preemption_gives_every_rank_its_grace_period_to_checkpoint(tmp_path):
 
 def test_ssh_port_taken_on_a_worker(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    import subprocess
-    import sys
-
-    def squat(cluster):
-        code = "import socket,time; s=socket.socket(); s.bind(('',22)); s.listen(); print('up', flush=True); time.sleep(120)"
-        proc = cluster.popen("algo-2", [sys.executable, "-c", code], stdout=subprocess.PIPE)
-        proc.stdout.readline()
-
     t0 = time.monotonic()
-    results = run_local_no_survivor_check(mpi_job(src), tmp_path, before_start=squat)
+    results = run_local_no_survivor_check(mpi_job(src), tmp_path, before_start=squat("algo-2", 22))
     assert time.monotonic() - t0 < 20
     for r in results:
         assert r.exit_code == 69, (r.host, r.exit_code)
