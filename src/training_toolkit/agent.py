@@ -83,6 +83,7 @@ class HostAgent:
         self.settings = ChannelSettings.from_environ(ctx.environ)
         self.locals: list[Local] = []
         self._setup_phase = True
+        self._stop_signal: int | None = None  # a stopping signal this host received: the job did not complete
 
     # Steps for runners to override ------------------------------------------------------------
 
@@ -169,6 +170,14 @@ class HostAgent:
             else:
                 local.child.send(signum)
 
+    def _on_got_signal(self, signum: int) -> None:
+        if signum in STOPPING_SIGNALS and self._stop_signal is None:
+            self._stop_signal = signum
+        self.signal_job(signum)
+
+    def _stopped(self, signum: int) -> Outcome:
+        return Outcome(128 + signum, f"{self.host}: stopped by {signal.Signals(signum).name}")
+
     def _local(self, name: str) -> Local:
         return next(local for local in self.locals if local.name == name)
 
@@ -191,9 +200,11 @@ class HostAgent:
                                                       f"within {PEER_FINISH_TIMEOUT_S:g} s")
                 break
             if isinstance(event, GotSignal):
-                self.signal_job(event.signum)
+                self._on_got_signal(event.signum)
             elif isinstance(event, PartStopped):
-                outcome = Outcome(128 + event.signum, f"{self.host}: stopped by {signal.Signals(event.signum).name}")
+                outcome = self._stopped(event.signum)
+            elif isinstance(event, LocalExit) and self._stop_signal is not None:
+                outcome = self._stopped(self._stop_signal)  # however the processes ended, the job was stopped
             elif isinstance(event, LocalExit):
                 local = self._local(event.name)
                 if not event.status.ok or not local.primary:
@@ -234,10 +245,10 @@ class HostAgent:
                 return own  # the first host never answered our failure report
             if isinstance(event, GotSignal):
                 # The part's processes get the signal and their grace; their ends tell the job.
-                self.signal_job(event.signum)
-            elif isinstance(event, PartStopped):
+                self._on_got_signal(event.signum)
+            elif isinstance(event, PartStopped) or (isinstance(event, LocalExit) and self._stop_signal is not None):
                 if own is None:
-                    own = Outcome(128 + event.signum, f"{self.host}: stopped by {signal.Signals(event.signum).name}")
+                    own = self._stopped(event.signum if isinstance(event, PartStopped) else self._stop_signal)
                     membership.report_failure(own.reason or "", own.exit_code)
             elif isinstance(event, LocalExit):
                 local = self._local(event.name)

@@ -91,3 +91,39 @@ def test_smddp_style_tensorflow_script_on_2_hosts_x_2_with_our_api(tmp_path):
     assert all(info["size"] == 4 and info["local_size"] == 2 and info["host"] == H2[rank // 2]
                for rank, info in ranks.items())
     assert len({json.dumps(info["weights"]) for info in ranks.values()}) == 1
+
+
+def test_stopping_a_data_parallel_job_gives_every_process_its_grace(tmp_path):
+    """SIGTERM to every host's train (a platform stop): each process saves, and the job is reported stopped."""
+    import signal
+    import threading
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "dp.py").write_text(
+        "import os, signal, sys, time\n"
+        "def save(*_):\n"
+        "    time.sleep(1.5)\n"
+        "    open(os.path.join(os.environ['SM_MODEL_DIR'], 'saved-' + os.environ['RANK']), 'w').close()\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+        "open(os.path.join(os.environ['SM_MODEL_DIR'], 'up-' + os.environ['RANK']), 'w').close()\n"
+        "time.sleep(60)\n")
+
+    def stop_all(procs):
+        def later():
+            deadline = time.monotonic() + 30
+            while len(list((tmp_path / "cluster").glob("algo-*/opt/ml/model/up-*"))) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for proc in procs.values():
+                proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=later, daemon=True).start()
+
+    job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("dp.py", src, sagemaker_pytorch_ddp_enabled=True,
+                                                          sagemaker_distributed_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=60, on_start=stop_all)
+    assert sorted(p.name for r in results for p in r.model_dir.glob("saved-*")) == [f"saved-{i}" for i in range(4)]
+    for r in results:
+        assert r.exit_code == 143, (r.host, r.exit_code, r.failure)
+        assert "stopped by SIGTERM" in r.failure.splitlines()[0]
