@@ -180,7 +180,7 @@ class TestTwoRanks:
         for info in run["ranks"].values():
             checks = info["checks"]
             for key in ("device_dense", "tape_sum", "oob_max"):
-                assert checks[key].startswith("NotImplementedError: ") and "not supported" in checks[key], checks[key]
+                assert checks[key].startswith("NotSupportedError: ") and "not supported" in checks[key], checks[key]
             assert checks["keras_optimizer"].startswith("TypeError: DistributedOptimizer wraps a "
                                                         "tf.compat.v1.train.Optimizer")
             assert checks["global_variables_eager"].startswith("RuntimeError: broadcast_global_variables() needs "

@@ -25,8 +25,12 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 __all__ = [
     "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "ReduceOp", "allreduce", "broadcast", "broadcast_global_variables", "broadcast_variables", "init",
-    "local_rank", "local_size", "oob_allreduce", "overlap", "rank", "shutdown", "size",
+    "local_rank", "local_size", "oob_allreduce", "overlap", "rank", "shutdown", "size", "NotSupportedError",
 ]
+
+
+class NotSupportedError(ValueError):
+    """An argument the data-parallel library documents as not supported (it raises too)."""
 
 
 class Compression(enum.Enum):
@@ -124,7 +128,7 @@ def _op(op: ReduceOp | None, caller: str, allowed: Iterable[ReduceOp] = tuple(Re
     if not isinstance(op, ReduceOp):
         raise TypeError(f"{caller}: op must be a ReduceOp member, not {op!r}")
     if op not in allowed:
-        raise NotImplementedError(f"{caller}: op {op} is not supported; smdistributed.dataparallel supports only "
+        raise NotSupportedError(f"{caller}: op {op} is not supported; smdistributed.dataparallel supports only "
                                   f"{', '.join(str(a) for a in allowed)} here")
     return getattr(_hvd(), op.value)
 
@@ -141,7 +145,7 @@ def _no_devices(caller: str, device_dense: str, device_sparse: str) -> None:
     """The library refuses explicit reduction devices; so do we, so scripts stay portable back to it."""
     for name, value in (("device_dense", device_dense), ("device_sparse", device_sparse)):
         if value:
-            raise NotImplementedError(f"{caller}: {name} is not supported by smdistributed.dataparallel "
+            raise NotSupportedError(f"{caller}: {name} is not supported by smdistributed.dataparallel "
                                       f"(got {value!r}); leave it empty")
 
 
