@@ -196,24 +196,13 @@ class Supervised:
 def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
     """End what a finished script left: its process group, and descendants carrying its token."""
     marker = f"{TOKEN_VAR}={token}".encode()
-    me = os.getpid()
 
     def survivors() -> list[procfs.Proc]:
-        return [p for p in procfs.descendants(me) if not p.zombie and (p.pgid == pgid or procfs.has_marker(p.pid, marker))]
+        return [p for p in procfs.descendants(os.getpid())
+                if not p.zombie and (p.pgid == pgid or procfs.has_marker(p.pid, marker))]
 
     _signal_group(pgid, signal.SIGTERM)
-    left = survivors()
-    if not left:  # the usual case: one look at /proc, and done
-        return
-    procfs.signal_all([p.pid for p in left], signal.SIGTERM)
-    deadline = time.monotonic() + linger_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        _reap([p.pid for p in left])
-        left = survivors()
-    _signal_group(pgid, signal.SIGKILL)
-    procfs.signal_all([p.pid for p in survivors()], signal.SIGKILL)
-    _reap([p.pid for p in procfs.descendants(me) if p.ppid == me and p.zombie])
+    _terminate(survivors, linger_s, group=pgid)
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
@@ -223,19 +212,32 @@ def end_descendants(linger_s: float = 1.0) -> list[str]:
     process that started them; because the toolkit is a subreaper, they are
     re-parented to us, and so still found here.  Returns what had to be ended.
     """
-    me = os.getpid()
-    left = [p for p in procfs.descendants(me) if not p.zombie]
-    names = [f"{p.pid} {_comm(p.pid)}" for p in left]
+
+    def alive() -> list[procfs.Proc]:
+        return [p for p in procfs.descendants(os.getpid()) if not p.zombie]
+
+    names = [f"{p.pid} {_comm(p.pid)}" for p in alive()]
+    _terminate(alive, linger_s)
+    return names
+
+
+def _terminate(find, linger_s: float, group: int | None = None) -> None:
+    """SIGTERM what ``find()`` lists, give it ``linger_s`` to go, SIGKILL the rest, reap our zombies."""
+    left = find()
+    if not left:  # the usual case: one look at /proc, and done
+        return
     procfs.signal_all([p.pid for p in left], signal.SIGTERM)
     deadline = time.monotonic() + linger_s
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
         _reap([p.pid for p in left])
-        left = [p for p in procfs.descendants(me) if not p.zombie]
-    procfs.signal_all([p.pid for p in left], signal.SIGKILL)
+        left = find()
+    if group is not None:
+        _signal_group(group, signal.SIGKILL)
+    procfs.signal_all([p.pid for p in find()], signal.SIGKILL)
     time.sleep(0.02)
+    me = os.getpid()
     _reap([p.pid for p in procfs.descendants(me) if p.ppid == me and p.zombie])
-    return names
 
 
 def _reap(pids: list[int]) -> None:
