@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from conftest import clean_env, train_cmd, write_job
 

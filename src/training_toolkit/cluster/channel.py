@@ -182,7 +182,7 @@ class ControlServer:
                 conn, addr = self._sock.accept()
             except OSError:
                 return
-            _thread(lambda: self._serve(conn, addr[0]), f"control-{addr[0]}")
+            _thread(self._serve, f"control-{addr[0]}", conn, addr[0])
 
     def _serve(self, conn: socket.socket, address: str) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -485,7 +485,7 @@ class _Rejected(Exception):
     pass
 
 
-def _thread(target, name: str) -> threading.Thread:
-    thread = threading.Thread(target=target, name=name, daemon=True)
+def _thread(target, name: str, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, args=args, daemon=True)
     thread.start()
     return thread

@@ -745,7 +745,7 @@ def _end_processes(processes: Sequence[psutil.Process], grace_s: float) -> None:
         _quiet(proc.kill)
     for proc in processes:
         # Reaps them when we are a subreaper they were re-parented to; else a no-op.
-        _quiet(lambda: os.waitpid(proc.pid, os.WNOHANG))
+        _quiet(lambda pid=proc.pid: os.waitpid(pid, os.WNOHANG))
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -165,7 +165,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
                         ended[name] = time.monotonic()
                 time.sleep(0.01)
             if stop.is_set():
-                for name, proc in procs.items():
+                for proc in procs.values():
                     if proc.poll() is None:
                         proc.send_signal(signal.SIGTERM)
                 end = time.monotonic() + stop_grace_s
