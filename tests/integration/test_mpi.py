@@ -210,3 +210,32 @@ def test_code_that_fails_on_one_host_fails_the_job_at_once(tmp_path):
         assert r.exit_code == 66, (r.host, r.exit_code, r.failure)
         first = r.failure.splitlines()[0]
         assert first.startswith("algo-2: entry point 'missing.py' not found"), first
+
+
+def test_a_host_cut_off_from_the_network_is_found_by_its_silence(tmp_path):
+    """No FIN, no RST: the host just goes quiet. Heartbeats find it; every host ends non-zero."""
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    clusters = []
+
+    def cut_algo_3_when_running(procs):
+        def later():
+            deadline = time.monotonic() + 30
+            while len(list((tmp_path / "cluster").glob("algo-*/opt/ml/model/waiting-*"))) < 6:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            clusters[0].run("algo-3", ["ip", "link", "set", "eth0", "down"], timeout=10, check=True)
+        threading.Thread(target=later, daemon=True).start()
+
+    env = {"SLEEP": "60", "CHECKPOINT_ON_TERM": "1", "TRAINING_TOOLKIT_PEER_TIMEOUT": "3"}
+    t0 = time.monotonic()
+    results = run_local_no_survivor_check(mpi_job(src, env=env), tmp_path, before_start=clusters.append,
+                                          on_start=cut_algo_3_when_running)
+    assert time.monotonic() - t0 < 30
+    by_host = {r.host: r for r in results}
+    for name in ("algo-1", "algo-2"):
+        assert by_host[name].exit_code == 69, (name, by_host[name].exit_code, by_host[name].failure)
+        assert by_host[name].failure.splitlines()[0] == "algo-3: left the job (timed out)"
+        assert not by_host[name].survivors
+    assert by_host["algo-3"].exit_code == 69
+    assert "lost the first host algo-1" in by_host["algo-3"].failure
+    assert not by_host["algo-3"].survivors, "the cut-off host must still end its own ranks"

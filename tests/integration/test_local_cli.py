@@ -1,0 +1,53 @@
+"""`training-toolkit local` as a user runs it: output prefixed by host, exit code of the job, nothing left."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import REPO, clean_env, toolkit_cmd
+from multihost import needs_mpi, needs_root_cluster
+
+pytestmark = [pytest.mark.root, needs_root_cluster()]
+
+
+@needs_mpi()
+def test_the_mpi_example_on_two_local_hosts(tmp_path):
+    result = subprocess.run(
+        toolkit_cmd() + ["local", "--hosts", "2", "--source", str(REPO / "examples" / "mpi"), "--entry-point",
+                         "allreduce.py", "--distribution", "mpi", "--processes-per-host", "2",
+                         "--workdir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=120, env=clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = sorted(line for line in result.stdout.splitlines() if "sum of ranks = 6" in line)
+    assert len(ranks) == 4 and all(line.startswith("[algo-1] [1,") for line in ranks)
+    assert "(SM_CURRENT_HOST=algo-2)" in result.stdout
+    assert "algo-1: exit 0: success" in result.stderr and "algo-2: exit 0: success" in result.stderr
+    assert (tmp_path / "work" / "algo-2" / "opt" / "ml" / "output" / "success").exists()
+
+
+def test_a_failing_job_returns_its_code_and_names_the_cause(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "fail.py").write_text("import os, sys\nprint('hello from', os.environ['SM_CURRENT_HOST'])\n"
+                                 "sys.exit(7 if os.environ['SM_CURRENT_HOST'] == 'algo-1' else 0)\n")
+    result = subprocess.run(
+        toolkit_cmd() + ["local", "--hosts", "2", "--source", str(src), "--entry-point", "fail.py",
+                         "--distribution", "multi_worker_mirrored", "--hp", "epochs=3", "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120, env=clean_env())
+    assert result.returncode == 7, result.stdout + result.stderr
+    assert "[algo-1] hello from algo-1" in result.stdout and "[algo-2] hello from algo-2" in result.stdout
+    assert "algo-2: exit 7: algo-1: fail.py exited with code 7" in result.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hosts", "0", "--source", ".", "--entry-point", "x.py"], "--hosts must be at least 1"),
+    (["--hosts", "2", "--source", "/nonexistent", "--entry-point", "x.py"], "x.py not found in /nonexistent"),
+    (["--hosts", "2", "--source", str(REPO / "examples" / "mpi"), "--entry-point", "allreduce.py", "--hp", "novalue"],
+     "--hp expects KEY=VALUE"),
+])
+def test_bad_arguments_are_named(argv, message):
+    result = subprocess.run(toolkit_cmd() + ["local", *argv], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert result.returncode != 0
+    assert message in result.stderr
