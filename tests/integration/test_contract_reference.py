@@ -115,3 +115,18 @@ def test_inherited_environment_and_program_override(tmp_path):
     ref, ours = compare(tmp_path, hyperparameters={"sagemaker_program": '"missing.py"', "z": "1"}, extra_env=extra)
     assert ours["env"]["MY_VAR"] == "kept"
     assert json.loads(ours["env"]["SM_TRAINING_ENV"])["job_name"] == "from-platform"
+
+
+def test_command_entry_point_sees_the_same_argv(tmp_path):
+    """A non-.py entry point: the reference goes through /bin/sh with quoted arguments, we exec it; the script sees the same."""
+    compare(tmp_path, hyperparameters={"message": '"a b; echo $HOME \'q\'"', "n": "3"}, submit="dir")
+    trees = []
+    for name in ("ref", "ours"):
+        base = tmp_path / "cmd" / name / "opt" / "ml"
+        reference.make_tree(base, hyperparameters={"message": '"a b; echo $HOME \'q\'"', "flag": "true"},
+                            resourceconfig=None, inputdataconfig=None, entry_point="dump_env")
+        trees.append(base)
+    ref = reference.run_reference(trees[0])
+    assert ref.ran, ref.stderr
+    ours = run_ours(trees[1])
+    assert ours["argv"][1:] == ref.argv[1:] == ["--flag", "True", "--message", "a b; echo $HOME 'q'"]
