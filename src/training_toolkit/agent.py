@@ -21,7 +21,7 @@ from queue import Empty, SimpleQueue
 from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.membership import ChannelSettings, Membership
 from training_toolkit.cluster.secret import JobSecret, job_secret
-from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed, ToolkitError
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -133,6 +133,9 @@ class HostAgent:
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(membership, exc)
+                except OSError as exc:  # a program that cannot be started (missing, not executable)
+                    error = CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
+                    return self._failed_before_start(membership, error)
                 finally:
                     self._setup_phase = False
                 for local in self.locals:

@@ -110,6 +110,11 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) ->
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
         outcome = report.Outcome(130, "interrupted")
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: still a verdict, with the traceback for the report
+        import traceback
+
+        traceback.print_exc()
+        outcome = report.Outcome(errors.EXIT_INTERNAL, f"training-toolkit internal error: {exc!r}")
     if not outcome.ok:
         _log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)

@@ -195,3 +195,17 @@ def test_environment_reaches_the_script(job_dir):
     assert env["SM_CHANNEL_TRAIN"] == str(job_dir / "input" / "data" / "train")
     assert env["PYTHONPATH"].split(":")[0] == str(job_dir / "code")
     assert env["SM_USER_ARGS"] == '["--lr","0.5"]'
+
+
+def test_a_toolkit_bug_still_gives_a_verdict(job_dir, tmp_path):
+    """An unexpected exception inside the toolkit: exit 70 and a failure file, not a bare traceback exit."""
+    write_job(job_dir, script="pass\n")
+    boom = tmp_path / "sitecustomize.py"
+    boom.write_text("import training_toolkit.contract as c\n"
+                    "def broken(*a, **k):\n    raise RuntimeError('simulated bug')\n"
+                    "c.script_environment = broken\n")
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    result = run_train(job_dir, env=env)
+    assert result.returncode == 70
+    assert "training-toolkit internal error: RuntimeError('simulated bug')" in (job_dir / "output" / "failure").read_text()
+    assert b"Traceback" in result.stderr
