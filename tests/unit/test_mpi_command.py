@@ -30,7 +30,7 @@ def test_openmpi5_command_exactly():
         "/opt/bin/mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--output", "tag",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_ssh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_ssh_no_tree_spawn", "1",
-        "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
         "-x", "NCCL_SOCKET_IFNAME=eth0",
         "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
     ]
@@ -89,3 +89,19 @@ def test_rank_wrapper_maps_open_mpi_ranks_to_torch_names():
                                                     "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
     assert torch_style_variables({}, "algo-1") == {}
     assert torch_style_variables({**env, "RANK": "9", "MASTER_PORT": "1"}, "a")["MASTER_PORT"] == "1"
+
+
+def test_describe_open_mpi_5_reports():
+    """prterun's own words (Open MPI 5.0.11), wrapped where it wraps them."""
+    killed = ["[1,0]<stdout>: hello", "-" * 74,
+              "prterun noticed that process rank 3 with PID 941 on node algo-2 exited on",
+              "signal 9 (Killed).", "-" * 74]
+    assert describe_mpi_failure(killed, HOSTS, 2, ExitStatus(137)) == \
+        "rank 3 on algo-2 killed by SIGKILL: likely out of memory (exit code 137)"
+    failed = ["[1,3]<stderr>: ValueError: rank 3 was told to fail", "-" * 74,
+              "prterun detected that one or more processes exited with non-zero status,",
+              "thus causing the job to be terminated. The first process to do so was:", "",
+              "   Process name: [prterun-algo-1-685@1,3]", "   Exit code:    1", "-" * 74,
+              "[1,3]<stderr>:  [1,0]<stderr>:  [1,2]<stderr>:  "]
+    assert describe_mpi_failure(failed, HOSTS, 2, ExitStatus(1)) == \
+        "rank 3 on algo-2 exited with code 1: ValueError: rank 3 was told to fail"

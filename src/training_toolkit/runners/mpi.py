@@ -41,10 +41,14 @@ from training_toolkit.runners.mpi_command import (
 
 DEFAULT_SSH_PORT = 22
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
-_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
-_FIRST = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
-_EXIT = re.compile(r"Exit code:\s*(\d+)")
+_ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
+# mpirun's own reports.  Open MPI 5 (prterun) wraps them at about 76 columns, anywhere between
+# words ("... exited on\nsignal 9 (Killed)."), and names a process [prterun-HOST-PID@1,RANK]
+# where Open MPI 4 writes [[JOBID,1],RANK]: \s+ between words, both name forms.
+_NOTICED = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+(\S+)\s+exited\s+on\s+signal\s+(\d+)")
+_ABORT = re.compile(r"MPI_ABORT\s+was\s+invoked\s+on\s+rank\s+(\d+)")
+_FIRST = re.compile(r"Process\s+name:\s*\[(?:\[\d+,\d+\]|[^\s\[\],]+@\d+),(\d+)\]")
+_EXIT = re.compile(r"Exit\s+code:\s*(\d+)")
 
 
 def run(ctx: RunContext) -> Outcome:
@@ -237,7 +241,7 @@ def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: in
 def _last_rank_error(tail: Sequence[str], rank: int | None) -> str | None:
     for line in reversed(tail):
         match = _TAGGED.match(line)
-        if match and match.group(2) == "stderr" and match.group(3).strip():
+        if match and match.group(2) == "stderr" and not _ONLY_TAGS.match(match.group(3)):
             if rank is None or int(match.group(1)) == rank:
                 return match.group(3).strip()
     return None

@@ -68,12 +68,17 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
             "--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
             "--mca", f"{rsh}_no_tree_spawn", "1",
             "--bind-to", "none", "--map-by", "slot",
-            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self" if flavor == OPENMPI5 else "^openib"]
+            "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else "^openib"]
     if flavor == OPENMPI4:
         # abort the job when a rank fails, and kill the other ranks at once (not 1 s later):
         # a failed job's survivors have nothing to save, and stopping signals reach the ranks
         # directly with their own grace period (runners/mpi.py)
         cmd += ["--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0"]
+    # Open MPI 5 needs neither: PRRTE aborts on a non-zero exit by default (state_base_error_non_zero_exit=1)
+    # and its kill sequence is fixed (SIGCONT, 0.25 s, SIGTERM, 0.25 s, SIGKILL; no parameter).  Nor does
+    # it need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with
+    # prefix-by-default) starts the remote prted by absolute path with PRTE_PREFIX/LD_LIBRARY_PATH set,
+    # so the install must only sit at the same path on every host.
     cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
     for name in job.forward_env:
         cmd += ["-x", name]
