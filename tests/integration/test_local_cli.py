@@ -30,8 +30,9 @@ def test_the_mpi_example_on_two_local_hosts(tmp_path):
 def test_a_failing_job_returns_its_code_and_names_the_cause(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "fail.py").write_text("import os, sys\nprint('hello from', os.environ['SM_CURRENT_HOST'])\n"
-                                 "sys.exit(7 if os.environ['SM_CURRENT_HOST'] == 'algo-1' else 0)\n")
+    (src / "fail.py").write_text("import os, sys, time\nprint('hello from', os.environ['SM_CURRENT_HOST'], flush=True)\n"
+                                 "if os.environ['SM_CURRENT_HOST'] == 'algo-1':\n"
+                                 "    time.sleep(2)  # the other host has printed by then\n    sys.exit(7)\n")
     result = subprocess.run(
         toolkit_cmd() + ["local", "--hosts", "2", "--source", str(src), "--entry-point", "fail.py",
                          "--distribution", "multi_worker_mirrored", "--hp", "epochs=3", "--workdir", str(tmp_path / "w")],
