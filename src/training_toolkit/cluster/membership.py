@@ -39,8 +39,11 @@ class ChannelSettings:
                 raise ConfigError(f"environment variable {name}", None, f"expected a positive number, got {raw!r}")
             return value
 
+        port = number("TRAINING_TOOLKIT_CONTROL_PORT", DEFAULT_PORT, int)
+        if port > 65535:
+            raise ConfigError("environment variable TRAINING_TOOLKIT_CONTROL_PORT", None, f"expected a port, got {port}")
         return cls(
-            port=number("TRAINING_TOOLKIT_CONTROL_PORT", DEFAULT_PORT, int),
+            port=port,
             join_timeout_s=number("TRAINING_TOOLKIT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S),
             heartbeat_s=number("TRAINING_TOOLKIT_HEARTBEAT", 1.0),
             peer_timeout_s=number("TRAINING_TOOLKIT_PEER_TIMEOUT", 10.0),
