@@ -41,6 +41,17 @@ def hps(program: str, src: Path, **extra) -> dict[str, str]:
     return values
 
 
+def rank_files(results: list[HostResult], pattern: str = "rank-*.json") -> dict[int, dict]:
+    """What each rank wrote to its host's model dir, by rank, with the host it was found on as ``host``."""
+    ranks = {}
+    for r in results:
+        for f in r.model_dir.glob(pattern):
+            info = json.loads(f.read_text())
+            info["host"] = r.host
+            ranks[info["rank"]] = info
+    return ranks
+
+
 def ours_running() -> list[str]:
     """Processes still below this test process (the launcher's hosts and whatever they started)."""
     left = []

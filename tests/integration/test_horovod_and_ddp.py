@@ -7,22 +7,12 @@ import json
 
 import pytest
 
-from multihost import hps, needs_mpi, needs_root_cluster, run, source_dir
+from multihost import hps, needs_mpi, needs_root_cluster, rank_files, run, source_dir
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, needs_root_cluster()]
 H2 = ("algo-1", "algo-2")
 ENV = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def rank_files(results, pattern="rank-*.json") -> dict[int, dict]:
-    ranks = {}
-    for r in results:
-        for f in r.model_dir.glob(pattern):
-            info = json.loads(f.read_text())
-            info["host"] = r.host
-            ranks[info["rank"]] = info
-    return ranks
 
 
 @pytest.mark.horovod

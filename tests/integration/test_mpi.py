@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from multihost import hps, needs_mpi, needs_root_cluster, run, source_dir
+from multihost import hps, needs_mpi, needs_root_cluster, rank_files, run, source_dir
 from training_toolkit.local.launcher import LocalJob, run_local
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, needs_root_cluster(), needs_mpi()]
@@ -32,12 +31,9 @@ def test_mpi4py_allreduce_on_3_hosts_x_2(tmp_path):
     results = run(mpi_job(src, msg="a b; 'c' \"d\" $(id)"), tmp_path)
     assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
     assert all(r.success for r in results)
-    ranks = {}
-    for r in results:
-        for f in r.model_dir.glob("rank-*.json"):
-            info = json.loads(f.read_text())
-            ranks[info["rank"]] = info
-            assert info["sm_current_host"] == r.host == info["hostname"] == info["training_env_host"]
+    ranks = rank_files(results)
+    for info in ranks.values():
+        assert info["sm_current_host"] == info["host"] == info["hostname"] == info["training_env_host"]
     assert sorted(ranks) == list(range(6))
     assert {info["sum"] for info in ranks.values()} == {21}
     assert all(info["argv"] == ["--msg", "a b; 'c' \"d\" $(id)"] for info in ranks.values())

@@ -12,13 +12,12 @@ The entry point is a command (no ``.py``) whose shebang is the toolkit's own pyt
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from multihost import hps, needs_root_cluster, run
+from multihost import hps, needs_root_cluster, rank_files, run
 from training_toolkit.local.launcher import LocalJob
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,12 +78,9 @@ def test_every_rank_runs_on_its_host_under_open_mpi_5(tmp_path):
     results = run(ompi5_job(tmp_path), tmp_path)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     assert all(r.success for r in results)
-    ranks = {}
-    for r in results:
-        for f in r.model_dir.glob("rank-*.json"):
-            info = json.loads(f.read_text())
-            ranks[info["rank"]] = info
-            assert info["hostname"] == info["sm_current_host"] == r.host, info
+    ranks = rank_files(results)
+    for info in ranks.values():
+        assert info["hostname"] == info["sm_current_host"] == info["host"], info
     assert sorted(ranks) == [0, 1, 2, 3]
     assert [ranks[i]["hostname"] for i in range(4)] == ["algo-1", "algo-1", "algo-2", "algo-2"]
     assert [ranks[i]["local_rank"] for i in range(4)] == [0, 1, 0, 1]
