@@ -156,15 +156,9 @@ class HostAgent:
         self.events.put(GotSignal(signum))
 
     def _failed_before_start(self, membership: Membership, exc: ToolkitError) -> Outcome:
-        reason = str(exc)
-        if not isinstance(exc, JobFailed) and not reason.startswith(self.host + ":"):
-            reason = f"{self.host}: {reason}"
-        outcome = Outcome(exc.exit_code, reason)
-        if self.is_master:
-            membership.announce(Verdict(outcome.exit_code, reason, self.host))
-        else:
-            membership.report_failure(reason, outcome.exit_code)
-        return outcome
+        reason = str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+        membership.fail(reason, exc.exit_code)
+        return Outcome(exc.exit_code, reason)
 
     def _forward(self, signum: int, grace_s: float) -> None:
         for local in self.locals:
@@ -278,6 +272,12 @@ class HostAgent:
             local.child.finish(linger_s=1.0)
 
 
+def named(host: str, error: Exception) -> str:
+    """An error's message as a job-wide reason: it starts with the host it happened on."""
+    text = str(error)
+    return text if text.startswith(f"{host}:") else f"{host}: {text}"
+
+
 def fail_job(job, plan, environ, error: ToolkitError) -> None:
     """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
 
@@ -285,16 +285,13 @@ def fail_job(job, plan, environ, error: ToolkitError) -> None:
     only say that it never came.
     """
     host = plan.current_host
-    reason = str(error) if str(error).startswith(f"{host}:") else f"{host}: {error}"
     events: SimpleQueue = SimpleQueue()
     settings = ChannelSettings.from_environ(environ)
     membership = Membership(job_secret(job, environ).value, plan.hosts, host, settings, events)
     try:
         membership.open()
-        if membership.is_master:
-            membership.announce(Verdict(error.exit_code, reason, host))
-        else:
-            membership.report_failure(reason, error.exit_code)
+        membership.fail(named(host, error), error.exit_code)
+        if not membership.is_master:
             try:
                 events.get(timeout=REPORT_WAIT_S)  # the verdict, or the first host gone
             except Empty:

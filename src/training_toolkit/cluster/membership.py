@@ -90,6 +90,13 @@ class Membership:
         if self._client:
             self._client.done(exit_code)
 
+    def fail(self, reason: str, exit_code: int) -> None:
+        """This host failed: the first host makes it the job's verdict, the others report it there."""
+        if self._server:
+            self.announce(Verdict(exit_code, reason, self.current))
+        else:
+            self.report_failure(reason, exit_code)
+
     def announce(self, verdict: Verdict) -> None:
         """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""
         if self._server:
