@@ -20,7 +20,7 @@ from queue import Empty, SimpleQueue
 
 from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.membership import ChannelSettings, Membership
-from training_toolkit.cluster.secret import JobSecret, job_secret
+from training_toolkit.cluster.secret import job_secret
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
@@ -74,11 +74,12 @@ def log(message: str) -> None:
 class HostAgent:
     wait_for_peers = False  # on success, does the first host wait for every host's own success?
 
-    def __init__(self, ctx: RunContext, secret: JobSecret | None = None):
+    def __init__(self, ctx: RunContext):
         self.ctx = ctx
         self.host = ctx.plan.current_host
         self.is_master = ctx.plan.is_master
-        self.secret = secret or job_secret(ctx.job, ctx.environ)
+        self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
+        self.membership: Membership | None = None  # this host's seat, from run() on
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_environ(ctx.environ)
         self.locals: list[Local] = []
@@ -87,8 +88,12 @@ class HostAgent:
 
     # Steps for runners to override ------------------------------------------------------------
 
+    def introduction(self) -> dict[str, str]:
+        """What this host tells the others when it joins (e.g. its ssh host key); public facts only."""
+        return {}
+
     def prepare(self) -> None:
-        """Before this host says it is ready (every host)."""
+        """After joining, before this host says it is ready (every host)."""
 
     def after_barrier(self) -> None:
         """After every host is ready, before anything starts (first host only)."""
@@ -118,14 +123,21 @@ class HostAgent:
     # The template -----------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        if self.secret.derived and self.is_master:
-            log("no job secret given (TRAINING_TOOLKIT_JOB_SECRET or input/config/job_secret): "
-                "derived one from the job name and hosts; the job is only as private as its network")
-        membership = Membership(self.secret.value, self.ctx.plan.hosts, self.host, self.settings, self.events)
+        if self.secret is None and self.is_master:
+            log("no job secret from the platform: hosts are admitted by address and every key is random "
+                "(docs/security.md)")
+        try:
+            introduction, unusable = self.introduction(), None
+        except ToolkitError as exc:  # join all the same, to tell the job why this host cannot take part
+            introduction, unusable = {}, exc
+        membership = self.membership = Membership(self.secret, self.ctx.plan.hosts, self.host, self.settings,
+                                                  self.events, introduction)
         try:
             with SignalForwarder(self._on_signal):
                 try:
                     membership.open()
+                    if unusable is not None:
+                        raise unusable
                     self.prepare()
                     membership.barrier()
                     if self.is_master:
@@ -287,7 +299,7 @@ def fail_job(job, plan, environ, error: ToolkitError) -> None:
     host = plan.current_host
     events: SimpleQueue = SimpleQueue()
     settings = ChannelSettings.from_environ(environ)
-    membership = Membership(job_secret(job, environ).value, plan.hosts, host, settings, events)
+    membership = Membership(job_secret(job, environ), plan.hosts, host, settings, events)
     try:
         membership.open()
         membership.fail(named(host, error), error.exit_code)

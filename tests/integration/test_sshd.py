@@ -1,4 +1,4 @@
-"""A real sshd with per-job keys: logins without prompts, pinned host keys, bounded waits."""
+"""A real sshd with per-job keys: logins without prompts, pinned host keys, least privilege, bounded waits."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -15,15 +16,17 @@ import pytest
 
 from training_toolkit.cluster.ssh import (
     MOUNTED_FILES,
-    KeyMaterial,
+    KeyPair,
     Sshd,
     SshdError,
+    SshLayout,
     SshUnreachable,
-    derive_keys,
+    generate_keypair,
     load_keys,
     ssh_command,
     wait_for_ssh,
-    write_ssh_dir,
+    write_client_side,
+    write_server_side,
 )
 
 pytestmark = [
@@ -35,8 +38,6 @@ pytestmark = [
     ),
 ]
 
-SECRET = b"integration-secret-0123456789abcdef"
-OTHER_SECRET = b"another-secret-0123456789abcdef!!"
 HOST = "127.0.0.1"
 ALIAS = "localhost"
 
@@ -74,13 +75,30 @@ def base_dir(request, tmp_path):
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def setup(base: Path, keys: KeyMaterial, port: int, name: str = "ssh"):
-    return write_ssh_dir(base / name, keys, [HOST], port=port, listen_address=HOST, extra_known_names={HOST: [ALIAS]})
+@dataclass
+class Pair:
+    """One host's sshd side and the first host's client side, on loopback."""
+
+    server: SshLayout
+    client: SshLayout
+    client_key: KeyPair
+    host_key: KeyPair
 
 
-def run_ssh(layout, host: str, *command: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+def setup(base: Path, port: int, name: str = "ssh", *, client_key: KeyPair | None = None, host_key: KeyPair | None = None,
+          allowed_from=(HOST,), pinned: str | None = None) -> Pair:
+    client_key = client_key or generate_keypair("client")
+    host_key = host_key or generate_keypair("host")
+    server = write_server_side(base / f"{name}-server", host_key=host_key, client_public=client_key.public,
+                               allowed_from=list(allowed_from), port=port, user="root", listen_addresses=[HOST])
+    client = write_client_side(base / f"{name}-client", client_key=client_key, host_keys={HOST: pinned or host_key.public},
+                               port=port, aliases={HOST: [ALIAS]})
+    return Pair(server, client, client_key, host_key)
+
+
+def run_ssh(layout, host: str, *command: str, options=(), timeout: float = 20) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*ssh_command(layout), host, *command],
+        [*ssh_command(layout), *options, host, *command],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -89,52 +107,53 @@ def run_ssh(layout, host: str, *command: str, timeout: float = 20) -> subprocess
 
 
 def test_login_works_at_once_with_no_prompt(base_dir):
-    layout = setup(base_dir, derive_keys(SECRET, "itest"), free_port())
+    pair = setup(base_dir, free_port())
     expected_strict = "StrictModes no" if str(base_dir).startswith("/tmp") else "StrictModes yes"
-    assert expected_strict in layout.sshd_config.read_text()
-    with Sshd(layout):
+    assert expected_strict in pair.server.sshd_config.read_text()
+    with Sshd(pair.server):
         for host in (HOST, ALIAS):
-            result = run_ssh(layout, host, "hostname")
+            result = run_ssh(pair.client, host, "hostname")
             assert result.returncode == 0, result.stderr
             assert result.stdout.strip() == socket.gethostname()
             assert result.stderr == ""  # no prompt, no "Permanently added" warning
 
 
 def test_wait_for_ssh_returns_once_every_name_answers(tmp_path):
-    layout = setup(tmp_path, derive_keys(SECRET), free_port())
-    with Sshd(layout):
+    pair = setup(tmp_path, free_port())
+    with Sshd(pair.server):
         started = time.monotonic()
-        wait_for_ssh(layout, [HOST, ALIAS], deadline_s=15)
+        wait_for_ssh(pair.client, [HOST, ALIAS], deadline_s=15)
         assert time.monotonic() - started < 10
 
 
 def test_mounted_world_readable_keys_are_usable(tmp_path):
-    keys = derive_keys(SECRET)
+    client, host = generate_keypair("c"), generate_keypair("h")
     mounted = tmp_path / "secret-volume"
     mounted.mkdir()
-    for name, content in zip(MOUNTED_FILES, (keys.client_private, keys.client_public.encode(), keys.host_private, keys.host_public.encode())):
+    for name, content in zip(MOUNTED_FILES, (client.private, client.public.encode(), host.private, host.public.encode())):
         (mounted / name).write_bytes(content)
         (mounted / name).chmod(0o644)
-    layout = setup(tmp_path, load_keys(mounted), free_port())
-    with Sshd(layout):
-        result = run_ssh(layout, HOST, "true")
+    keys = load_keys(mounted)
+    pair = setup(tmp_path, free_port(), client_key=keys.client, host_key=keys.host)
+    with Sshd(pair.server):
+        result = run_ssh(pair.client, HOST, "true")
         assert result.returncode == 0, result.stderr
 
 
 def test_second_sshd_on_the_same_port_fails_with_the_cause(tmp_path):
     port = free_port()
-    first = setup(tmp_path, derive_keys(SECRET), port, "first")
-    second = setup(tmp_path, derive_keys(SECRET), port, "second")
-    with Sshd(first):
+    first = setup(tmp_path, port, "first")
+    second = setup(tmp_path, port, "second")
+    with Sshd(first.server):
         started = time.monotonic()
         with pytest.raises(SshdError, match=rf"sshd could not listen on port {port}: .*Address already in use"):
-            Sshd(second).start()
+            Sshd(second.server).start()
         assert time.monotonic() - started < 5
-        assert run_ssh(first, HOST, "true").returncode == 0  # the first one is unharmed
+        assert run_ssh(first.client, HOST, "true").returncode == 0  # the first one is unharmed
 
 
 def test_config_rejected_by_sshd_is_reported(tmp_path):
-    layout = setup(tmp_path, derive_keys(SECRET), free_port())
+    layout = setup(tmp_path, free_port()).server
     layout.sshd_config.write_text(layout.sshd_config.read_text() + "NoSuchOption yes\n")
     sshd = Sshd(layout)
     with pytest.raises(SshdError, match=r"sshd rejected .*sshd_config: .*NoSuchOption"):
@@ -143,7 +162,7 @@ def test_config_rejected_by_sshd_is_reported(tmp_path):
 
 
 def test_wait_for_ssh_names_a_host_where_nothing_listens(tmp_path):
-    layout = setup(tmp_path, derive_keys(SECRET), free_port())
+    layout = setup(tmp_path, free_port()).client
     started = time.monotonic()
     with pytest.raises(SshUnreachable) as caught:
         wait_for_ssh(layout, [HOST], deadline_s=2)
@@ -161,7 +180,7 @@ def test_wait_for_ssh_is_bounded_when_a_host_never_answers(tmp_path):
     silent.bind((HOST, 0))
     silent.listen(16)
     try:
-        layout = setup(tmp_path, derive_keys(SECRET), silent.getsockname()[1])
+        layout = setup(tmp_path, silent.getsockname()[1]).client
         started = time.monotonic()
         with pytest.raises(SshUnreachable, match=HOST):
             wait_for_ssh(layout, [HOST, ALIAS], deadline_s=2, per_try_timeout_s=30)
@@ -172,32 +191,24 @@ def test_wait_for_ssh_is_bounded_when_a_host_never_answers(tmp_path):
 
 
 def test_a_server_with_another_host_key_is_refused(tmp_path):
-    port = free_port()
-    ours = derive_keys(SECRET)
-    impostor_keys = KeyMaterial(
-        client_private=ours.client_private,
-        client_public=ours.client_public,  # it would even accept our key
-        host_private=derive_keys(OTHER_SECRET).host_private,
-        host_public=derive_keys(OTHER_SECRET).host_public,
-    )
-    client = setup(tmp_path, ours, port, "client")
-    impostor = setup(tmp_path, impostor_keys, port, "impostor")
-    with Sshd(impostor):
+    """An sshd that would even accept our key, but whose host key is not the one the job pinned."""
+    pair = setup(tmp_path, free_port(), pinned=generate_keypair("expected").public)
+    with Sshd(pair.server):
         marker = tmp_path / "ran"
-        result = run_ssh(client, HOST, "touch", str(marker))
+        result = run_ssh(pair.client, HOST, "touch", str(marker))
         assert result.returncode == 255
         assert "Host key verification failed" in result.stderr
         assert not marker.exists()
         with pytest.raises(SshUnreachable, match="Host key verification failed"):
-            wait_for_ssh(client, [HOST], deadline_s=1)
+            wait_for_ssh(pair.client, [HOST], deadline_s=1)
 
 
 def test_stop_ends_sshd_and_its_sessions(tmp_path):
-    layout = setup(tmp_path, derive_keys(SECRET), free_port())
-    sshd = Sshd(layout)
+    pair = setup(tmp_path, free_port())
+    sshd = Sshd(pair.server)
     sshd.start()
     listener = psutil.Process(sshd.pid)
-    session = subprocess.Popen([*ssh_command(layout), HOST, "sleep", "300"], stdin=subprocess.DEVNULL)
+    session = subprocess.Popen([*ssh_command(pair.client), HOST, "sleep", "300"], stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while not any(named(p) == "sleep" for p in listener.children(recursive=True)):
@@ -215,3 +226,58 @@ def test_stop_ends_sshd_and_its_sessions(tmp_path):
         session.kill()
         session.wait()
         sshd.stop()
+
+
+# Least privilege: what an outsider holding nothing, or even the job's key, cannot do ---------------------
+
+
+def bare_ssh(pair: Pair, key: KeyPair, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """ssh with an outsider's own options (no job config): only the key file and the pinned host key."""
+    key_file = tmp_path / "outsider_key"
+    key_file.write_bytes(key.private)
+    key_file.chmod(0o600)
+    argv = ["ssh", "-F", "/dev/null", "-i", str(key_file), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={pair.client.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-p", str(pair.server.port), *args]
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+
+
+def test_a_key_that_is_not_the_jobs_is_refused(tmp_path):
+    pair = setup(tmp_path, free_port())
+    with Sshd(pair.server):
+        result = bare_ssh(pair, generate_keypair("outsider"), tmp_path, HOST, "true")
+        assert result.returncode == 255 and "Permission denied" in result.stderr
+
+
+def test_the_jobs_key_is_refused_from_an_address_outside_the_job(tmp_path):
+    pair = setup(tmp_path, free_port(), allowed_from=["127.0.0.2"])  # the job's hosts; we come from 127.0.0.1
+    with Sshd(pair.server):
+        result = run_ssh(pair.client, HOST, "true")
+        assert result.returncode == 255 and "Permission denied" in result.stderr
+
+
+def test_the_jobs_key_logs_in_as_root_only(tmp_path):
+    pair = setup(tmp_path, free_port())
+    with Sshd(pair.server):
+        result = bare_ssh(pair, pair.client_key, tmp_path, "-l", "daemon", HOST, "true")
+        assert result.returncode == 255 and "Permission denied" in result.stderr
+
+
+def test_no_forwarding_and_no_tty_even_with_the_jobs_key(tmp_path):
+    pair = setup(tmp_path, free_port())
+    with Sshd(pair.server):
+        forward = bare_ssh(pair, pair.client_key, tmp_path, "-o", "ExitOnForwardFailure=yes",
+                           "-R", "0:127.0.0.1:9", HOST, "sleep 2")
+        assert forward.returncode == 255 and "forwarding failed" in forward.stderr, forward.stderr
+        tty = bare_ssh(pair, pair.client_key, tmp_path, "-tt", HOST, "tty")
+        assert "not a tty" in tty.stdout or "PTY allocation request failed" in tty.stderr, (tty.stdout, tty.stderr)
+        agent = bare_ssh(pair, pair.client_key, tmp_path, "-A", HOST, "echo ${SSH_AUTH_SOCK:-none}")
+        assert agent.stdout.strip() == "none"
+
+
+def test_sshd_listens_on_the_jobs_address_only(tmp_path):
+    pair = setup(tmp_path, free_port())
+    with Sshd(pair.server):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.2", pair.server.port), timeout=2).close()
+        socket.create_connection((HOST, pair.server.port), timeout=2).close()

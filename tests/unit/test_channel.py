@@ -1,15 +1,13 @@
 """The control channel over real sockets on loopback."""
 
-import hashlib
-import hmac
 import json
-import secrets
 import socket
 import time
 from queue import Empty, SimpleQueue
 
 import pytest
 
+from training_toolkit.cluster import wire
 from training_toolkit.cluster.channel import (ControlClient, ControlServer, PeerDone, PeerFailed, PeerLost,
                                               Verdict)
 from training_toolkit.errors import ClusterError, JobFailed
@@ -139,16 +137,24 @@ def test_lost_peers_are_reported_both_ways(server):
     assert isinstance(lost, PeerLost) and "lost the first host" in lost.reason
 
 
+def raw_join(port: int, host: str, secret: bytes | None = SECRET, intro: dict | None = None):
+    """Join by hand, as the protocol says (tests see the wire, not the client): the socket, its reader, the welcome."""
+    raw = socket.create_connection(("127.0.0.1", port))
+    f = raw.makefile("rb")
+    challenge = json.loads(f.readline())
+    exchange, cn = wire.KeyExchange(), wire.nonce()
+    keys = exchange.keys(challenge["kx"], secret, wire.transcript(challenge["nonce"], cn, challenge["kx"], exchange.public, host))
+    intro = intro or {}
+    raw.sendall(wire.encode({"t": "hello", "host": host, "nonce": cn, "kx": exchange.public, "intro": intro,
+                             "mac": wire.mac(keys.auth, "hello", wire.canonical(intro))}))
+    return raw, f, json.loads(f.readline())
+
+
 def test_silent_peer_times_out(server):
     """A peer that stops talking (no close, no heartbeat) is declared lost after the timeout."""
     srv, events = server
-    raw = socket.create_connection(("127.0.0.1", srv.port))
-    f = raw.makefile("rb")
-    challenge = json.loads(f.readline())
-    cn = secrets.token_hex(16)
-    mac = hmac.new(SECRET, "|".join(["hello", challenge["nonce"], cn, "w1"]).encode(), hashlib.sha256).hexdigest()
-    raw.sendall((json.dumps({"t": "hello", "host": "w1", "nonce": cn, "mac": mac}) + "\n").encode())
-    assert json.loads(f.readline())["t"] == "welcome"
+    raw, _, welcome = raw_join(srv.port, "w1")
+    assert welcome["t"] == "welcome"
     t0 = time.monotonic()
     lost = get(events, timeout=5)
     assert isinstance(lost, PeerLost) and lost.reason == "timed out"
@@ -178,3 +184,155 @@ def test_late_joiner_gets_the_verdict(server):
     with pytest.raises(JobFailed, match="^w2: boom$") as failed:
         c1.wait_go(2)
     assert failed.value.exit_code == 1
+
+
+# Without a platform secret: seats by address; introductions; an outsider's attempts --------------------
+
+
+def table_server(table, lines, **kw):
+    """A server without a secret whose host names resolve through ``table``; refusals go to ``lines``."""
+    from training_toolkit.cluster.admission import Addresses, Admission
+
+    hosts = ["w1", "w2"]
+    admission = Admission(hosts, by_address=True, addresses=Addresses(hosts, lambda n: table.get(n, frozenset())), **kw)
+    events = SimpleQueue()
+    srv = ControlServer(None, hosts, free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=1.0,
+                        job_id="j0b", introduction={"ssh_client_key": "ssh-ed25519 AAAA c"}, admission=admission,
+                        log=lines.append, handshake_timeout_s=1.0)
+    srv.start()
+    return srv, events
+
+
+LOOPBACK = {"w1": frozenset({"127.0.0.1"}), "w2": frozenset({"127.0.0.2"})}
+
+
+def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductions():
+    lines = []
+    srv, _ = table_server(LOOPBACK, lines)
+    try:
+        c1 = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue(), introduction={"ssh_host_key": "k1"})
+        c1.connect(5)
+        assert (c1.job_id, c1.introduction) == ("j0b", {"ssh_client_key": "ssh-ed25519 AAAA c"})
+        assert srv.introductions == {"w1": {"ssh_host_key": "k1"}}
+        # w2 resolves to 127.0.0.2, but this claimant comes from 127.0.0.1: refused, and named in the log
+        c2 = ControlClient(None, "w2", "127.0.0.1", srv.port, SimpleQueue())
+        with pytest.raises(ClusterError, match="'w2' does not resolve to 127.0.0.1"):
+            c2.connect(2)
+        # a second claimant of a taken seat
+        twin = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
+        with pytest.raises(ClusterError, match="'w1' has joined already"):
+            twin.connect(2)
+        c1.close()
+    finally:
+        srv.close()
+    assert "control channel: refused a connection from 127.0.0.1: 'w2' does not resolve to 127.0.0.1" in lines
+    assert "control channel: refused a connection from 127.0.0.1: 'w1' has joined already" in lines
+
+
+def test_without_a_secret_a_stranger_address_is_dropped_before_any_handshake():
+    lines = []
+    srv, _ = table_server({"w1": frozenset({"127.0.0.9"})}, lines)
+    try:
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+        assert raw.recv(100) == b""  # closed before a challenge
+        raw.close()
+    finally:
+        srv.close()
+    assert lines == ["control channel: refused a connection from 127.0.0.1: not an address of this job's hosts"]
+
+
+def test_a_secret_and_no_secret_do_not_mix(server):
+    srv, _ = server
+    c = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
+    with pytest.raises(ClusterError, match="authentication failed"):
+        c.connect(2)
+
+
+GARBAGE = [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\x00\xff" * 100 + b"\n",
+    b'{"t": "hello", "host": "w1"',  # truncated, then closed
+    b"[" * 70_000,  # oversized, no end of line
+    b'{"t": "hello", "host": "w1", "nonce": "00", "kx": "AAAA", "mac": "x"}\n',
+    b'{"t": "hello", "host": ["w1"], "nonce": "' + b"0" * 32 + b'"}\n',
+]
+
+
+@pytest.mark.parametrize("payload", GARBAGE, ids=range(len(GARBAGE)))
+def test_garbage_is_refused_with_one_line_and_the_job_goes_on(payload):
+    lines = []
+    srv, events = table_server(LOOPBACK, lines)
+    try:
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=3)
+        raw.recv(4096)  # the challenge
+        try:
+            raw.sendall(payload)
+            raw.shutdown(socket.SHUT_WR)
+            raw.recv(4096)
+        except OSError:
+            pass
+        raw.close()
+        good = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
+        good.connect(3)
+        good.close()
+    finally:
+        srv.close()
+    refusals = [line for line in lines if "refused" in line]
+    assert len(refusals) == 1 and "\n" not in refusals[0], lines
+
+
+def test_a_silent_connection_is_dropped_at_the_handshake_deadline():
+    lines = []
+    srv, _ = table_server(LOOPBACK, lines)
+    try:
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        raw.recv(4096)
+        t0 = time.monotonic()
+        assert raw.recv(4096) == b""  # the server hangs up
+        assert time.monotonic() - t0 < 3
+        raw.close()
+    finally:
+        srv.close()
+    assert lines == ["control channel: refused a connection from 127.0.0.1: no complete join within 1 s"]
+
+
+def test_a_replayed_hello_is_refused(server):
+    """A hello captured from a real join, replayed on a new connection: another challenge, another key."""
+    srv, _ = server
+    raw = socket.create_connection(("127.0.0.1", srv.port))
+    f = raw.makefile("rb")
+    challenge = json.loads(f.readline())
+    exchange, cn = wire.KeyExchange(), wire.nonce()
+    keys = exchange.keys(challenge["kx"], SECRET, wire.transcript(challenge["nonce"], cn, challenge["kx"], exchange.public, "w1"))
+    hello = wire.encode({"t": "hello", "host": "w1", "nonce": cn, "kx": exchange.public, "intro": {},
+                         "mac": wire.mac(keys.auth, "hello", wire.canonical({}))})
+    raw.close()
+    replay = socket.create_connection(("127.0.0.1", srv.port))
+    g = replay.makefile("rb")
+    g.readline()
+    replay.sendall(hello)
+    assert json.loads(g.readline()) == {"t": "reject", "reason": "authentication failed"}
+    replay.close()
+
+
+def test_a_flood_of_connections_does_not_stall_the_barrier():
+    lines = []
+    srv, _ = table_server(LOOPBACK, lines, per_address=4)
+    held = []
+    try:
+        for _ in range(300):  # from 127.0.0.1, the address of w1: only 4 get a handshake at a time
+            try:
+                held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=2))
+            except OSError:
+                break
+        t0 = time.monotonic()
+        c1 = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
+        c1.connect(10)  # retries until a slot frees (the held ones time out after 1 s)
+        assert time.monotonic() - t0 < 5
+        c1.close()
+    finally:
+        for sock in held:
+            sock.close()
+        srv.close()
+    assert sum("more than 4 joins at once from one address" in line for line in lines) == 1
+    assert any(line.startswith("control channel: refused ") and "more connection(s) from 127.0.0.1" in line for line in lines)

@@ -18,24 +18,19 @@ def job(tmp_path: Path, hosts=("algo-1", "algo-2"), name='"job-1"', current=None
 def test_secret_from_the_environment_wins(tmp_path):
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "job_secret").write_text("f" * 40)
-    secret = job_secret(job(tmp_path), {"TRAINING_TOOLKIT_JOB_SECRET": "e" * 32})
-    assert (secret.value, secret.source, secret.derived) == (b"e" * 32, "environment", False)
-    assert "e" * 32 not in repr(secret)
+    assert job_secret(job(tmp_path), {"TRAINING_TOOLKIT_JOB_SECRET": "e" * 32}) == b"e" * 32
 
 
 def test_secret_from_a_mounted_file(tmp_path):
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "job_secret").write_text("f" * 40 + "\n")
-    secret = job_secret(job(tmp_path), {})
-    assert (secret.value, secret.source) == (b"f" * 40, "file")
+    assert job_secret(job(tmp_path), {}) == b"f" * 40
 
 
-def test_derived_secret_is_the_same_on_every_host_and_differs_per_job(tmp_path):
-    a = job_secret(job(tmp_path, hosts=("algo-1", "algo-2")), {})
-    b = job_secret(job(tmp_path, current="algo-2"), {})
-    assert a.derived and a.value == b.value and len(a.value) == 32
-    assert job_secret(job(tmp_path, name='"job-2"'), {}).value != a.value
-    assert job_secret(job(tmp_path, hosts=("algo-1", "algo-3")), {}).value != a.value
+def test_without_a_platform_secret_none_is_made_up(tmp_path):
+    """The old toolkit derived one from the job name and hosts, which anyone could compute."""
+    assert job_secret(job(tmp_path), {}) is None
+    assert job_secret(job(tmp_path), {"TRAINING_TOOLKIT_JOB_SECRET": ""}) is None
 
 
 def test_short_secrets_are_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""Per-job SSH material: keys, exact config texts, and the files on disk."""
+"""Per-job SSH material: random keys, exact config texts, and the files on disk."""
 
 from __future__ import annotations
 
@@ -13,23 +13,25 @@ from cryptography.hazmat.primitives import serialization
 
 from training_toolkit.cluster.ssh import (
     MOUNTED_FILES,
-    KeyMaterial,
     KeyMaterialError,
+    KeyPair,
     SshError,
     SshLayout,
     SshLayoutError,
-    derive_keys,
+    generate_keypair,
     load_keys,
+    new_ssh_dir,
+    ssh_command,
+    write_client_side,
+    write_server_side,
+)
+from training_toolkit.cluster.ssh.config import (
+    render_authorized_keys,
     render_known_hosts,
     render_ssh_config,
     render_sshd_config,
-    ssh_command,
-    write_ssh_dir,
 )
-from training_toolkit.cluster.ssh import _strict_modes_possible
-
-SECRET = b"0123456789abcdef0123456789abcdef"
-OTHER_SECRET = b"fedcba9876543210fedcba9876543210"
+from training_toolkit.cluster.ssh.layout import strict_modes_possible
 
 
 def mode(path: Path) -> int:
@@ -41,67 +43,29 @@ def public_of(private: bytes) -> str:
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 
 
-# --------------------------------------------------------------------------- derive_keys
+# --------------------------------------------------------------------------- keys
 
 
-def test_derive_keys_is_byte_identical_for_the_same_secret():
-    assert derive_keys(SECRET, "job") == derive_keys(SECRET, "job")
-
-
-def test_derive_keys_differs_for_another_secret():
-    a, b = derive_keys(SECRET), derive_keys(OTHER_SECRET)
-    assert a.client_public.split()[1] != b.client_public.split()[1]
-    assert a.host_public.split()[1] != b.host_public.split()[1]
-    assert a.client_private != b.client_private
-
-
-def test_client_and_host_keys_are_distinct():
-    keys = derive_keys(SECRET)
-    assert keys.client_public.split()[1] != keys.host_public.split()[1]
-
-
-def test_label_changes_only_the_comment():
-    plain, labelled = derive_keys(SECRET), derive_keys(SECRET, "job-7")
-    assert plain.client_public == plain.client_public.split()[0] + " " + plain.client_public.split()[1] + " training-toolkit-client"
-    assert labelled.client_public.split()[:2] == plain.client_public.split()[:2]
-    assert labelled.client_public.endswith(" training-toolkit-client@job-7")
-    assert labelled.host_public.endswith(" training-toolkit-host@job-7")
-
-
-def test_derived_keys_parse_and_match_their_public_halves():
-    keys = derive_keys(SECRET)
-    assert keys.client_private.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----\n")
-    assert keys.client_private.endswith(b"-----END OPENSSH PRIVATE KEY-----\n")
-    assert keys.client_public.startswith("ssh-ed25519 AAAA")
-    assert public_of(keys.client_private) == " ".join(keys.client_public.split()[:2])
-    assert public_of(keys.host_private) == " ".join(keys.host_public.split()[:2])
+def test_generated_keys_are_new_every_time_and_match_their_public_halves():
+    a, b = generate_keypair("c"), generate_keypair("c")
+    assert a.public.split()[1] != b.public.split()[1] and a.private != b.private
+    assert a.private.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    assert public_of(a.private) == " ".join(a.public.split()[:2])
+    assert a.public.startswith("ssh-ed25519 AAAA") and a.public.endswith(" c")
 
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed")
-def test_ssh_keygen_reads_derived_keys(tmp_path):
-    keys = derive_keys(SECRET, "job")
-    for private, public in ((keys.client_private, keys.client_public), (keys.host_private, keys.host_public)):
-        path = tmp_path / "key"
-        path.write_bytes(private)
-        path.chmod(0o600)
-        out = subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == public
-
-
-@pytest.mark.parametrize("secret", [b"", b"short"])
-def test_short_secret_is_refused(secret):
-    with pytest.raises(KeyMaterialError, match="at least 16"):
-        derive_keys(secret)
-
-
-def test_label_with_whitespace_is_refused():
-    with pytest.raises(KeyMaterialError, match="job label"):
-        derive_keys(SECRET, "my job")
+def test_ssh_keygen_reads_generated_keys(tmp_path):
+    pair = generate_keypair("job")
+    path = tmp_path / "key"
+    path.write_bytes(pair.private)
+    path.chmod(0o600)
+    out = subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == " ".join(pair.public.split()[:2])
 
 
 def test_repr_never_shows_private_keys():
-    text = repr(derive_keys(SECRET))
-    assert "PRIVATE" not in text and "client_private" not in text
+    assert "PRIVATE" not in repr(generate_keypair("c"))
 
 
 # --------------------------------------------------------------------------- renders
@@ -109,54 +73,81 @@ def test_repr_never_shows_private_keys():
 
 def test_render_sshd_config_exact():
     text = render_sshd_config(
-        host_key=Path("/run/tt/ssh/host_key"),
-        authorized_keys=Path("/run/tt/ssh/authorized_keys"),
-        pid_file=Path("/run/tt/ssh/sshd.pid"),
+        host_key=Path("/run/tt/host_key"),
+        authorized_keys=Path("/run/tt/authorized_keys"),
+        pid_file=Path("/run/tt/sshd.pid"),
         port=2222,
-        listen_address="192.0.2.10",
+        user="root",
+        listen_addresses=["192.0.2.10", "2001:db8::a"],
     )
     assert text == (
-        "HostKey /run/tt/ssh/host_key\n"
+        "HostKey /run/tt/host_key\n"
         "Port 2222\n"
         "ListenAddress 192.0.2.10\n"
-        "AuthorizedKeysFile /run/tt/ssh/authorized_keys\n"
+        "ListenAddress [2001:db8::a]\n"
+        "AuthorizedKeysFile /run/tt/authorized_keys\n"
+        "AuthenticationMethods publickey\n"
         "PubkeyAuthentication yes\n"
         "PasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\n"
+        "AllowUsers root\n"
         "UsePAM no\n"
         "StrictModes yes\n"
-        "PidFile /run/tt/ssh/sshd.pid\n"
-        "Subsystem sftp internal-sftp\n"
+        "PidFile /run/tt/sshd.pid\n"
+        "DisableForwarding yes\n"
+        "AllowAgentForwarding no\n"
+        "AllowTcpForwarding no\n"
+        "AllowStreamLocalForwarding no\n"
+        "X11Forwarding no\n"
+        "PermitTunnel no\n"
+        "PermitTTY no\n"
+        "PermitUserRC no\n"
+        "PermitUserEnvironment no\n"
+        "MaxAuthTries 2\n"
+        "LoginGraceTime 20\n"
         "LogLevel ERROR\n"
     )
 
 
-def test_render_sshd_config_without_listen_address_and_strict_modes_off():
-    text = render_sshd_config(
-        host_key=Path("/d/host_key"),
-        authorized_keys=Path("/d/authorized_keys"),
-        pid_file=Path("/d/sshd.pid"),
-        port=22,
-        strict_modes=False,
-    )
+def test_render_sshd_config_for_another_user_without_listen_address_and_strict_modes_off():
+    text = render_sshd_config(host_key=Path("/d/host_key"), authorized_keys=Path("/d/authorized_keys"),
+                              pid_file=Path("/d/sshd.pid"), port=22, user="trainer", strict_modes=False)
     assert "ListenAddress" not in text
-    assert "StrictModes no\n" in text
-    assert text.startswith("HostKey /d/host_key\nPort 22\nAuthorizedKeysFile /d/authorized_keys\n")
+    assert "StrictModes no\n" in text and "PermitRootLogin no\n" in text and "AllowUsers trainer\n" in text
+
+
+def test_render_sshd_config_refuses_a_listen_address_that_is_not_one():
+    with pytest.raises(SshLayoutError, match="not an IP address"):
+        render_sshd_config(host_key=Path("/d/k"), authorized_keys=Path("/d/a"), pid_file=Path("/d/p"), port=22,
+                           user="root", listen_addresses=["algo-1"])
+
+
+def test_render_authorized_keys_exact():
+    assert render_authorized_keys("ssh-ed25519 AAAAkey  c@algo-1 ", ["192.0.2.11", "192.0.2.12", "192.0.2.11"]) == (
+        'from="192.0.2.11,192.0.2.12",restrict ssh-ed25519 AAAAkey c@algo-1\n'
+    )
+    with pytest.raises(SshLayoutError, match="no address"):
+        render_authorized_keys("ssh-ed25519 AAAAkey", [])
+    with pytest.raises(SshLayoutError, match="not an IP address"):
+        render_authorized_keys("ssh-ed25519 AAAAkey", ['1.2.3.4" command="sh'])
 
 
 def test_render_ssh_config_exact():
-    text = render_ssh_config(identity_file=Path("/run/tt/ssh/client_key"), known_hosts=Path("/run/tt/ssh/known_hosts"), port=2222)
+    text = render_ssh_config(identity_file=Path("/run/tt/client_key"), known_hosts=Path("/run/tt/known_hosts"), port=2222)
     assert text == (
         "Host *\n"
-        "    IdentityFile /run/tt/ssh/client_key\n"
+        "    IdentityFile /run/tt/client_key\n"
         "    IdentitiesOnly yes\n"
-        "    UserKnownHostsFile /run/tt/ssh/known_hosts\n"
+        "    UserKnownHostsFile /run/tt/known_hosts\n"
         "    GlobalKnownHostsFile /dev/null\n"
         "    StrictHostKeyChecking yes\n"
         "    UpdateHostKeys no\n"
         "    CheckHostIP no\n"
         "    BatchMode yes\n"
+        "    ForwardAgent no\n"
+        "    ForwardX11 no\n"
+        "    ClearAllForwardings yes\n"
         "    Port 2222\n"
         "    ConnectTimeout 5\n"
         "    ServerAliveInterval 15\n"
@@ -165,127 +156,112 @@ def test_render_ssh_config_exact():
     )
 
 
-HOST_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOV94Ja3IRlrXSpgVzOb08UjyqctqO6uOZXMaotMBkVd training-toolkit-host"
+KEY_2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOV94Ja3IRlrXSpgVzOb08UjyqctqO6uOZXMaotMBkVd"
+KEY_3 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHhBcUo0l2ZpZjR4k8Vp1kS3X5m2C9F2w2Q8uKxk2l8a"
 
 
-def test_render_known_hosts_exact_with_port_and_aliases():
-    text = render_known_hosts(
-        HOST_PUB,
-        ["algo-1", "algo-2"],
-        port=2222,
-        extra_known_names={"algo-2": ["192.0.2.12", "algo-2.local"]},
-    )
-    assert text == (
-        f"[algo-1]:2222 {HOST_PUB}\n"
-        f"[algo-2]:2222,[192.0.2.12]:2222,[algo-2.local]:2222 {HOST_PUB}\n"
-    )
+def test_render_known_hosts_pins_each_host_its_own_key_with_port_and_aliases():
+    text = render_known_hosts({"algo-2": KEY_2 + " host@algo-2", "algo-3": KEY_3}, port=2222,
+                              aliases={"algo-3": ["192.0.2.13", "algo-3.local"]})
+    assert text == f"[algo-2]:2222 {KEY_2}\n[algo-3]:2222,[192.0.2.13]:2222,[algo-3.local]:2222 {KEY_3}\n"
 
 
-def test_render_known_hosts_exact_on_port_22_with_ipv6_and_duplicates():
-    text = render_known_hosts(HOST_PUB, ["algo-1", "algo-1", "::1"], port=22, extra_known_names={"algo-1": ["algo-1"]})
-    assert text == f"algo-1 {HOST_PUB}\n::1 {HOST_PUB}\n"
+def test_render_known_hosts_on_port_22():
+    assert render_known_hosts({"algo-2": KEY_2, "::1": KEY_3}, port=22) == f"algo-2 {KEY_2}\n::1 {KEY_3}\n"
 
 
 @pytest.mark.parametrize("name", ["", "a b", "a,b", "*", "node?", "!algo", "|1|hash", "user@host", "[x]"])
 def test_render_known_hosts_refuses_names_that_are_patterns(name):
     with pytest.raises(SshLayoutError, match="cannot be pinned"):
-        render_known_hosts(HOST_PUB, [name], port=22)
+        render_known_hosts({name: KEY_2}, port=22)
 
 
 def test_render_known_hosts_refuses_aliases_for_unknown_hosts():
     with pytest.raises(SshLayoutError, match="algo-9"):
-        render_known_hosts(HOST_PUB, ["algo-1"], port=22, extra_known_names={"algo-9": ["x"]})
+        render_known_hosts({"algo-1": KEY_2}, port=22, aliases={"algo-9": ["x"]})
 
 
 @pytest.mark.parametrize("port", [0, 65536, -1, True])
 def test_bad_port_is_refused(port):
     with pytest.raises(SshLayoutError, match="port"):
-        render_known_hosts(HOST_PUB, ["a"], port=port)
+        render_known_hosts({"a": KEY_2}, port=port)
 
 
 def test_errors_share_one_base():
     assert issubclass(KeyMaterialError, SshError) and issubclass(SshLayoutError, SshError)
 
 
-# --------------------------------------------------------------------------- write_ssh_dir
+# --------------------------------------------------------------------------- the directory
 
 
-def test_write_ssh_dir_modes_and_contents(tmp_path):
-    keys = derive_keys(SECRET)
+def sticky_parent(tmp_path: Path) -> Path:
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
-    layout = write_ssh_dir(sticky / "ssh", keys, ["algo-1", "algo-2"], port=2222, listen_address="127.0.0.1")
-    assert layout == SshLayout(directory=sticky / "ssh", port=2222)
+    return sticky
+
+
+def test_server_side_modes_and_contents(tmp_path):
+    host, client = generate_keypair("h"), generate_keypair("c")
+    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, client_public=client.public,
+                               allowed_from=["192.0.2.11"], port=2222, user="root", listen_addresses=["192.0.2.12"])
     assert mode(layout.directory) == 0o700
-    for private in (layout.client_key, layout.host_key, layout.authorized_keys, layout.sshd_config, layout.ssh_config):
-        assert mode(private) == 0o600, private
-    assert layout.client_key.read_bytes() == keys.client_private
-    assert layout.host_key.read_bytes() == keys.host_private
-    assert layout.authorized_keys.read_text() == keys.client_public + "\n"
-    assert layout.known_hosts.read_text() == render_known_hosts(keys.host_public, ["algo-1", "algo-2"], port=2222)
-    assert layout.ssh_config.read_text() == render_ssh_config(
-        identity_file=layout.client_key, known_hosts=layout.known_hosts, port=2222
-    )
+    assert sorted(p.name for p in layout.directory.iterdir()) == ["authorized_keys", "host_key", "sshd_config"]
+    for path in layout.directory.iterdir():
+        assert mode(path) == 0o600, path
+    assert layout.host_key.read_bytes() == host.private
+    assert layout.authorized_keys.read_text() == render_authorized_keys(client.public, ["192.0.2.11"])
     # Under a sticky world-writable parent (like /tmp) sshd's StrictModes walk would refuse the login.
     assert layout.sshd_config.read_text() == render_sshd_config(
-        host_key=layout.host_key,
-        authorized_keys=layout.authorized_keys,
-        pid_file=layout.pid_file,
-        port=2222,
-        listen_address="127.0.0.1",
-        strict_modes=False,
-    )
-    assert not [p.name for p in layout.directory.iterdir() if p.name.startswith(".")]
+        host_key=layout.host_key, authorized_keys=layout.authorized_keys, pid_file=layout.pid_file, port=2222,
+        user="root", listen_addresses=["192.0.2.12"], strict_modes=False)
 
 
-def test_write_ssh_dir_tightens_an_existing_directory(tmp_path):
-    directory = tmp_path / "ssh"
-    directory.mkdir(mode=0o755)
-    directory.chmod(0o755)
-    (directory / "client_key").write_bytes(b"old")
-    (directory / "client_key").chmod(0o644)
-    layout = write_ssh_dir(directory, derive_keys(SECRET), ["a"], port=22)
-    assert mode(layout.directory) == 0o700
-    assert mode(layout.client_key) == 0o600
+def test_client_side_modes_and_contents(tmp_path):
+    client = generate_keypair("c")
+    layout = write_client_side(tmp_path / "ssh", client_key=client, host_keys={"algo-2": KEY_2}, port=22)
+    assert sorted(p.name for p in layout.directory.iterdir()) == ["client_key", "known_hosts", "ssh_config"]
+    for path in layout.directory.iterdir():
+        assert mode(path) == 0o600, path
+    assert layout.client_key.read_bytes() == client.private
+    assert layout.known_hosts.read_text() == f"algo-2 {KEY_2}\n"
+    assert layout.ssh_config.read_text() == render_ssh_config(identity_file=layout.client_key,
+                                                              known_hosts=layout.known_hosts, port=22)
+
+
+def test_new_ssh_dirs_are_private_and_new_each_time(tmp_path):
+    a, b = new_ssh_dir(tmp_path), new_ssh_dir(tmp_path)
+    assert a != b and mode(a) == 0o700 and a.name.startswith("training-toolkit-ssh-")
 
 
 def test_strict_modes_stay_on_when_no_parent_is_writable_by_others():
-    assert _strict_modes_possible(Path("/usr/lib/training-toolkit-test-ssh")) is True
+    assert strict_modes_possible(Path("/usr/lib/training-toolkit-test-ssh")) is True
 
 
-def test_strict_modes_go_off_under_a_sticky_world_writable_parent(tmp_path):
-    sticky = tmp_path / "sticky"
-    sticky.mkdir()
-    sticky.chmod(0o1777)
-    assert _strict_modes_possible(sticky / "ssh") is False
-
-
-def test_write_ssh_dir_refuses_a_parent_others_can_write(tmp_path):
+def test_write_refuses_a_parent_others_can_write(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(SshLayoutError, match="writable by other users"):
-        write_ssh_dir(shared / "ssh", derive_keys(SECRET), ["a"], port=22)
+        write_client_side(shared / "ssh", client_key=generate_keypair("c"), host_keys={"a": KEY_2}, port=22)
 
 
-def test_write_ssh_dir_refuses_paths_that_configs_would_split(tmp_path):
+def test_write_refuses_paths_that_configs_would_split(tmp_path):
     with pytest.raises(SshLayoutError, match="whitespace"):
-        write_ssh_dir(tmp_path / "my ssh", derive_keys(SECRET), ["a"], port=22)
+        write_client_side(tmp_path / "my ssh", client_key=generate_keypair("c"), host_keys={"a": KEY_2}, port=22)
 
 
 def test_ssh_command_uses_our_config_only(tmp_path):
-    layout = SshLayout(directory=tmp_path, port=2222)
-    assert ssh_command(layout) == ["ssh", "-F", str(tmp_path / "ssh_config")]
+    assert ssh_command(SshLayout(directory=tmp_path, port=2222)) == ["ssh", "-F", str(tmp_path / "ssh_config")]
 
 
-# --------------------------------------------------------------------------- load_keys
+# --------------------------------------------------------------------------- mounted keys
 
 
-def mount(directory: Path, keys: KeyMaterial, file_mode: int = 0o644) -> Path:
+def mount(directory: Path, client: KeyPair, host: KeyPair, file_mode: int = 0o644) -> Path:
     """Write keys the way a Kubernetes secret volume does: world-readable."""
     directory.mkdir()
-    contents = (keys.client_private, keys.client_public + "\n", keys.host_private, keys.host_public + "\n")
+    contents = (client.private, client.public + "\n", host.private, host.public + "\n")
     for name, content in zip(MOUNTED_FILES, contents):
         path = directory / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -293,33 +269,29 @@ def mount(directory: Path, keys: KeyMaterial, file_mode: int = 0o644) -> Path:
     return directory
 
 
-def test_load_keys_copies_world_readable_mounted_keys_to_0600(tmp_path):
-    keys = derive_keys(SECRET)
-    mounted = mount(tmp_path / "mounted", keys)
-    loaded = load_keys(mounted)
-    assert loaded == keys
-    layout = write_ssh_dir(tmp_path / "ssh", loaded, ["a"], port=22)
-    assert mode(layout.client_key) == 0o600 and mode(layout.host_key) == 0o600
-    assert mode(mounted / "id_ed25519") == 0o644  # the mount itself is left alone
+def test_load_keys_reads_world_readable_mounted_keys(tmp_path):
+    client, host = generate_keypair("c"), generate_keypair("h")
+    loaded = load_keys(mount(tmp_path / "mounted", client, host))
+    assert (loaded.client, loaded.host) == (client, host)
 
 
 @pytest.mark.parametrize("missing", MOUNTED_FILES)
 def test_load_keys_names_the_missing_file(tmp_path, missing):
-    mounted = mount(tmp_path / "mounted", derive_keys(SECRET))
+    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / missing).unlink()
     with pytest.raises(KeyMaterialError, match=f"{mounted / missing}: missing"):
         load_keys(mounted)
 
 
 def test_load_keys_refuses_a_public_key_that_does_not_match(tmp_path):
-    mounted = mount(tmp_path / "mounted", derive_keys(SECRET))
-    (mounted / "id_ed25519.pub").write_text(derive_keys(OTHER_SECRET).client_public + "\n")
+    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
+    (mounted / "id_ed25519.pub").write_text(generate_keypair("x").public + "\n")
     with pytest.raises(KeyMaterialError, match="id_ed25519.pub: does not match"):
         load_keys(mounted)
 
 
 def test_load_keys_refuses_garbage(tmp_path):
-    mounted = mount(tmp_path / "mounted", derive_keys(SECRET))
+    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / "ssh_host_ed25519_key").write_bytes(b"hello\n")
     with pytest.raises(KeyMaterialError, match="ssh_host_ed25519_key: not a PEM or OpenSSH private key"):
         load_keys(mounted)
@@ -333,9 +305,7 @@ def test_load_keys_accepts_other_key_types_and_crlf(tmp_path):
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     )
     public = rsa_key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-    mounted = mount(tmp_path / "mounted", derive_keys(SECRET))
+    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / "id_ed25519").write_bytes(private.replace(b"\n", b"\r\n"))
     (mounted / "id_ed25519.pub").write_text(public + " someone@laptop\r\n")
-    loaded = load_keys(mounted)
-    assert loaded.client_private == private
-    assert loaded.client_public == public + " someone@laptop"
+    assert load_keys(mounted).client.private == private

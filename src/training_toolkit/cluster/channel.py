@@ -5,34 +5,38 @@ names the hosts that never came, a way for any host to report a failure, and
 the job's verdict sent from the first host to all the others, so that every
 host ends within a second of the job, and within seconds of any failure.
 
-Wire format: one JSON object per line over TCP.  A join starts with a mutual
-HMAC challenge-response on the job secret (both sides prove they know it,
-without sending it); every later message carries a sequence number and an HMAC
-under a per-connection session key, so messages can be neither forged nor
-replayed.  Both sides send a heartbeat every ``heartbeat_s``; silence for
-``timeout_s`` (or a closed connection) means the peer is gone.
+The wire format and its keys are in ``wire``; who may join is decided by
+``admission`` (by the job's secret, or by address where the platform gives
+none).  A join carries each host's introduction (e.g. its ssh host key) and
+the first host's answer (the job's id, the client key), so a job needs no
+shared secret to set up ssh.  Both sides send a heartbeat every
+``heartbeat_s``; silence for ``timeout_s`` (or a closed connection) means the
+peer is gone.  See docs/security.md for what this stops and what it does not.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import secrets
 import socket
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from queue import SimpleQueue
 
+from training_toolkit.cluster import wire
+from training_toolkit.cluster.admission import Admission, RefusalLog
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
 
-PROTOCOL = 1
 DEFAULT_PORT = 8950
 HEARTBEAT_S = 1.0
 TIMEOUT_S = 10.0
-MAX_LINE = 64 * 1024
+HANDSHAKE_TIMEOUT_S = 5.0  # from accept to a seated host; a join that takes longer is dropped
+
+
+def log_line(message: str) -> None:
+    sys.stderr.write(f"training-toolkit: {message}\n")
+    sys.stderr.flush()
 
 
 # Events the channel posts to the runner's queue ----------------------------------------------
@@ -66,92 +70,104 @@ class Verdict:
     host: str | None = None
 
 
-# Framing and authentication -----------------------------------------------------------------
-
-
-def _mac(key: bytes, *parts: str) -> str:
-    return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+# One connection ----------------------------------------------------------------------------------
 
 
 class _Link:
-    """One authenticated connection: signed, sequenced JSON lines in both directions."""
+    """One connection: raw frames during the join, then signed, sequenced frames in both directions."""
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
         self.peer = peer
-        self.reader = sock.makefile("rb")
         self.key = b""
+        self._buffer = b""
         self._send_seq = 0
         self._recv_seq = 0
         self._send_lock = threading.Lock()
-        self.last_heard = time.monotonic()
 
     def send_raw(self, message: dict) -> None:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         with self._send_lock:
-            self.sock.sendall(data)
+            self.sock.sendall(wire.encode(message))
 
-    def recv_raw(self) -> dict:
-        line = self.reader.readline(MAX_LINE + 1)
-        if not line:
-            raise ConnectionError("connection closed")
-        if len(line) > MAX_LINE or not line.endswith(b"\n"):
-            raise ConnectionError("message too long")
-        message = json.loads(line)
-        if not isinstance(message, dict):
-            raise ConnectionError("malformed message")
-        self.last_heard = time.monotonic()
-        return message
+    def recv_raw(self, deadline: float | None = None) -> dict:
+        """The next frame; by ``deadline`` (monotonic) if given, else within the socket's own timeout."""
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > wire.MAX_FRAME:
+                raise wire.FrameError(f"frame longer than {wire.MAX_FRAME} bytes")
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("timed out")
+                self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed" + (" mid-frame" if self._buffer else ""))
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return wire.decode(line + b"\n")
 
     def send(self, kind: str, **fields) -> None:
         with self._send_lock:
             self._send_seq += 1
-            body = {"t": kind, "seq": self._send_seq, **fields}
-            body["mac"] = _mac(self.key, json.dumps(body, sort_keys=True))
-            self.sock.sendall((json.dumps(body, separators=(",", ":")) + "\n").encode())
+            self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields))
 
     def recv(self) -> dict:
-        message = self.recv_raw()
-        mac = message.pop("mac", "")
-        if not hmac.compare_digest(str(mac), _mac(self.key, json.dumps(message, sort_keys=True))):
-            raise ConnectionError("message failed authentication")
-        if message.get("seq") != self._recv_seq + 1:
-            raise ConnectionError("message out of sequence (replayed?)")
+        message = wire.open_signed(self.key, self._recv_seq + 1, self.recv_raw())
         self._recv_seq += 1
         return message
 
     def close(self) -> None:
-        for closer in (self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+        for closer in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
             try:
                 closer()
             except OSError:
                 pass
 
 
+class _Refused(Exception):
+    """The join was refused; the message says why (one line)."""
+
+
 # The first host ---------------------------------------------------------------------------------
 
 
 class ControlServer:
-    """Serves the channel on the first host; ``expected`` are the other hosts."""
+    """Serves the channel on the first host; ``expected`` are the other hosts.
+
+    ``secret`` is the platform's job secret, or None: then seats are admitted
+    by address (``admission``).  ``job_id`` and ``introduction`` go to every
+    host in its welcome; each host's own introduction is kept in ``introductions``.
+    """
 
     def __init__(
         self,
-        secret: bytes,
+        secret: bytes | None,
         expected: Sequence[str],
         port: int,
         events: SimpleQueue,
         *,
+        job_id: str = "",
+        introduction: Mapping[str, str] | None = None,
         bind: str = "",
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = TIMEOUT_S,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        admission: Admission | None = None,
+        log: Callable[[str], None] = log_line,
     ):
         self._secret = secret
         self.expected = tuple(expected)
         self.port = port
+        self.job_id = job_id
+        self._introduction = dict(introduction or {})
         self._events = events
         self._bind = bind
         self._heartbeat_s = heartbeat_s
         self._timeout_s = timeout_s
+        self._handshake_timeout_s = handshake_timeout_s
+        self._admission = admission or Admission(self.expected, by_address=secret is None)
+        self._refusals = RefusalLog(log)
+        self.introductions: dict[str, dict[str, str]] = {}
         self._links: dict[str, _Link] = {}
         self._joining: set[str] = set()  # in the handshake: the seat is taken, the link cannot sign yet
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
@@ -170,7 +186,7 @@ class ControlServer:
         except OSError as exc:
             sock.close()
             raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
-        sock.listen(max(16, len(self.expected) * 2))
+        sock.listen(max(128, len(self.expected) * 2))
         self._sock = sock
         _thread(self._accept_loop, "control-accept")
         _thread(self._heartbeat_loop, "control-heartbeat")
@@ -181,55 +197,89 @@ class ControlServer:
             try:
                 conn, addr = self._sock.accept()
             except OSError:
-                return
-            _thread(self._serve, f"control-{addr[0]}", conn, addr[0])
+                if self._closed.is_set():
+                    return
+                time.sleep(0.01)  # out of file descriptors under a flood: let some close
+                continue
+            address = str(addr[0])
+            refusal = self._admission.enter(address)
+            if refusal is not None:
+                self._refusals.refused(address, refusal)
+                _close(conn)
+                continue
+            try:
+                _thread(self._serve, f"control-{address}", conn, address)
+            except RuntimeError:  # no thread to be had: drop this one, the others go on
+                self._admission.done(address)
+                _close(conn)
 
     def _serve(self, conn: socket.socket, address: str) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(self._timeout_s)
         link = _Link(conn, address)
         try:
-            host = self._handshake(link)
-        except (OSError, ValueError, ConnectionError):
+            host = self._admit(link, address)
+        finally:
+            self._admission.done(address)
+        if host is None:
             link.close()
             return
+        conn.settimeout(self._timeout_s)
         try:
             while not self._closed.is_set():
-                message = link.recv()
-                self._on_message(host, message)
+                self._on_message(host, link.recv())
         except (OSError, ValueError, ConnectionError) as exc:
             if not self._closed.is_set():
                 reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
                 self._lost(host, link, reason)
 
-    def _handshake(self, link: _Link) -> str:
-        nonce = secrets.token_hex(16)
-        link.send_raw({"t": "challenge", "v": PROTOCOL, "nonce": nonce})
-        hello = link.recv_raw()
-        host, cnonce = str(hello.get("host", "")), str(hello.get("nonce", ""))
-        expected_mac = _mac(self._secret, "hello", nonce, cnonce, host)
-        if hello.get("t") != "hello" or not hmac.compare_digest(str(hello.get("mac", "")), expected_mac):
-            link.send_raw({"t": "reject", "reason": "authentication failed"})
-            raise ConnectionError("authentication failed")
-        with self._state:
-            if host not in self.expected:
-                reason = f"{host!r} is not a host of this job"
-            elif host in self._links or host in self._joining:
-                reason = f"{host!r} has joined already"
-            else:
-                reason = None
-                self._joining.add(host)
-        if reason:
-            link.send_raw({"t": "reject", "reason": reason})
-            raise ConnectionError(reason)
+    def _admit(self, link: _Link, address: str) -> str | None:
+        """The host that joined on ``link``, or None (refused, with one log line)."""
         try:
-            link.send_raw({"t": "welcome", "mac": _mac(self._secret, "welcome", nonce, cnonce, host)})
-            link.key = hmac.new(self._secret, f"session|{nonce}|{cnonce}".encode(), hashlib.sha256).digest()
+            refusal = self._admission.check_peer(address)
+            if refusal is not None:
+                raise _Refused(refusal)
+            link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self._handshake(link, address, time.monotonic() + self._handshake_timeout_s)
+        except _Refused as exc:
+            self._refusals.refused(address, str(exc))
+        except socket.timeout:
+            self._refusals.refused(address, f"no complete join within {self._handshake_timeout_s:g} s")
+        except (OSError, ValueError, ConnectionError) as exc:
+            self._refusals.refused(address, str(exc) or type(exc).__name__)
+        return None
+
+    def _handshake(self, link: _Link, address: str, deadline: float) -> str:
+        exchange, server_nonce = wire.KeyExchange(), wire.nonce()
+        link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
+        hello = link.recv_raw(deadline)
+        if hello.get("t") != "hello":
+            raise wire.FrameError("expected a hello")
+        host = wire.text(hello, "host", limit=255)
+        client_nonce = hello.get("nonce")
+        if not wire.is_nonce(client_nonce):
+            raise wire.FrameError("field 'nonce' is not a nonce")
+        introduction = wire.introduction(hello)
+        keys = exchange.keys(hello.get("kx"), self._secret,
+                             wire.transcript(server_nonce, client_nonce, exchange.public, str(hello.get("kx")), host))
+        if not wire.verify(keys.auth, hello.get("mac"), "hello", wire.canonical(introduction)):
+            _reject(link, "authentication failed")
+            raise _Refused(f"{host!r} failed authentication" + (" (a different job secret?)" if self._secret else ""))
+        with self._state:
+            reason = self._admission.seat(host, address, seated=[*self._links, *self._joining])
+            if reason is None:
+                self._joining.add(host)
+        if reason is not None:
+            _reject(link, reason)
+            raise _Refused(reason)
+        try:
+            link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
+                           "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})
+            link.key = keys.session
         finally:
             # Seated only once it can sign: a broadcast never reaches a half-joined link.
             with self._state:
                 self._joining.discard(host)
                 self._links[host] = link
+                self.introductions[host] = introduction
                 verdict = self._verdict
         if verdict is not None:  # a late joiner learns at once that the job is over
             link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
@@ -239,21 +289,20 @@ class ControlServer:
         return host
 
     def _on_message(self, host: str, message: dict) -> None:
-        kind = message.get("t")
+        kind = message["t"]
         if kind == "ready":
             with self._state:
                 self._ready.add(host)
                 self._state.notify_all()
         elif kind == "failed":
-            reason = str(message.get("reason", "failed"))
+            reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
-            code = int(message.get("code", 1))
             with self._state:
                 self._failure = self._failure or JobFailed(named, code)
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code))
         elif kind == "done":
-            self._events.put(PeerDone(host, int(message.get("code", 0))))
+            self._events.put(PeerDone(host, wire.exit_code(message)))
 
     def _lost(self, host: str, link: _Link, reason: str) -> None:
         link.close()
@@ -326,31 +375,34 @@ class ControlServer:
     def close(self) -> None:
         self._closed.set()
         if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
+            _close(self._sock)
         with self._state:
             links = list(self._links.values())
             self._links.clear()
         for link in links:
             link.close()
+        self._refusals.summary()
 
 
 # The other hosts --------------------------------------------------------------------------------
 
 
 class ControlClient:
-    """Joins the channel of the first host (``master``) as ``host``."""
+    """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
+
+    After ``connect``: ``job_id`` and the first host's ``introduction`` are
+    what its welcome carried.
+    """
 
     def __init__(
         self,
-        secret: bytes,
+        secret: bytes | None,
         host: str,
         master: str,
         port: int,
         events: SimpleQueue,
         *,
+        introduction: Mapping[str, str] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = TIMEOUT_S,
     ):
@@ -358,10 +410,13 @@ class ControlClient:
         self.host = host
         self.master = master
         self.port = port
+        self._introduction = dict(introduction or {})
         self._events = events
         self._heartbeat_s = heartbeat_s
         self._timeout_s = timeout_s
         self._link: _Link | None = None
+        self.job_id = ""
+        self.introduction: dict[str, str] = {}
         self._go = threading.Event()
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()
@@ -376,7 +431,7 @@ class ControlClient:
             try:
                 self._join(min(5.0, max(0.5, end - time.monotonic())))
                 return
-            except _Rejected as exc:
+            except _Refused as exc:
                 raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
             except (OSError, ValueError, ConnectionError) as exc:
                 last = str(exc) or type(exc).__name__
@@ -388,26 +443,34 @@ class ControlClient:
             delay = min(delay * 2, 1.0)
 
     def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         sock = socket.create_connection((self.master, self.port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link = _Link(sock, self.master)
         try:
-            challenge = link.recv_raw()
-            if challenge.get("t") != "challenge" or challenge.get("v") != PROTOCOL:
-                raise ConnectionError("not a training-toolkit control channel")
-            nonce, cnonce = str(challenge.get("nonce", "")), secrets.token_hex(16)
-            link.send_raw({"t": "hello", "host": self.host, "nonce": cnonce,
-                           "mac": _mac(self._secret, "hello", nonce, cnonce, self.host)})
-            answer = link.recv_raw()
+            challenge = link.recv_raw(deadline)
+            server_nonce = challenge.get("nonce")
+            if challenge.get("t") != "challenge" or challenge.get("v") != wire.PROTOCOL or not wire.is_nonce(server_nonce):
+                raise _Refused(f"not a training-toolkit control channel of protocol {wire.PROTOCOL}")
+            exchange, client_nonce = wire.KeyExchange(), wire.nonce()
+            keys = exchange.keys(challenge.get("kx"), self._secret,
+                                 wire.transcript(server_nonce, client_nonce, str(challenge.get("kx")), exchange.public, self.host))
+            link.send_raw({"t": "hello", "host": self.host, "nonce": client_nonce, "kx": exchange.public,
+                           "intro": self._introduction,
+                           "mac": wire.mac(keys.auth, "hello", wire.canonical(self._introduction))})
+            answer = link.recv_raw(deadline)
             if answer.get("t") == "reject":
-                raise _Rejected(str(answer.get("reason", "rejected")))
-            expected = _mac(self._secret, "welcome", nonce, cnonce, self.host)
-            if answer.get("t") != "welcome" or not hmac.compare_digest(str(answer.get("mac", "")), expected):
-                raise _Rejected("the server failed authentication (a different job secret?)")
+                raise _Refused(wire.text(answer, "reason", optional=True) or "rejected")
+            job_id = wire.text(answer, "job", limit=64) if answer.get("t") == "welcome" else ""
+            introduction = wire.introduction(answer)
+            if answer.get("t") != "welcome" or not wire.verify(keys.auth, answer.get("mac"), "welcome", job_id or "",
+                                                               wire.canonical(introduction)):
+                raise _Refused("the first host failed authentication (a different job secret?)")
         except BaseException:
             link.close()
             raise
-        link.key = hmac.new(self._secret, f"session|{nonce}|{cnonce}".encode(), hashlib.sha256).digest()
+        link.key = keys.session
+        self.job_id, self.introduction = job_id or "", introduction
         sock.settimeout(self._timeout_s)
         self._link = link
         _thread(self._read_loop, "control-read")
@@ -424,7 +487,8 @@ class ControlClient:
                     with self._state:
                         self._state.notify_all()
                 elif kind == "verdict":
-                    verdict = Verdict(int(message.get("code", 1)), message.get("reason"), message.get("host"))
+                    verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
+                                      wire.text(message, "host", limit=255, optional=True))
                     self._end(verdict)
                     return
         except (OSError, ValueError, ConnectionError) as exc:
@@ -481,8 +545,18 @@ class ControlClient:
             self._link.close()
 
 
-class _Rejected(Exception):
-    pass
+def _reject(link: _Link, reason: str) -> None:
+    try:
+        link.send_raw({"t": "reject", "reason": reason})
+    except OSError:
+        pass
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 def _thread(target, name: str, *args) -> threading.Thread:

@@ -8,6 +8,7 @@ set them without flags.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import secrets
 from dataclasses import dataclass
 from queue import SimpleQueue
 
@@ -51,18 +52,39 @@ class ChannelSettings:
 
 
 class Membership:
-    def __init__(self, secret: bytes, hosts: Sequence[str], current: str, settings: ChannelSettings, events: SimpleQueue):
+    """This host's seat.  ``secret`` is the platform's job secret, or None (seats admitted by address).
+
+    ``introduction`` is what this host tells the others about itself; after
+    ``open``, ``introductions`` holds what the others told (on the first host:
+    every host that joined, by name; elsewhere: the first host's), and
+    ``job_id`` is the first host's random id for this job, the same on every host.
+    """
+
+    def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
+                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
         self.hosts = tuple(hosts)
         self.current = current
         self.settings = settings
         self.is_master = current == self.hosts[0]
-        kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s)
+        kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
         if self.is_master:
-            self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events, **kw)
+            self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
+                                                               job_id=secrets.token_hex(8), **kw)
             self._client: ControlClient | None = None
         else:
             self._server = None
             self._client = ControlClient(secret, current, self.hosts[0], settings.port, events, **kw)
+
+    @property
+    def job_id(self) -> str:
+        return self._server.job_id if self._server else self._client.job_id  # type: ignore[union-attr]
+
+    @property
+    def introductions(self) -> Mapping[str, Mapping[str, str]]:
+        if self._server:
+            return dict(self._server.introductions)
+        assert self._client is not None
+        return {self.hosts[0]: self._client.introduction}
 
     def open(self) -> None:
         """Serve, or join within the join deadline."""

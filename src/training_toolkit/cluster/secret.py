@@ -1,50 +1,36 @@
-"""The job's secret: what authenticates the control channel and seeds the SSH keys.
+"""The job's secret, when the platform gives one: what authenticates the control channel.
 
 From the platform's environment (``TRAINING_TOOLKIT_JOB_SECRET``), or a mounted
-file (``input/config/job_secret``).  Where neither is given, as on SageMaker, a
-secret is derived from what every host shares (job name and hosts): the hosts
-still agree without a shared disk, but the job is then only as private as its
-network, and we say so.
+file (``input/config/job_secret``, e.g. a Kubernetes secret).  Where neither is
+given, as on SageMaker, there is no secret, and none is made up: hosts are then
+admitted to the channel by address, and every key is random (docs/security.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from training_toolkit.contract import SECRET_VAR
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
 
+# Shorter secrets could be searched for offline by anyone who saw one join.
 MIN_SECRET_BYTES = 16
 
 
-@dataclass(frozen=True)
-class JobSecret:
-    value: bytes = field(repr=False)
-    source: str  # "environment", "file" or "derived"
-
-    @property
-    def derived(self) -> bool:
-        return self.source == "derived"
-
-
-def job_secret(job: JobSpec, environ: Mapping[str, str]) -> JobSecret:
+def job_secret(job: JobSpec, environ: Mapping[str, str]) -> bytes | None:
+    """The platform's secret for this job, or None when it gave none."""
     raw = environ.get(SECRET_VAR)
     if raw:
-        return JobSecret(_checked(raw.encode(), f"environment variable {SECRET_VAR}"), "environment")
+        return _checked(raw.encode(), f"environment variable {SECRET_VAR}")
     path = job.paths.job_secret_file
     try:
         data = path.read_bytes().strip()
     except FileNotFoundError:
-        data = None
+        return None
     except OSError as exc:
         raise ConfigError(str(path), None, f"cannot be read: {exc}") from None
-    if data is not None:
-        return JobSecret(_checked(data, str(path)), "file")
-    shared = "\0".join(["training-toolkit-derived-v1", job.job_name or "", *job.resource.hosts])
-    return JobSecret(hashlib.sha256(shared.encode()).digest(), "derived")
+    return _checked(data, str(path))
 
 
 def _checked(value: bytes, source: str) -> bytes:

@@ -41,6 +41,8 @@ class LocalJob:
     instance_groups: Sequence[Mapping] = ()
     start_hosts: Sequence[str] | None = None  # hosts whose train starts (default: all)
     train: Sequence[str] = ()  # the command each host runs (default: our train)
+    platform_secret: bool = True  # give every host a fresh job secret, as a platform may (SageMaker does not)
+    outsiders: Sequence[str] = ()  # namespaces on the job's network that are not hosts of the job (for tests)
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,6 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
     cluster is torn down.
     """
     out = out if out is not None else sys.stdout.buffer
-    secret = secrets.token_hex(32)
     starting = list(job.start_hosts) if job.start_hosts is not None else list(job.hosts)
     lock = threading.Lock()
     procs: dict[str, subprocess.Popen] = {}
@@ -136,14 +137,16 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
     def on_signal(signum, _frame):
         stop.set()
 
-    with NamespaceCluster(list(job.hosts), workdir) as cluster:
-        for host in cluster.hosts:
-            host_tree(host.opt_ml, job, host.name)
+    with NamespaceCluster([*job.hosts, *job.outsiders], workdir) as cluster:
+        for name in job.hosts:
+            host_tree(cluster.host(name).opt_ml, job, name)
         if before_start is not None:
             before_start(cluster)
         holders = {name: set(pids) for name, pids in cluster.pids().items()}
         base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-                    "HOME": os.environ.get("HOME", "/root"), "TRAINING_TOOLKIT_JOB_SECRET": secret, **job.env}
+                    "HOME": os.environ.get("HOME", "/root"), **job.env}
+        if job.platform_secret:
+            base_env["TRAINING_TOOLKIT_JOB_SECRET"] = secrets.token_hex(32)
         pumps = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):

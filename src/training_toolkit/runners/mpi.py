@@ -9,7 +9,6 @@ so that each sees its own host's contract.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -17,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from training_toolkit import procfs
 from training_toolkit.agent import HostAgent, Local, PartStopped
-from training_toolkit.cluster import ssh
+from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
@@ -39,7 +37,6 @@ from training_toolkit.runners.mpi_command import (
     parse_custom_options,
 )
 
-DEFAULT_SSH_PORT = 22
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
 # mpirun's own reports.  Open MPI 5 (prterun) wraps them at about 76 columns, anywhere between
@@ -56,10 +53,19 @@ def run(ctx: RunContext) -> Outcome:
 
 
 RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # forwarded to every rank: how each host finds its own ranks
+INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
+INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
 
 
 class MpiAgent(HostAgent):
     """Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
+
+    Keys: the first host makes the job's client key, every other host its own
+    host key, each from the OS's random generator (or all read from mounted
+    keys); the public halves travel in the channel's introductions.  A worker
+    writes its sshd files once it knows the client key (after joining); the
+    first host pins the workers' host keys once every host has joined (after
+    the barrier).
 
     A stopping signal on any host goes straight to that host's ranks (with the
     grace period, so they can checkpoint), not through mpirun, whose own
@@ -71,24 +77,50 @@ class MpiAgent(HostAgent):
         super().__init__(ctx)
         self.layout: ssh.SshLayout | None = None
         self.sshd: ssh.Sshd | None = None
-        self.rank_tag = hashlib.sha256(b"training-toolkit ranks\0" + self.secret.value).hexdigest()[:16]
+        self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self._stopping = False
-        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(DEFAULT_SSH_PORT))
+        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(ssh.DEFAULT_SSH_PORT))
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
         self.ssh_port = int(port)
+        self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
+        self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
+
+    def _new_ssh_dir(self) -> Path:
+        self._ssh_dir = ssh.new_ssh_dir()
+        return self._ssh_dir
+
+    def introduction(self) -> dict[str, str]:
+        keys_dir = self.ctx.environ.get("TRAINING_TOOLKIT_SSH_KEYS")
+        mounted = ssh.load_keys(Path(keys_dir)) if keys_dir else None
+        if self.is_master:
+            self._keys = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
+            return {INTRO_CLIENT_KEY: self._keys.public}
+        self._keys = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
+        return {INTRO_HOST_KEY: self._keys.public}
 
     def prepare(self) -> None:
-        keys_dir = self.ctx.environ.get("TRAINING_TOOLKIT_SSH_KEYS")
-        keys = ssh.load_keys(Path(keys_dir)) if keys_dir else ssh.derive_keys(self.secret.value)
-        self.layout = ssh.write_ssh_dir(ssh_dir(self.secret.value), keys, self.ctx.plan.hosts, port=self.ssh_port)
-        if not self.is_master:
-            self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.environ.get("TRAINING_TOOLKIT_SSHD") or None)
-            self.sshd.start()
+        assert self.membership is not None and self._keys is not None
+        self.rank_tag = self.membership.job_id
+        if self.is_master:
+            return
+        master = self.ctx.plan.hosts[0]
+        client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
+        self.layout = ssh.write_server_side(
+            self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
+            allowed_from=job_addresses(self.ctx.plan.hosts), user=_user(),
+            listen_addresses=listen_addresses(self.ctx.job.resource.network_interface_name, self.host))
+        self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.environ.get("TRAINING_TOOLKIT_SSHD") or None)
+        self.sshd.start()
 
     def after_barrier(self) -> None:
-        assert self.layout is not None
-        ssh.wait_for_ssh(self.layout, self.ctx.plan.hosts[1:], deadline_s=min(60.0, self.settings.join_timeout_s))
+        assert self.membership is not None and self._keys is not None
+        introductions = self.membership.introductions
+        workers = self.ctx.plan.hosts[1:]
+        host_keys = {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in workers}
+        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=host_keys,
+                                            port=self.ssh_port)
+        ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
 
     def start(self) -> list[Local]:
         if not self.is_master:
@@ -130,24 +162,45 @@ class MpiAgent(HostAgent):
     def cleanup(self) -> None:
         if self.sshd is not None:
             self.sshd.stop()
-        if self.layout is not None:
-            shutil.rmtree(self.layout.directory, ignore_errors=True)
+        if self._ssh_dir is not None:
+            shutil.rmtree(self._ssh_dir, ignore_errors=True)
 
 
 def describe(ctx: RunContext) -> dict:
     """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
-    from training_toolkit.cluster.secret import job_secret
-
-    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), DEFAULT_SSH_PORT)
+    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}XXXXXXXX", ssh.DEFAULT_SSH_PORT)
     env = {**ctx.script_env, **data_parallel_env(ctx)}
     return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.environ), env)}
 
 
-def ssh_dir(secret: bytes) -> Path:
-    """The same path on every host (the rsh agent string names it), private to this job."""
-    tag = hashlib.sha256(b"training-toolkit ssh dir\0" + secret).hexdigest()[:16]
-    base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"training-toolkit-{tag}" / "ssh"
+def _introduced(introductions, host: str, key: str) -> str:
+    """A public key another host introduced, checked; a ClusterError naming the host if it did not."""
+    line = introductions.get(host, {}).get(key)
+    if not line:
+        raise ClusterError(f"{host} did not introduce its {key.replace('_', ' ')} (a host of another toolkit version?)")
+    return ssh.keys.check_public_line(line, f"{key.replace('_', ' ')} of {host}")
+
+
+def job_addresses(hosts: Sequence[str]) -> list[str]:
+    """Every address of the job's hosts: the only ones sshd admits the client key from."""
+    found = sorted({address for host in hosts for address in netaddr.resolve(host)})
+    if not found:
+        raise ClusterError(f"none of the job's hosts resolves to an address: {', '.join(hosts)}")
+    return found
+
+
+def listen_addresses(interface: str, host: str) -> list[str]:
+    """Where this host's sshd listens: its address on the job's interface, else what its name resolves to."""
+    address = netaddr.interface_ipv4(interface)
+    if address:
+        return [address]
+    return sorted(a for a in netaddr.resolve(host) if not netaddr.is_loopback(a))
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 def mpi_flavor(environ) -> str:

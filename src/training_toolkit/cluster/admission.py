@@ -1,0 +1,130 @@
+"""Who may take a seat in the job: the first host's rules for admitting a peer, as plain decisions.
+
+With a platform secret, a peer proves it knows the secret; where it connects
+from does not matter.  Without one (as SageMaker starts jobs), a seat is
+admitted by address: ``algo-2`` only from an address that the name
+``algo-2`` resolves to on the first host, the first such claimant wins and
+keeps the seat; anything else is refused before its handshake.  This trusts
+the network to deliver packets from the address they claim (an outsider
+cannot take over a host's address); docs/security.md says what that does
+and does not stop.
+
+Bounds against a flood: at most ``per_address`` handshakes at a time from one
+address and ``total`` overall; each handshake has a deadline.  Every refusal
+is one log line, the first of each kind per address; repeats are counted and
+summarised when the channel closes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from training_toolkit.cluster.netaddr import plain as _plain
+from training_toolkit.cluster.netaddr import resolve
+
+RESOLVE_EVERY_S = 1.0  # a name that did not resolve (yet) is looked up again at most this often
+
+
+class Addresses:
+    """The addresses of the job's hosts, resolved lazily and looked up again (rate-limited) on a miss."""
+
+    def __init__(self, hosts: Iterable[str], resolver: Callable[[str], frozenset[str]] = resolve,
+                 clock: Callable[[], float] = time.monotonic):
+        self._hosts = tuple(hosts)
+        self._resolver = resolver
+        self._clock = clock
+        self._known: dict[str, frozenset[str]] = {}
+        self._looked: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def of(self, host: str) -> frozenset[str]:
+        with self._lock:
+            now = self._clock()
+            last = self._looked.get(host)
+            if last is None or now - last >= RESOLVE_EVERY_S:
+                found = self._resolver(host)
+                if found:  # a failed lookup keeps what resolved before
+                    self._known[host] = found
+                self._looked[host] = now
+            return self._known.get(host, frozenset())
+
+    def holds(self, address: str) -> bool:
+        """Whether ``address`` is one of the job's hosts' (resolving the ones not seen there yet)."""
+        address = _plain(address)
+        return any(address in self.of(host) for host in self._hosts)
+
+
+class Admission:
+    """The first host's rules; ``seat`` and ``check_peer`` return None to admit, else the reason to refuse."""
+
+    def __init__(self, hosts: Iterable[str], *, by_address: bool, addresses: Addresses | None = None,
+                 per_address: int = 4, total: int = 64):
+        self.hosts = tuple(hosts)
+        self.by_address = by_address
+        self.addresses = addresses or Addresses(self.hosts)
+        self.per_address = per_address
+        self.total = max(total, 2 * len(self.hosts))
+        self._pending: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def enter(self, address: str) -> str | None:
+        """At accept, before anything else: a slot for one more handshake from ``address``, or why not."""
+        with self._lock:
+            if self._pending[address] >= self.per_address:
+                return f"more than {self.per_address} joins at once from one address"
+            if sum(self._pending.values()) >= self.total:
+                return f"more than {self.total} joins at once"
+            self._pending[address] += 1
+        return None
+
+    def check_peer(self, address: str) -> str | None:
+        """Before the handshake (may resolve names): is this address worth a handshake at all?"""
+        if self.by_address and not self.addresses.holds(address):
+            return "not an address of this job's hosts"
+        return None
+
+    def done(self, address: str) -> None:
+        """A handshake that ``enter`` let in has ended (either way)."""
+        with self._lock:
+            self._pending[address] -= 1
+            if self._pending[address] <= 0:
+                del self._pending[address]
+
+    def seat(self, host: str, address: str, seated: Iterable[str]) -> str | None:
+        """After the handshake: may ``host``, connecting from ``address``, take its seat?"""
+        if host not in self.hosts:
+            return f"{host!r} is not a host of this job"
+        if host in seated:
+            return f"{host!r} has joined already"
+        if self.by_address and _plain(address) not in self.addresses.of(host):
+            return f"{host!r} does not resolve to {address}"
+        return None
+
+
+class RefusalLog:
+    """One log line per (address, reason) the first time; repeats counted, summarised by ``summary``."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self._log = log
+        self._seen: set[tuple[str, str]] = set()
+        self._repeats: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def refused(self, address: str, reason: str) -> None:
+        with self._lock:
+            first = (address, reason) not in self._seen
+            if first:
+                self._seen.add((address, reason))
+            else:
+                self._repeats[address] += 1
+        if first:
+            self._log(f"control channel: refused a connection from {address}: {reason}")
+
+    def summary(self) -> None:
+        with self._lock:
+            repeats, self._repeats = self._repeats, Counter()
+        for address, count in sorted(repeats.items()):
+            self._log(f"control channel: refused {count} more connection(s) from {address}")

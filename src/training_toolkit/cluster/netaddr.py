@@ -1,0 +1,39 @@
+"""Addresses of hosts and interfaces, read from the resolver and the kernel (no subprocess)."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+
+_SIOCGIFADDR = 0x8915
+
+
+def resolve(name: str) -> frozenset[str]:
+    """Every address ``name`` resolves to here (empty when it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return frozenset()
+    return frozenset(plain(info[4][0]) for info in infos)
+
+
+def plain(address: str) -> str:
+    """An IPv4-mapped IPv6 address (as a dual-stack socket reports it) in its IPv4 form."""
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of the network interface ``name`` (e.g. eth0), or None if it has none."""
+    if not name or len(name) >= 16:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
+def is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"

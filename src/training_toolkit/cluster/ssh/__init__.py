@@ -1,0 +1,34 @@
+"""Passwordless SSH between the hosts of one job, set up per job and pinned.
+
+MPI launchers start remote ranks over ssh.  The usual recipes bake a key into
+the image and switch host-key checking off; both leak trust beyond the job.
+Here every piece is per job and lives in a new private directory of our own
+(never ``~/.ssh``, which belongs to the user and may be read-only or shared):
+
+* keys are generated for the job on the host that uses them (``keys``), or
+  read from a mounted secret; only public keys travel between hosts;
+* our sshd runs with its own config (``-f``), never the system one, so a base
+  image's ``/etc/ssh`` cannot weaken or break it, and admits the job's client
+  key only, from the job's hosts only, for nothing but a command (``config``);
+* clients use ``ssh -F <our config>``, which also skips ``/etc/ssh/ssh_config``
+  and ``~/.ssh/config``; each peer's host key is pinned in our ``known_hosts``
+  under every name it is reached by, so there is never a prompt and never
+  ``StrictHostKeyChecking no``.
+
+Modules: ``keys`` (key pairs), ``config`` (exact file texts), ``layout``
+(the directory and its files), ``sshd`` (the daemon's lifecycle), ``probe``
+(waiting for peers), ``errors``.
+"""
+
+from training_toolkit.cluster.ssh.config import DEFAULT_SSH_PORT
+from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshdError, SshError, SshLayoutError, SshUnreachable
+from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair, MountedKeys, generate_keypair, load_keys
+from training_toolkit.cluster.ssh.layout import SshLayout, new_ssh_dir, ssh_command, write_client_side, write_server_side
+from training_toolkit.cluster.ssh.probe import wait_for_ssh
+from training_toolkit.cluster.ssh.sshd import Sshd
+
+__all__ = [
+    "DEFAULT_SSH_PORT", "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
+    "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
+    "SshLayout", "new_ssh_dir", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
+]

@@ -1,0 +1,176 @@
+"""The exact texts of our ssh files, as pure functions: sshd_config, ssh_config, known_hosts, authorized_keys.
+
+Least privilege throughout: sshd takes public keys only, for one user, from
+the job's hosts only, and allows nothing but running a command (no
+forwarding of any kind, no agent, no tty, no user rc, no sftp); clients use
+our key and our pinned host keys only and never prompt.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from training_toolkit.cluster.ssh.errors import SshLayoutError
+
+DEFAULT_SSH_PORT = 22
+
+
+def render_sshd_config(
+    *,
+    host_key: Path,
+    authorized_keys: Path,
+    pid_file: Path,
+    port: int,
+    user: str,
+    listen_addresses: Sequence[str] = (),
+    strict_modes: bool = True,
+) -> str:
+    """sshd's whole config: nothing is read from /etc/ssh.
+
+    ``UsePAM no`` because PAM stacks in slim images are often broken or absent
+    and we need no session setup.  ``strict_modes`` is False only where the
+    directory sits under a sticky world-writable directory such as /tmp: sshd
+    checks every directory up to ``/`` and would refuse the login, although a
+    0700 directory under a sticky parent cannot be swapped by others.
+    ``listen_addresses`` are this host's addresses on the job's network; with
+    none, sshd listens on every address (only where the interface is unknown).
+    """
+    check_port(port)
+    lines = [f"HostKey {host_key}", f"Port {port}"]
+    for address in listen_addresses:
+        _check_address(address)
+        lines.append(f"ListenAddress {_listen_form(address)}")
+    lines += [
+        f"AuthorizedKeysFile {authorized_keys}",
+        "AuthenticationMethods publickey",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        f"PermitRootLogin {'prohibit-password' if user == 'root' else 'no'}",
+        f"AllowUsers {user}",
+        "UsePAM no",
+        f"StrictModes {'yes' if strict_modes else 'no'}",
+        f"PidFile {pid_file}",
+        "DisableForwarding yes",
+        "AllowAgentForwarding no",
+        "AllowTcpForwarding no",
+        "AllowStreamLocalForwarding no",
+        "X11Forwarding no",
+        "PermitTunnel no",
+        "PermitTTY no",
+        "PermitUserRC no",
+        "PermitUserEnvironment no",
+        "MaxAuthTries 2",
+        "LoginGraceTime 20",
+        "LogLevel ERROR",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_authorized_keys(client_public: str, allowed_from: Sequence[str]) -> str:
+    """The job's client key, usable only from the job's hosts' addresses and only to run a command.
+
+    ``restrict`` turns off every forwarding, the agent, the pty and ~/.ssh/rc;
+    ``from=`` takes addresses (sshd matches names only with UseDNS, which is off).
+    """
+    if not allowed_from:
+        raise SshLayoutError("no address to admit the job's client key from")
+    for address in allowed_from:
+        _check_address(address)
+    key = " ".join(client_public.split())
+    if len(key.split()) < 2:
+        raise SshLayoutError(f"client public key {client_public!r} is not 'TYPE BASE64 [comment]'")
+    return f'from="{",".join(dict.fromkeys(allowed_from))}",restrict {key}\n'
+
+
+def render_ssh_config(
+    *,
+    identity_file: Path,
+    known_hosts: Path,
+    port: int,
+    connect_timeout_s: int = 5,
+    server_alive_interval_s: int = 15,
+) -> str:
+    """The client config for ``ssh -F``: our key only, our pinned host keys only, never a prompt.
+
+    ``UpdateHostKeys no`` and ``CheckHostIP no`` keep ssh from editing the
+    pinned file; keep-alives let a session to a dead host fail within a
+    minute instead of hanging an mpirun.
+    """
+    check_port(port)
+    lines = [
+        "Host *",
+        f"    IdentityFile {identity_file}",
+        "    IdentitiesOnly yes",
+        f"    UserKnownHostsFile {known_hosts}",
+        "    GlobalKnownHostsFile /dev/null",
+        "    StrictHostKeyChecking yes",
+        "    UpdateHostKeys no",
+        "    CheckHostIP no",
+        "    BatchMode yes",
+        "    ForwardAgent no",
+        "    ForwardX11 no",
+        "    ClearAllForwardings yes",
+        f"    Port {port}",
+        f"    ConnectTimeout {connect_timeout_s}",
+        f"    ServerAliveInterval {server_alive_interval_s}",
+        "    ServerAliveCountMax 4",
+        "    LogLevel ERROR",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_known_hosts(host_keys: Mapping[str, str], *, port: int, aliases: Mapping[str, Sequence[str]] | None = None) -> str:
+    """Pin each host's own key under every name it may be reached by, one line per host.
+
+    ssh looks a host up by the name it was given (``[name]:port`` off port
+    22), so an mpirun hostfile naming ``algo-2`` needs ``algo-2`` here, and an
+    address needs the address: ``aliases`` adds names and addresses per host.
+    """
+    check_port(port)
+    if not host_keys:
+        raise SshLayoutError("no hosts to pin a host key for")
+    extra = dict(aliases or {})
+    unknown = [name for name in extra if name not in host_keys]
+    if unknown:
+        raise SshLayoutError(f"aliases name hosts that are not in the job: {', '.join(unknown)}")
+    lines = []
+    for host, public in host_keys.items():
+        key = " ".join(public.split()[:2])
+        if len(key.split()) < 2:
+            raise SshLayoutError(f"host key of {host} {public!r} is not 'TYPE BASE64 [comment]'")
+        names = list(dict.fromkeys([host, *extra.get(host, ())]))
+        for name in names:
+            check_host_name(name)
+        patterns = names if port == DEFAULT_SSH_PORT else [f"[{name}]:{port}" for name in names]
+        lines.append(f"{','.join(patterns)} {key}")
+    return "\n".join(lines) + "\n"
+
+
+def check_port(port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise SshLayoutError(f"ssh port {port!r} is not in 1-65535")
+
+
+def check_host_name(name: str) -> None:
+    bad = (
+        not name
+        or any(ch.isspace() or not ch.isprintable() for ch in name)
+        or any(ch in ",#*?\"'[]@" for ch in name)
+        or name[0] in "!|"
+    )
+    if bad:
+        raise SshLayoutError(f"host name {name!r} cannot be pinned in known_hosts (empty, whitespace, or a pattern character)")
+
+
+def _check_address(address: str) -> None:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise SshLayoutError(f"{address!r} is not an IP address") from None
+
+
+def _listen_form(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

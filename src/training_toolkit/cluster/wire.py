@@ -1,0 +1,176 @@
+"""The control channel's wire format and its cryptography, as pure functions.
+
+One JSON object per line over TCP.  Everything a peer sends is checked here
+before any other code looks at it: size, encoding, nesting, shape, and the
+type and range of every field.  A frame that fails is a ``FrameError`` whose
+message is one line; nothing an outsider sends can raise anything else.
+
+A join is an ephemeral X25519 exchange: both sides derive an authentication
+key and a session key from the shared value, salted with the job's secret
+when the platform gave one.  With a secret, the keys prove that both sides
+know it; without, they bind the join to this one exchange, so that what a
+listener saw cannot be replayed or continued (see docs/security.md).  Every
+later message carries a sequence number and an HMAC under the session key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+PROTOCOL = 2
+MAX_FRAME = 64 * 1024  # bytes in one line, newline included
+MAX_TEXT = 4096  # characters in a reason, a host name, an introduction value
+MAX_INTRO_ITEMS = 8
+_KDF_LABEL = b"training-toolkit channel v2"
+
+
+class FrameError(ValueError):
+    """A frame or a field that is not what the protocol allows.  One line, safe to log."""
+
+
+# Framing ------------------------------------------------------------------------------------------
+
+
+def encode(message: dict) -> bytes:
+    return (json.dumps(message, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def decode(line: bytes) -> dict:
+    """One received line as a JSON object, or a FrameError saying why not."""
+    if len(line) > MAX_FRAME:
+        raise FrameError(f"frame longer than {MAX_FRAME} bytes")
+    if not line.endswith(b"\n"):
+        raise FrameError("truncated frame (no end of line)")
+    try:
+        message = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FrameError("frame is not UTF-8") from None
+    except RecursionError:
+        raise FrameError("frame nested too deeply") from None
+    except ValueError:
+        raise FrameError("frame is not JSON") from None
+    if not isinstance(message, dict):
+        raise FrameError("frame is not a JSON object")
+    return message
+
+
+def text(message: dict, key: str, *, limit: int = MAX_TEXT, optional: bool = False) -> str | None:
+    value = message.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise FrameError(f"field {key!r} is not a string of at most {limit} characters")
+    return value
+
+
+def exit_code(message: dict, key: str = "code") -> int:
+    value = message.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        raise FrameError(f"field {key!r} is not an exit code (0-255)")
+    return value
+
+
+def introduction(message: dict) -> dict[str, str]:
+    """What a host tells the others about itself (e.g. its ssh host key): a small map of strings."""
+    value = message.get("intro", {})
+    if not isinstance(value, dict) or len(value) > MAX_INTRO_ITEMS:
+        raise FrameError(f"field 'intro' is not a map of at most {MAX_INTRO_ITEMS} entries")
+    for key, item in value.items():
+        if not isinstance(item, str) or len(key) > 64 or len(item) > MAX_TEXT:
+            raise FrameError("field 'intro' holds something other than short strings")
+    return dict(value)
+
+
+def nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def is_nonce(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 32 and all(ch in "0123456789abcdef" for ch in value)
+
+
+# Keys ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    auth: bytes  # signs the hello and the welcome
+    session: bytes  # signs every later message
+
+
+class KeyExchange:
+    """One side's ephemeral X25519 key for one join."""
+
+    def __init__(self) -> None:
+        self._private = X25519PrivateKey.generate()
+        raw = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public = base64.b64encode(raw).decode()
+
+    def keys(self, peer_public: object, secret: bytes | None, transcript: str) -> SessionKeys:
+        if not isinstance(peer_public, str) or len(peer_public) > 64:
+            raise FrameError("field 'kx' is not a key")
+        try:
+            raw = base64.b64decode(peer_public, validate=True)
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(raw))
+        except ValueError:  # bad base64, wrong length, or a low-order point
+            raise FrameError("field 'kx' is not an X25519 public key") from None
+        okm = _hkdf(shared, _KDF_LABEL + b"|" + (secret or b""), transcript.encode(), 64)
+        return SessionKeys(auth=okm[:32], session=okm[32:])
+
+
+def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    """HKDF-SHA256 (RFC 5869), written out: two HMAC calls, no import."""
+    prk = hmac.new(hashlib.sha256(salt).digest(), ikm, hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out += block
+        counter += 1
+    return out[:length]
+
+
+def transcript(server_nonce: str, client_nonce: str, server_kx: str, client_kx: str, host: str) -> str:
+    return "|".join((server_nonce, client_nonce, server_kx, client_kx, host))
+
+
+def mac(key: bytes, *parts: str) -> str:
+    return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def verify(key: bytes, claimed: object, *parts: str) -> bool:
+    if not isinstance(claimed, str) or not claimed.isascii():  # compare_digest refuses other text
+        return False
+    return hmac.compare_digest(claimed, mac(key, *parts))
+
+
+# Signed messages ------------------------------------------------------------------------------------
+
+
+def sign(key: bytes, seq: int, kind: str, fields: dict) -> bytes:
+    body = {**fields, "t": kind, "seq": seq}
+    body["mac"] = mac(key, canonical(body))
+    return encode(body)
+
+
+def open_signed(key: bytes, expected_seq: int, message: dict) -> dict:
+    """A signed message's body, once its MAC and sequence number check out."""
+    claimed = message.pop("mac", None)
+    if not verify(key, claimed, canonical(message)):
+        raise FrameError("message failed authentication")
+    if message.get("seq") != expected_seq:
+        raise FrameError("message out of sequence (replayed?)")
+    if not isinstance(message.get("t"), str):
+        raise FrameError("message has no type")
+    return message

@@ -1,0 +1,88 @@
+"""The control channel's wire format: every frame an outsider can send is a dict or one FrameError, nothing else."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training_toolkit.cluster import wire
+
+
+def test_decode_round_trip():
+    assert wire.decode(wire.encode({"t": "ready", "seq": 1})) == {"t": "ready", "seq": 1}
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b'{"t": "x"}', "truncated frame"),
+    (b"\xff\xfe\n", "not UTF-8"),
+    (b"{nope\n", "not JSON"),
+    (b"[1, 2]\n", "not a JSON object"),
+    (b"[" * 100_000 + b"\n", "nested too deeply|longer than"),
+    (b"[" * 50_000 + b"]" * 50_000 + b"\n", "nested too deeply|longer than"),
+    (b"[" * 20_000 + b"\n", "nested too deeply|not JSON"),
+    (b"x" * (wire.MAX_FRAME + 1) + b"\n", "longer than"),
+])
+def test_decode_refuses_with_one_reason(line, reason):
+    with pytest.raises(wire.FrameError, match=reason):
+        wire.decode(line)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=4096))
+def test_decode_of_any_bytes_is_a_dict_or_a_frame_error(data):
+    try:
+        assert isinstance(wire.decode(data + b"\n"), dict)
+    except wire.FrameError as exc:
+        assert "\n" not in str(exc)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                           max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["t", "code", "reason", "host", "intro", "seq", "mac", "kx", "nonce", "job"]),
+                       json_values, max_size=6))
+def test_field_readers_accept_or_refuse_with_a_frame_error(message):
+    for read in (lambda m: wire.exit_code(m), lambda m: wire.text(m, "reason", optional=True),
+                 lambda m: wire.introduction(m), lambda m: wire.open_signed(b"k" * 32, 1, dict(m)),
+                 lambda m: wire.KeyExchange().keys(m.get("kx"), None, "t")):
+        try:
+            read(message)
+        except wire.FrameError:
+            pass
+
+
+def test_exit_codes_are_bytes():
+    assert wire.exit_code({"code": 3}) == 3
+    for bad in (-1, 256, True, "3", 3.0, None):
+        with pytest.raises(wire.FrameError, match="not an exit code"):
+            wire.exit_code({"code": bad})
+
+
+def test_both_sides_derive_the_same_keys_and_a_secret_changes_them():
+    a, b = wire.KeyExchange(), wire.KeyExchange()
+    assert a.keys(b.public, None, "t") == b.keys(a.public, None, "t")
+    assert a.keys(b.public, b"s" * 16, "t") == b.keys(a.public, b"s" * 16, "t")
+    assert a.keys(b.public, b"s" * 16, "t") != a.keys(b.public, None, "t")
+    assert a.keys(b.public, None, "t").auth != a.keys(b.public, None, "u").auth  # bound to the transcript
+
+
+@pytest.mark.parametrize("kx", [None, 1, "", "!!!", "AAAA", "A" * 200, "A" * 43 + "="])
+def test_bad_peer_keys_are_frame_errors(kx):
+    with pytest.raises(wire.FrameError):
+        wire.KeyExchange().keys(kx, None, "t")
+
+
+def test_signed_messages_refuse_forgery_and_replay():
+    key = b"k" * 32
+    frame = json.loads(wire.sign(key, 1, "ready", {}))
+    assert wire.open_signed(key, 1, dict(frame))["t"] == "ready"
+    with pytest.raises(wire.FrameError, match="out of sequence"):
+        wire.open_signed(key, 2, dict(frame))
+    with pytest.raises(wire.FrameError, match="authentication"):
+        wire.open_signed(b"x" * 32, 1, dict(frame))
+    with pytest.raises(wire.FrameError, match="authentication"):
+        wire.open_signed(key, 1, {**frame, "t": "failed"})
