@@ -1,0 +1,90 @@
+"""An outsider on a real local cluster: a namespace on the job's bridge that is not one of its hosts.
+
+It knows the job name, the host names, the hyperparameters and the toolkit's code
+(tests/fixtures/scripts/outsider.py).  Every attempt must fail, the job must still
+succeed, and nothing may be left running.  See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import sys
+import time
+
+import pytest
+
+from multihost import FIXTURES, hps, needs_mpi, needs_root_cluster, ours_running, rank_files, run, source_dir
+from training_toolkit.cluster.ssh import MOUNTED_FILES, generate_keypair
+from training_toolkit.local.launcher import LocalJob, run_local
+
+pytestmark = [pytest.mark.root, pytest.mark.mpi, needs_root_cluster(), needs_mpi()]
+
+HOSTS = ("algo-1", "algo-2", "algo-3")
+JOB_NAME = "tensorflow-training-2026-11-22-10-00-00-000"
+FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}
+
+
+@pytest.mark.parametrize("platform_secret", [False, True], ids=["no-secret", "platform-secret"])
+def test_an_outsider_gets_nowhere_and_the_job_still_succeeds(tmp_path, platform_secret):
+    src = source_dir(tmp_path, "wait_for_file.py")
+    results_file = tmp_path / "outsider.json"
+    job = LocalJob(hosts=HOSTS, hyperparameters=hps("wait_for_file.py", src, sagemaker_mpi_enabled=True,
+                                                    sagemaker_mpi_num_of_processes_per_host=1,
+                                                    sagemaker_job_name=JOB_NAME, until=str(results_file)),
+                   env=FAST, platform_secret=platform_secret, outsiders=("stranger",))
+    outsider = {}
+
+    def start_outsider(cluster):
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        outsider["proc"] = cluster.popen("stranger", [sys.executable, str(FIXTURES / "outsider.py"), str(results_file),
+                                                      JOB_NAME, "algo-1", "algo-2", *HOSTS], env=env)
+        outsider["address"] = cluster.host("stranger").address
+
+    out = io.BytesIO()
+    started = time.monotonic()
+    try:
+        results = run_local(job, tmp_path / "cluster", timeout_s=120, out=out, before_start=start_outsider)
+    finally:
+        if "proc" in outsider:
+            outsider["proc"].kill()
+            outsider["proc"].wait()
+    log = out.getvalue().decode(errors="replace")
+    assert [r.exit_code for r in results] == [0, 0, 0], (log[-3000:], [r.failure for r in results])
+    assert all(info["waited"] for info in rank_files(results).values()), "the job ended before the outsider was done"
+    assert time.monotonic() - started < 90
+    tried = json.loads(results_file.read_text())
+    assert tried["control port up"] and tried["sshd up"]
+    assert tried["claim a worker's seat"].startswith("refused"), tried
+    for attempt in ("garbage", "truncated", "oversized", "nested", "forged verdict"):
+        assert tried[attempt].startswith("closed"), (attempt, tried[attempt])
+    assert tried["flood"]["opened"] >= 900, tried["flood"]
+    assert tried["ssh with the old derived key"].startswith("refused"), tried
+    assert tried["ssh with a key of its own"].startswith("refused"), tried
+    master_lines = [line for line in log.splitlines() if line.startswith("[algo-1]")]
+    refusals = [line for line in master_lines if f"refused a connection from {outsider['address']}" in line]
+    assert refusals, log[-3000:]
+    assert len(refusals) <= 10, refusals  # one line per kind of refusal, not one per connection
+    assert any(f"more connection(s) from {outsider['address']}" in line for line in master_lines)
+    assert "Traceback" not in log
+    assert not ours_running()
+
+
+def test_mounted_keys_at_0644_without_a_secret(tmp_path):
+    """A Kubernetes-style secret volume of keys: world-readable files, used as they are."""
+    client, host = generate_keypair("client"), generate_keypair("host")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name, content in zip(MOUNTED_FILES, (client.private, client.public.encode(), host.private, host.public.encode())):
+        (keys / name).write_bytes(content)
+        (keys / name).chmod(0o644)
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    job = LocalJob(hosts=HOSTS[:2], hyperparameters=hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
+                                                        sagemaker_mpi_num_of_processes_per_host=1),
+                   env={**FAST, "TRAINING_TOOLKIT_SSH_KEYS": str(keys)}, platform_secret=False)
+    results = run(job, tmp_path)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    assert sorted(rank_files(results)) == [0, 1]
+    assert stat.S_IMODE((keys / "id_ed25519").stat().st_mode) == 0o644  # the mount is left alone
