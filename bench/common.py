@@ -60,7 +60,7 @@ def have_reference() -> bool:
 class LocalRun:
     """One job on a local cluster, timed: when it was called, when its hosts were up, how each ended."""
 
-    def __init__(self, job, workdir: Path, tags: list[str], timeout_s: float = 300):
+    def __init__(self, job, workdir: Path, tags: list[str], timeout_s: float = 300, before_start=None):
         import io
 
         from training_toolkit.local.launcher import run_local
@@ -71,6 +71,8 @@ class LocalRun:
         def hosts_up(cluster) -> None:
             up.append(time.monotonic())
             tags.append(cluster.tag)  # so the caller can check that nothing of it is left
+            if before_start is not None:
+                before_start(cluster)
 
         self.started = time.monotonic()
         self.results = run_local(job, workdir, timeout_s=timeout_s, out=self.out, before_start=hosts_up)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shlex
 import statistics
 import subprocess
@@ -62,15 +61,21 @@ comm.Barrier()  # the others wait for a rank that never comes
 # tears down the surviving ranks: (3) is measured once more under the bare mpirun with it at 0.
 FAST_KILL = ("--mca", "odls_base_sigkill_timeout", "0")
 
-# Run inside each prepared host: the job's ssh dir at the same path on every host (/run is a
-# per-host tmpfs), written by the toolkit's own code with keys derived from one secret.
+# Run inside each prepared host: the job's ssh files at the same path on every host (/run is a
+# per-host tmpfs), written by the toolkit's own code, with one pair of keys made for this run.
 SSH_DIR = "/run/bench-mpi-ssh"
 WRITE_SSH_DIR = """\
-import os, sys
+import json, sys
 from pathlib import Path
 from training_toolkit.cluster import ssh
-keys = ssh.derive_keys(bytes.fromhex(os.environ["BENCH_SECRET"]))
-ssh.write_ssh_dir(Path(sys.argv[1]), keys, sys.argv[2:], port=22)
+keys = json.load(open(sys.argv[1]))
+client = ssh.KeyPair(keys["client"][0].encode(), keys["client"][1])
+host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
+if sys.argv[3] == "client":
+    ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
+else:
+    ssh.write_server_side(Path(sys.argv[2]), host_key=host, client_public=client.public, allowed_from=sys.argv[4:],
+                          port=22, user="root")
 """
 WAIT_FOR_SSH = """\
 import sys
@@ -99,13 +104,23 @@ def ours(src: Path, entry: str, workdir: Path, expect_success: bool, tags: list[
 
 def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
     """Code, ssh dir and sshd in place on every host; the bare mpirun command to run in algo-1."""
-    env = {**base_env(), "BENCH_SECRET": secrets.token_hex(32)}
-    for host in cluster.hosts:
+    from training_toolkit.cluster.ssh import generate_keypair
+
+    client, host_key = generate_keypair("bench-client"), generate_keypair("bench-host")
+    keys_file = Path(tempfile.mkdtemp(prefix="bench-mpi-keys-")) / "keys.json"
+    keys_file.write_text(json.dumps({"client": [client.private.decode(), client.public],
+                                     "host": [host_key.private.decode(), host_key.public]}))
+    addresses = [host.address for host in cluster.hosts]
+    for index, host in enumerate(cluster.hosts):
         (host.opt_ml / "code").mkdir(parents=True, exist_ok=True)
         (host.opt_ml / "model").mkdir(parents=True, exist_ok=True)
         for script in ("allreduce.py", "kill.py"):
             (host.opt_ml / "code" / script).write_text((src / script).read_text())
-        cluster.run(host, [str(PYTHON), "-c", WRITE_SSH_DIR, SSH_DIR, *HOSTS], env=env, timeout=30, check=True)
+        side = ["client", *HOSTS[1:]] if index == 0 else ["server", *addresses]
+        cluster.run(host, [str(PYTHON), "-c", WRITE_SSH_DIR, str(keys_file), SSH_DIR, *side], env=base_env(),
+                    timeout=30, check=True)
+    keys_file.unlink()
+    keys_file.parent.rmdir()
     for host in cluster.hosts[1:]:
         cluster.popen(host, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{SSH_DIR}/sshd_config"],
                       env={"PATH": base_env()["PATH"]}, stdin=subprocess.DEVNULL,

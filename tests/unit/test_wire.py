@@ -70,7 +70,7 @@ def test_both_sides_derive_the_same_keys_and_a_secret_changes_them():
     assert a.keys(b.public, None, "t").auth != a.keys(b.public, None, "u").auth  # bound to the transcript
 
 
-@pytest.mark.parametrize("kx", [None, 1, "", "!!!", "AAAA", "A" * 200, "A" * 43 + "="])
+@pytest.mark.parametrize("kx", [None, 1, "", "!!!", "AAAA", "A" * 200, "zz" * 32, "00" * 32])
 def test_bad_peer_keys_are_frame_errors(kx):
     with pytest.raises(wire.FrameError):
         wire.KeyExchange().keys(kx, None, "t")

@@ -15,15 +15,13 @@ later message carries a sequence number and an HMAC under the session key.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
 import secrets
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 PROTOCOL = 2
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
@@ -100,8 +98,7 @@ def is_nonce(value: object) -> bool:
 # Keys ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SessionKeys:
+class SessionKeys(NamedTuple):
     auth: bytes  # signs the hello and the welcome
     session: bytes  # signs every later message
 
@@ -111,16 +108,15 @@ class KeyExchange:
 
     def __init__(self) -> None:
         self._private = X25519PrivateKey.generate()
-        raw = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        self.public = base64.b64encode(raw).decode()
+        raw = self._private.public_key().public_bytes_raw()
+        self.public = raw.hex()
 
     def keys(self, peer_public: object, secret: bytes | None, transcript: str) -> SessionKeys:
-        if not isinstance(peer_public, str) or len(peer_public) > 64:
+        if not isinstance(peer_public, str) or len(peer_public) != 64:
             raise FrameError("field 'kx' is not a key")
         try:
-            raw = base64.b64decode(peer_public, validate=True)
-            shared = self._private.exchange(X25519PublicKey.from_public_bytes(raw))
-        except ValueError:  # bad base64, wrong length, or a low-order point
+            shared = self._private.exchange(X25519PublicKey.from_public_bytes(bytes.fromhex(peer_public)))
+        except ValueError:  # not hex, or a low-order point
             raise FrameError("field 'kx' is not an X25519 public key") from None
         okm = _hkdf(shared, _KDF_LABEL + b"|" + (secret or b""), transcript.encode(), 64)
         return SessionKeys(auth=okm[:32], session=okm[32:])
