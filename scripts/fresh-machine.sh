@@ -38,7 +38,7 @@ NAME=tt-fresh-$$
 
 log() { echo "fresh-machine: $*"; }
 die() { echo "fresh-machine: error: $*" >&2; exit 1; }
-usage() { sed -n '/^#   scripts/p' "$0" | sed 's/^#  //' >&2; exit 2; }
+usage() { { echo usage:; sed -n 's/^#   scripts/  scripts/p' "$0"; } >&2; exit 2; }
 
 cleanup() { podman rm -f -t 5 "$NAME" "$NAME-build" >/dev/null 2>&1 || true; }
 
