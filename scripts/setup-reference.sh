@@ -5,17 +5,20 @@
 #
 #   scripts/setup-reference.sh [VENV_DIR]      # default: <repo>/.venv-ref
 #
-# Idempotent: when VENV_DIR already holds the pinned version and its `train` imports,
-# it does nothing (well under a second). Prints the time it took.
+# Idempotent: when VENV_DIR already holds the pinned version, its `train` imports and it was
+# made from PYTHON, it does nothing (well under a second); a venv made from another python is
+# made anew. Prints the time it took.
 #
 # Environment:
-#   PYTHON               interpreter for the venv (default: python3.11, else python3)
+#   PYTHON               interpreter for the venv (default: Debian's /usr/bin/python3 when it
+#                        exists, as on a fresh machine, else python3.11, else python3)
 #   REFERENCE_VERSION    sagemaker-training version (default below: newest 5.1.x on PyPI)
 #
 # Notes:
 # - 5.1.4 is the newest 5.1.x. PyPI has only an sdist, so pip builds it: that needs a C
-#   compiler and Python headers, for its `gethostname` extension (an LD_PRELOAD shim
-#   `train` never loads itself). It builds and imports cleanly on Python 3.11, with
+#   compiler and Python headers (Debian: gcc and python3-dev, which scripts/setup.sh
+#   installs), for its `gethostname` extension (an LD_PRELOAD shim `train` never loads
+#   itself). It builds and imports cleanly on Python 3.11, with
 #   today's dependencies (protobuf 7, numpy 2, scipy, gevent, boto3), so no dependency
 #   pin is needed. A cold install takes about 15-25 s here.
 # - Dependencies float. If a future release of one breaks the reference, pin it in
@@ -33,11 +36,16 @@ version=${REFERENCE_VERSION:-5.1.4}
 REFERENCE_PINS=()
 
 if [[ -z "${PYTHON:-}" ]]; then
-    if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; else PYTHON=python3; fi
+    if [[ -x /usr/bin/python3 ]]; then PYTHON=/usr/bin/python3
+    elif command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11
+    else PYTHON=python3; fi
 fi
+base_prefix() { "$1" -c 'import sys; print(sys.base_prefix)' 2>/dev/null; }
+want=$(base_prefix "$PYTHON") || { echo "setup-reference: PYTHON=$PYTHON does not run" >&2; exit 1; }
 
 installed_ok() {
     [[ -x "$venv/bin/train" && -x "$venv/bin/python" ]] || return 1
+    [[ $(base_prefix "$venv/bin/python") == "$want" ]] || return 1
     "$venv/bin/python" - "$version" <<'EOF' >/dev/null 2>&1
 import sys
 from importlib.metadata import version
@@ -51,14 +59,17 @@ if installed_ok; then
     exit 0
 fi
 
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c '' >/dev/null 2>&1; then
+if [[ ! -x "$venv/bin/python" ]] || [[ $(base_prefix "$venv/bin/python") != "$want" ]]; then
+    [[ ! -e "$venv" ]] || echo "setup-reference: making $venv anew from $PYTHON"
     rm -rf "$venv"
     "$PYTHON" -m venv "$venv"
 fi
 
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     "sagemaker-training==$version" "${REFERENCE_PINS[@]}" 2>&1 \
-    | grep -v "^WARNING: Location 'file://" || true
+    | sed "/^WARNING: Location 'file:[^']*' is ignored: it is neither a file nor a directory\.\$/d"
+# (pip warns so, once per package, where its configuration names local index locations that do
+# not exist; with pipefail a failed install stops here, with pip's own message)
 
 if ! installed_ok; then
     echo "setup-reference: sagemaker-training $version is not usable in $venv" >&2
