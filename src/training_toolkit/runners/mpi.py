@@ -23,23 +23,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit import procfs
+from training_toolkit import names, procfs
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import ssh
 from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.mpi_command import (
-    OPENMPI4,
-    OPENMPI5,
-    MpiJob,
-    forwardable,
-    mpirun_command,
-    parse_custom_options,
-)
+from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
 
-DEFAULT_SSH_PORT = 22
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
 # mpirun's own reports.  Open MPI 5 (prterun) wraps them at about 76 columns, anywhere between
@@ -73,7 +66,7 @@ class MpiAgent(HostAgent):
         self.sshd: ssh.Sshd | None = None
         self.rank_tag = hashlib.sha256(b"training-toolkit ranks\0" + self.secret.value).hexdigest()[:16]
         self._stopping = False
-        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(DEFAULT_SSH_PORT))
+        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(names.SSH_PORT))
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
         self.ssh_port = int(port)
@@ -94,7 +87,7 @@ class MpiAgent(HostAgent):
         if not self.is_master:
             return []
         assert self.layout is not None
-        env = {**self.ctx.script_env, **data_parallel_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
+        env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
         command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ), env)
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
 
@@ -138,8 +131,8 @@ def describe(ctx: RunContext) -> dict:
     """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
     from training_toolkit.cluster.secret import job_secret
 
-    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), DEFAULT_SSH_PORT)
-    env = {**ctx.script_env, **data_parallel_env(ctx)}
+    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), names.SSH_PORT)
+    env = {**ctx.script_env, **smddp_env(ctx)}
     return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.environ), env)}
 
 
@@ -173,18 +166,18 @@ def has_mpi4py(python: str) -> bool:
         return False
 
 
-def data_parallel_env(ctx: RunContext) -> dict[str, str]:
-    """What the data-parallel library's launcher sets for its ranks (reference: smdataparallel)."""
-    if not ctx.plan.options.get("data_parallel"):
+def smddp_env(ctx: RunContext) -> dict[str, str]:
+    """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
+    if not ctx.plan.options.get("smddp"):
         return {}
-    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.hosts[0],
-            "MASTER_PORT": ctx.environ.get("MASTER_PORT", "29500")}
+    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
+            "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
 def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None) -> tuple[str, ...]:
     """What each rank runs: our wrapper, then the user's command (through mpi4py for Python).
 
-    With the vendor's ``smddprun`` installed, data-parallel ranks go through it, as the reference does.
+    With the vendor's ``smddprun`` installed, the data parallel library's ranks go through it, as the reference does.
     """
     argv = list(ctx.argv)
     is_python = len(argv) >= 2 and argv[0] == ctx.python
@@ -203,8 +196,7 @@ def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict
         processes_per_host=options["processes_per_host"],
         num_processes=options["num_processes"],
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, has_mpi4py(ctx.python),
-                                  shutil.which("smddprun") if options.get("data_parallel") else None),
+        rank_command=rank_command(ctx, has_mpi4py(ctx.python), shutil.which("smddprun") if options.get("smddp") else None),
         forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
         custom_options=parse_custom_options(options["custom_mpi_options"], source),
