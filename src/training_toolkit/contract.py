@@ -14,9 +14,9 @@ from typing import Any
 
 from training_toolkit import names
 from training_toolkit.job import JobSpec
+from training_toolkit.settings import JOB_SECRET as SECRET_VAR
 
 # The toolkit's own secrets: never in the script's environment.
-SECRET_VAR = "TRAINING_TOOLKIT_JOB_SECRET"
 HIDDEN_VARIABLES = (SECRET_VAR,)
 
 

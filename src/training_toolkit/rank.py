@@ -38,14 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args:
         sys.stderr.write("usage: python -m training_toolkit.rank [--base-dir DIR] -- COMMAND...\n")
         return 64
-    from training_toolkit import contract, hardware, job
+    from training_toolkit import contract, hardware, job, settings
     from training_toolkit.errors import ToolkitError
     from training_toolkit.paths import Paths
 
     environ = dict(os.environ)
-    paths = Paths.from_environ(environ, base_dir)
     try:
-        spec = job.load_job(paths, environ, hardware.probe(environ))
+        config = settings.parse(environ, base_dir=base_dir)
+        paths = Paths.at(config.base_dir)
+        spec = job.load_job(paths, environ, hardware.probe(config.num_gpus))
     except ToolkitError as exc:
         sys.stderr.write(f"training-toolkit rank: {exc}\n")
         return exc.exit_code

@@ -13,6 +13,7 @@ from training_toolkit.job import build_job
 from training_toolkit.local.cli import DISTRIBUTIONS, build_parser, job_hyperparameters
 from training_toolkit.paths import Paths
 from training_toolkit.plan import make_plan
+from training_toolkit.settings import VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 RC = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
@@ -86,6 +87,8 @@ def test_the_docs_port_table_is_the_port_table():
     text = (REPO / "docs" / "multihost.md").read_text()
     rows = "\n".join(f"| {p.port} | {p.use} | {p.changed_by} |" for p in names.PORTS)
     assert "| port | for | changed by |\n| --- | --- | --- |\n" + rows + "\n" in text
+    settings_ports = {var.name: var.default for var in VARIABLES if var.name.endswith("_PORT")}
+    assert settings_ports == {p.changed_by.strip("`"): p.port for p in names.PORTS if "TRAINING_TOOLKIT_" in p.changed_by}
 
 
 def test_the_docs_list_the_reserved_hyperparameters():

@@ -26,7 +26,7 @@ from pathlib import Path
 from training_toolkit import names, procfs
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import ssh
-from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
@@ -66,17 +66,14 @@ class MpiAgent(HostAgent):
         self.sshd: ssh.Sshd | None = None
         self.rank_tag = hashlib.sha256(b"training-toolkit ranks\0" + self.secret.value).hexdigest()[:16]
         self._stopping = False
-        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(names.SSH_PORT))
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
-        self.ssh_port = int(port)
+        self.ssh_port = ctx.settings.ssh_port
 
     def prepare(self) -> None:
-        keys_dir = self.ctx.environ.get("TRAINING_TOOLKIT_SSH_KEYS")
+        keys_dir = self.ctx.settings.ssh_keys
         keys = ssh.load_keys(Path(keys_dir)) if keys_dir else ssh.derive_keys(self.secret.value)
         self.layout = ssh.write_ssh_dir(ssh_dir(self.secret.value), keys, self.ctx.plan.hosts, port=self.ssh_port)
         if not self.is_master:
-            self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.environ.get("TRAINING_TOOLKIT_SSHD") or None)
+            self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
             self.sshd.start()
 
     def after_barrier(self) -> None:
@@ -88,7 +85,7 @@ class MpiAgent(HostAgent):
             return []
         assert self.layout is not None
         env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
-        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ), env)
+        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
 
     def signal_job(self, signum: int) -> None:
@@ -131,9 +128,9 @@ def describe(ctx: RunContext) -> dict:
     """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
     from training_toolkit.cluster.secret import job_secret
 
-    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), names.SSH_PORT)
+    layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), ctx.settings.ssh_port)
     env = {**ctx.script_env, **smddp_env(ctx)}
-    return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.environ), env)}
+    return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.settings.mpi_flavor, ctx.environ), env)}
 
 
 def ssh_dir(secret: bytes) -> Path:
@@ -143,10 +140,10 @@ def ssh_dir(secret: bytes) -> Path:
     return base / f"training-toolkit-{tag}" / "ssh"
 
 
-def mpi_flavor(environ) -> str:
-    forced = environ.get("TRAINING_TOOLKIT_MPI_FLAVOR")
-    if forced:
-        return forced
+def mpi_flavor(configured: str | None, environ) -> str:
+    """The setting's flavour, else what ``mpirun --version`` says."""
+    if configured:
+        return configured
     try:
         out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20, env=dict(environ))
     except FileNotFoundError:
