@@ -231,7 +231,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         print(f"  {key}: {value}")
     print(f"command:      {shlex.join(argv)}")
     for key, value in details.items():
-        shown = shlex.join(value) if key == "mpirun" else json.dumps(value)
+        shown = shlex.join(value) if key == "mpirun" else value if isinstance(value, str) else json.dumps(value)
         print(f"{key}: {shown}")
     print("environment (set or changed by the toolkit; secrets redacted):")
     for key, value in doc["environment"].items():

@@ -307,3 +307,27 @@ def test_an_unknown_setting_is_warned_about(job_dir):
     result = run_train(job_dir, env=clean_env(TRAINING_TOOLKIT_MPI_FLAVOUR="openmpi5"))
     assert result.returncode == 0 and "ran" in result.stdout
     assert "warning: TRAINING_TOOLKIT_MPI_FLAVOUR is no setting of the toolkit; ignored" in result.stderr
+
+
+def test_plan_runs_no_mpirun_and_shows_the_flavour(job_dir, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = tmp_path / "mpirun-ran"
+    (fake / "mpirun").write_text(f"#!/bin/sh\ntouch {marker}\necho 'mpirun (Open MPI) 5.0.0'\n")
+    (fake / "mpirun").chmod(0o755)
+    write_job(job_dir, hyperparameters={"sagemaker_mpi_enabled": "true"}, script="print(1)\n",
+              resourceconfig={"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]})
+
+    def plan(**env):
+        out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
+                             text=True, env=clean_env(PATH=f"{fake}:{clean_env()['PATH']}", **env), timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    doc = plan()
+    assert doc["mpi_flavor"] == "detected at run time (mpirun --version); the mpirun line shown is openmpi4's"
+    assert "--tag-output" in doc["mpirun"]
+    doc = plan(TRAINING_TOOLKIT_MPI_FLAVOR="openmpi5")
+    assert doc["mpi_flavor"] == "openmpi5"
+    assert doc["mpirun"][doc["mpirun"].index("--output") + 1] == "tag"
+    assert not marker.exists(), "plan ran mpirun"

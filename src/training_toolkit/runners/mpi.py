@@ -125,12 +125,18 @@ class MpiAgent(HostAgent):
 
 
 def describe(ctx: RunContext) -> dict:
-    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
+    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing, runs nothing.
+
+    Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
+    """
     from training_toolkit.cluster.secret import job_secret
 
     layout = ssh.SshLayout(ssh_dir(job_secret(ctx.job, ctx.environ).value), ctx.settings.ssh_port)
     env = {**ctx.script_env, **smddp_env(ctx)}
-    return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.settings.mpi_flavor, ctx.environ), env)}
+    flavor = ctx.settings.mpi_flavor
+    shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
+    with_mpi4py = has_mpi4py(ctx.python, ask=False)
+    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, env, with_mpi4py)}
 
 
 def ssh_dir(secret: bytes) -> Path:
@@ -141,7 +147,7 @@ def ssh_dir(secret: bytes) -> Path:
 
 
 def mpi_flavor(configured: str | None, environ) -> str:
-    """The setting's flavour, else what ``mpirun --version`` says."""
+    """The setting's flavour, else what ``mpirun --version`` says (at run time only, never in ``plan``)."""
     if configured:
         return configured
     try:
@@ -154,9 +160,12 @@ def mpi_flavor(configured: str | None, environ) -> str:
     return OPENMPI5 if match and int(match.group(1)) >= 5 else OPENMPI4
 
 
-def has_mpi4py(python: str) -> bool:
+def has_mpi4py(python: str, ask: bool = True) -> bool:
+    """Whether ``python`` has mpi4py: ours looks, another is asked (``ask=False``, as in plan: assumed)."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return importlib.util.find_spec("mpi4py") is not None
+    if not ask:
+        return True
     try:
         return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -185,15 +194,18 @@ def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None
     return (sys.executable, "-m", "training_toolkit.rank", "--base-dir", str(ctx.job.paths.base), "--", *argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str]) -> list[str]:
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str],
+                  with_mpi4py: bool | None = None) -> list[str]:
     options = ctx.plan.options
+    if with_mpi4py is None:
+        with_mpi4py = has_mpi4py(ctx.python)
     source = str(ctx.job.paths.hyperparameters_file)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options["processes_per_host"],
         num_processes=options["num_processes"],
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, has_mpi4py(ctx.python), shutil.which("smddprun") if options.get("smddp") else None),
+        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.get("smddp") else None),
         forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
         custom_options=parse_custom_options(options["custom_mpi_options"], source),
