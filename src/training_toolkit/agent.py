@@ -81,7 +81,7 @@ class HostAgent:
         self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
         self.membership: Membership | None = None  # this host's seat, from run() on
         self.events: SimpleQueue = SimpleQueue()
-        self.settings = ChannelSettings.from_environ(ctx.environ)
+        self.settings = ChannelSettings.from_settings(ctx.settings)
         self.locals: list[Local] = []
         self._setup_phase = True
         self._stop_signal: int | None = None  # a stopping signal this host received: the job did not complete
@@ -290,7 +290,7 @@ def named(host: str, error: Exception) -> str:
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
-def fail_job(job, plan, environ, error: ToolkitError) -> None:
+def fail_job(job, plan, environ, config, error: ToolkitError) -> None:
     """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
 
     Without it they would wait for this host until the join deadline and then
@@ -298,7 +298,7 @@ def fail_job(job, plan, environ, error: ToolkitError) -> None:
     """
     host = plan.current_host
     events: SimpleQueue = SimpleQueue()
-    settings = ChannelSettings.from_environ(environ)
+    settings = ChannelSettings.from_settings(config)
     membership = Membership(job_secret(job, environ), plan.hosts, host, settings, events)
     try:
         membership.open()

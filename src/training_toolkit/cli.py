@@ -1,7 +1,8 @@
 """Command line: ``train`` (what the platform calls) and ``training-toolkit run|plan|local``.
 
-Every flag can also come from an environment variable, so a platform that can
-only set variables can still configure the toolkit.
+Every setting is an environment variable (``settings.py``: one table, parsed
+once at the start), so a platform that can only set variables can still
+configure the toolkit; the few flags win over their variables.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from training_toolkit import errors
+from training_toolkit import errors, settings
 from training_toolkit.paths import Paths
-
-DEFAULT_GRACE_S = 120.0
+from training_toolkit.settings import Settings
 
 
 def _log(message: str) -> None:
@@ -21,21 +21,28 @@ def _log(message: str) -> None:
     sys.stderr.flush()
 
 
-def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise errors.ConfigError(f"environment variable {name}", None, f"expected seconds, got {raw!r}") from None
+def _flag_type(field: str):
+    """argparse's ``type=`` for a flag that stands for a setting: the setting's own parser."""
+    import argparse
+
+    var = settings.variable(field)
+
+    def convert(raw: str):
+        try:
+            return var.parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, got {raw!r}") from None
+
+    return convert
 
 
 def _add_job_flags(parser) -> None:
-    parser.add_argument(
-        "--base-dir",
-        help="the job directory (default: $SAGEMAKER_BASE_DIR or /opt/ml)",
-    )
+    parser.add_argument("--base-dir", type=_flag_type("base_dir"), help=settings.help_text("base_dir"))
+
+
+def _add_grace_flag(parser) -> None:
+    parser.add_argument("--grace-period", type=_flag_type("grace_s"), metavar="SECONDS",
+                        help=settings.help_text("grace_s"))
 
 
 def build_parser():
@@ -44,15 +51,14 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="training-toolkit",
         description="Run a SageMaker-style training job from /opt/ml on this host.",
+        epilog=settings.environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="run the job (what `train` does)", description="Run the job described under the base dir.")
+    run = sub.add_parser("run", help="run the job (what `train` does)", description="Run the job described under the base dir.",
+                         epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(run)
-    run.add_argument(
-        "--grace-period",
-        type=float,
-        help="seconds between forwarding SIGTERM and killing the script (default: $TRAINING_TOOLKIT_GRACE_PERIOD or 120)",
-    )
+    _add_grace_flag(run)
     plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
     _add_job_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
@@ -89,9 +95,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return run(None, None, dict(os.environ))
     import argparse
 
-    parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).")
+    parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).",
+                                     epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(parser)
-    parser.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL of the script (default 120)")
+    _add_grace_flag(parser)
     # SageMaker calls `train` with no arguments; a stray positional (the platform's
     # own "train") is accepted and ignored.
     parser.add_argument("mode", nargs="?", help=argparse.SUPPRESS)
@@ -102,10 +109,13 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) -> int:
     from training_toolkit import report
 
-    paths = Paths.from_environ(environ, base_dir)
+    # The job directory first: a bad setting is a verdict too, and the verdict goes there.
+    paths = Paths.at(settings.value_of("base_dir", environ, base_dir))
     report.clear_verdict(paths)
     try:
-        outcome = _run(paths, grace_s, environ)
+        config = settings.parse(environ, base_dir=base_dir, grace_s=grace_s)
+        _warn_unknown(environ)
+        outcome = _run(paths, config, environ)
     except errors.ToolkitError as exc:
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
@@ -121,21 +131,25 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) ->
     return outcome.exit_code
 
 
-def _resolve(paths: Paths, environ: Mapping[str, str]):
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    for name in settings.unknown_variables(environ):
+        _log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
+
+
+def _resolve(paths: Paths, config: Settings, environ: Mapping[str, str]):
     from training_toolkit import hardware, job, plan
 
-    spec = job.load_job(paths, environ, hardware.probe(environ))
+    spec = job.load_job(paths, environ, hardware.probe(config.num_gpus))
     return spec, plan.make_plan(spec)
 
 
-def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
+def _run(paths: Paths, config: Settings, environ: dict[str, str]):
     from training_toolkit import code, contract
     from training_toolkit.process import become_subreaper
     from training_toolkit.runners.base import RunContext
 
-    grace = grace_s if grace_s is not None else _float_env(environ, "TRAINING_TOOLKIT_GRACE_PERIOD", DEFAULT_GRACE_S)
-    spec, launch = _resolve(paths, environ)
-    python = code.python_for(environ)
+    spec, launch = _resolve(paths, config, environ)
+    python = code.python_for(config.python)
     try:
         code_dir, command = code.prepare(spec, environ, python)
     except errors.CodeError as exc:
@@ -144,19 +158,19 @@ def _run(paths: Paths, grace_s: float | None, environ: dict[str, str]):
         from training_toolkit.agent import fail_job
 
         named = errors.CodeError(f"{launch.current_host}: {exc}")
-        fail_job(spec, launch, environ, named)
+        fail_job(spec, launch, environ, config, named)
         raise named from None
     argv = (*command.argv, *contract.user_args(spec.hyperparameters))
     become_subreaper()
     ctx = RunContext(
         job=spec,
         plan=launch,
+        settings=config,
         environ=environ,
         script_env=contract.script_environment(spec, environ),
         argv=argv,
         code_dir=code_dir,
         python=python,
-        grace_s=grace,
     )
     return _runner(launch.runner).run(ctx)
 
@@ -174,10 +188,12 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     from training_toolkit import code, contract
     from training_toolkit.redact import redact
 
-    paths = Paths.from_environ(environ, base_dir)
     try:
-        spec, launch = _resolve(paths, environ)
-        python = code.python_for(environ)
+        config = settings.parse(environ, base_dir=base_dir)
+        _warn_unknown(environ)
+        paths = Paths.at(config.base_dir)
+        spec, launch = _resolve(paths, config, environ)
+        python = code.python_for(config.python)
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)
     except errors.ToolkitError as exc:
@@ -186,8 +202,8 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     argv = [*entry, *contract.user_args(spec.hyperparameters)]
     from training_toolkit.runners.base import RunContext
 
-    ctx = RunContext(job=spec, plan=launch, environ=environ, script_env=script_env, argv=tuple(argv),
-                     code_dir=spec.paths.code_dir, python=python, grace_s=DEFAULT_GRACE_S)
+    ctx = RunContext(job=spec, plan=launch, settings=config, environ=environ, script_env=script_env, argv=tuple(argv),
+                     code_dir=spec.paths.code_dir, python=python)
     try:
         details = _runner(launch.runner).describe(ctx)
     except errors.ToolkitError as exc:
@@ -215,7 +231,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         print(f"  {key}: {value}")
     print(f"command:      {shlex.join(argv)}")
     for key, value in details.items():
-        shown = shlex.join(value) if key == "mpirun" else json.dumps(value)
+        shown = shlex.join(value) if key == "mpirun" else value if isinstance(value, str) else json.dumps(value)
         print(f"{key}: {shown}")
     print("environment (set or changed by the toolkit; secrets redacted):")
     for key, value in doc["environment"].items():

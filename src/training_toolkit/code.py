@@ -162,9 +162,9 @@ def prepare(job: JobSpec, environ: Mapping[str, str], python: str = sys.executab
     return code_dir, command
 
 
-def python_for(environ: Mapping[str, str]) -> str:
-    """The interpreter for the user's script: ours unless TRAINING_TOOLKIT_PYTHON says otherwise."""
-    return environ.get("TRAINING_TOOLKIT_PYTHON") or sys.executable or shutil.which("python3") or "python3"
+def python_for(configured: str | None) -> str:
+    """The interpreter for the user's script: ours unless the setting (``Settings.python``) names another."""
+    return configured or sys.executable or shutil.which("python3") or "python3"
 
 
 __all__ = ["EntryCommand", "entry_command", "extract_tarball", "fetch", "install", "prepare", "python_for"]

@@ -12,23 +12,12 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from training_toolkit import names
 from training_toolkit.job import JobSpec
+from training_toolkit.settings import JOB_SECRET as SECRET_VAR
 
 # The toolkit's own secrets: never in the script's environment.
-SECRET_VAR = "TRAINING_TOOLKIT_JOB_SECRET"
 HIDDEN_VARIABLES = (SECRET_VAR,)
-
-# Framework parameters that put a host into a distribution group when the job
-# names no groups itself (reference: get_distribution_instance_groups_from_resource_config).
-DISTRIBUTION_SWITCHES = (
-    "sagemaker_mpi_enabled",
-    "sagemaker_parameter_server_enabled",
-    "sagemaker_distributed_dataparallel_enabled",
-    "sagemaker_pytorch_ddp_enabled",
-    "sagemaker_pytorch_xla_multi_worker_enabled",
-    "sagemaker_multi_worker_mirrored_strategy_enabled",
-    "sagemaker_torch_distributed_enabled",
-)
 
 
 def to_arg(value: Any) -> str:
@@ -70,19 +59,35 @@ def module_name(entry_point: str | None) -> str | None:
 
 
 def distribution_instance_groups(job: JobSpec) -> list[str]:
-    named = job.framework_params.get("sagemaker_distribution_instance_groups")
+    """The groups named by the job, else the current group when any distribution is switched on."""
+    named = job.framework_params.get(names.DISTRIBUTION_INSTANCE_GROUPS)
     if named is not None:
         return list(named)
-    if any(job.framework_params.get(key, False) for key in DISTRIBUTION_SWITCHES):
+    if any(job.framework_params.get(key, False) for key in names.SWITCHES):
         return [job.resource.current_group_name]
     return []
 
 
 def distribution_hosts(job: JobSpec) -> list[str]:
+    """``SM_TRAINING_ENV``'s distribution_hosts: every host, or the distribution groups' (maybe none)."""
     if not job.resource.instance_groups:
         return list(job.resource.hosts)
     groups = distribution_instance_groups(job)
     return [h for g in job.resource.instance_groups if g.name in groups for h in g.hosts]
+
+
+def participating_hosts(job: JobSpec) -> tuple[str, ...]:
+    """The hosts that take part in a distribution, in rank order: the distribution hosts, else every host."""
+    return tuple(distribution_hosts(job)) or job.resource.hosts
+
+
+def master_host(job: JobSpec) -> str:
+    """The job's master, defined here only: the first participating host.
+
+    It is ``SM_MASTER_HOSTNAME``, the runners' first host (``LaunchPlan.master``: the control
+    channel's server, mpirun's host, the chief) and ``MASTER_ADDR`` for ranks.
+    """
+    return participating_hosts(job)[0]
 
 
 def training_env(job: JobSpec, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -91,7 +96,7 @@ def training_env(job: JobSpec, environ: Mapping[str, str]) -> dict[str, Any]:
     paths = job.paths
     groups_raw = list(res.raw.get("instance_groups", []))
     dist_hosts = distribution_hosts(job)
-    master = dist_hosts[0] if dist_hosts else res.hosts[0]
+    master = master_host(job)
     mp_parameters = environ.get("SM_HP_MP_PARAMETERS")
     return {
         "additional_framework_parameters": dict(job.framework_params),
@@ -199,7 +204,7 @@ def script_environment(
     host, region) are set the same way; ``PYTHONPATH`` starts with the code dir.
     """
     env = {k: v for k, v in environ.items() if k not in HIDDEN_VARIABLES}
-    env["SAGEMAKER_JOB_NAME"] = str(job.reserved.get("sagemaker_job_name", "") or "")
+    env["SAGEMAKER_JOB_NAME"] = str(job.reserved.get(names.JOB_NAME, "") or "")
     env["CURRENT_HOST"] = job.resource.current_host
     env["SAGEMAKER_REGION"] = job.region or ""
     if job.job_name and not env.get("TRAINING_JOB_NAME"):

@@ -11,7 +11,7 @@ EXIT_USAGE = 64  # bad command line
 EXIT_CODE_ERROR = 66  # the user's code could not be fetched or installed
 EXIT_CLUSTER_ERROR = 69  # other hosts never joined, ssh unreachable, the job failed elsewhere
 EXIT_INTERNAL = 70  # a bug in the toolkit
-EXIT_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
+EXIT_CONFIG = 78  # malformed or inconsistent /opt/ml configuration, or a bad setting
 
 
 class ToolkitError(Exception):
@@ -21,7 +21,7 @@ class ToolkitError(Exception):
 
 
 class ConfigError(ToolkitError):
-    """A configuration file is missing, malformed, or inconsistent."""
+    """A configuration file is missing, malformed, or inconsistent; or a setting's value is bad."""
 
     exit_code = EXIT_CONFIG
 

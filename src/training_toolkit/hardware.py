@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
 from typing import NamedTuple
 from pathlib import Path
 
@@ -21,10 +20,9 @@ class Hardware(NamedTuple):
     num_neurons: int
 
 
-def probe(environ: Mapping[str, str], root: Path = Path("/")) -> Hardware:
-    """Count devices.  ``TRAINING_TOOLKIT_NUM_GPUS`` overrides the GPU count (for tests and odd drivers)."""
-    gpus_override = environ.get("TRAINING_TOOLKIT_NUM_GPUS")
-    gpus = int(gpus_override) if gpus_override and gpus_override.isdigit() else _count_gpus(root)
+def probe(num_gpus: int | None = None, root: Path = Path("/")) -> Hardware:
+    """Count devices.  ``num_gpus`` (``Settings.num_gpus``) replaces the GPU count (for tests and odd drivers)."""
+    gpus = num_gpus if num_gpus is not None else _count_gpus(root)
     return Hardware(num_cpus=os.cpu_count() or 1, num_gpus=gpus, num_neurons=_count_neurons(root))
 
 

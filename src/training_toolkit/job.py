@@ -15,24 +15,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from training_toolkit import names
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
+from training_toolkit.names import FRAMEWORK_PREFIX, RESERVED_HYPERPARAMETERS
 from training_toolkit.paths import Paths
 
-# Hyperparameters the platform reserves for itself: never user arguments, never
-# framework parameters (reference: sagemaker_training.params).
-RESERVED_HYPERPARAMETERS = (
-    "sagemaker_program",
-    "sagemaker_submit_directory",
-    "sagemaker_region",
-    "sagemaker_job_name",
-    "sagemaker_container_log_level",
-    "sagemaker_enable_cloudwatch_metrics",
-    "sagemaker_s3_output",
-    "_tuning_objective_metric",
-    "default_user_module_name",
-)
-FRAMEWORK_PREFIX = "sagemaker_"
 DEFAULT_INTERFACE = "eth0"
 HOMOGENEOUS_GROUP = "homogeneousCluster"
 DEFAULT_INSTANCE_TYPE = "local"
@@ -62,14 +50,6 @@ class ResourceConfig(NamedTuple):
         return self.hosts.index(self.current_host)
 
     @property
-    def master_host(self) -> str:
-        return self.hosts[0]
-
-    @property
-    def is_master(self) -> bool:
-        return self.current_host == self.hosts[0]
-
-    @property
     def current_group_hosts(self) -> tuple[str, ...]:
         for group in self.instance_groups:
             if group.name == self.current_group_name:
@@ -91,11 +71,6 @@ class JobSpec(NamedTuple):
     job_name: str | None
     region: str | None
     log_level: int
-
-    @property
-    def distribution_instance_groups(self) -> tuple[str, ...]:
-        groups = self.framework_params.get("sagemaker_distribution_instance_groups") or ()
-        return tuple(groups)
 
     @property
     def is_hetero(self) -> bool:
@@ -141,29 +116,25 @@ def build_job(
 
     # As the reference: the SAGEMAKER_PROGRAM variable wins over the hyperparameter,
     # the hyperparameter wins over SAGEMAKER_SUBMIT_DIRECTORY.
-    entry_point = environ.get("SAGEMAKER_PROGRAM") or _optional_str(reserved, "sagemaker_program", hp_source)
-    submit = _optional_str(reserved, "sagemaker_submit_directory", hp_source) or environ.get(
-        "SAGEMAKER_SUBMIT_DIRECTORY"
-    )
-    job_name = environ.get("TRAINING_JOB_NAME") or _optional_str(reserved, "sagemaker_job_name", hp_source)
+    entry_point = environ.get("SAGEMAKER_PROGRAM") or _optional_str(reserved, names.PROGRAM, hp_source)
+    submit = _optional_str(reserved, names.SUBMIT_DIRECTORY, hp_source) or environ.get("SAGEMAKER_SUBMIT_DIRECTORY")
+    job_name = environ.get("TRAINING_JOB_NAME") or _optional_str(reserved, names.JOB_NAME, hp_source)
     region = (
-        _optional_str(reserved, "sagemaker_region", hp_source)
+        _optional_str(reserved, names.REGION, hp_source)
         or environ.get("AWS_REGION")
         or environ.get("AWS_DEFAULT_REGION")
     )
-    log_level = reserved.get("sagemaker_container_log_level", DEFAULT_LOG_LEVEL)
+    log_level = reserved.get(names.LOG_LEVEL, DEFAULT_LOG_LEVEL)
     if isinstance(log_level, bool) or not isinstance(log_level, int):
-        raise ConfigError(hp_source, "sagemaker_container_log_level", f"expected an integer log level, got {log_level!r}")
-    groups = framework.get("sagemaker_distribution_instance_groups")
+        raise ConfigError(hp_source, names.LOG_LEVEL, f"expected an integer log level, got {log_level!r}")
+    groups = framework.get(names.DISTRIBUTION_INSTANCE_GROUPS)
     if groups is not None:
         if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise ConfigError(hp_source, "sagemaker_distribution_instance_groups", "expected a JSON list of group names")
+            raise ConfigError(hp_source, names.DISTRIBUTION_INSTANCE_GROUPS, "expected a JSON list of group names")
         known = {g.name for g in resource.instance_groups}
         unknown = [g for g in groups if g not in known]
         if unknown:
-            raise ConfigError(
-                hp_source, "sagemaker_distribution_instance_groups", f"unknown instance group(s) {unknown}"
-            )
+            raise ConfigError(hp_source, names.DISTRIBUTION_INSTANCE_GROUPS, f"unknown instance group(s) {unknown}")
     return JobSpec(
         paths=paths,
         resource=resource,

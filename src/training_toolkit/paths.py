@@ -11,17 +11,14 @@ import os
 from typing import NamedTuple
 from pathlib import Path
 
-DEFAULT_BASE_DIR = "/opt/ml"
-
 
 class Paths(NamedTuple):
     base: Path
 
     @classmethod
-    def from_environ(cls, environ: dict[str, str] | None, override: str | None = None) -> "Paths":
-        """``--base-dir`` wins over ``SAGEMAKER_BASE_DIR``, which wins over ``/opt/ml``."""
-        chosen = override or (environ or {}).get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR
-        return cls(Path(os.path.abspath(chosen)))
+    def at(cls, base_dir: str) -> "Paths":
+        """The layout under ``base_dir`` (``Settings.base_dir``), made absolute."""
+        return cls(Path(os.path.abspath(base_dir)))
 
     @property
     def input_dir(self) -> Path:

@@ -6,35 +6,27 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from training_toolkit import names
+from training_toolkit.contract import participating_hosts
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
-
-SINGLE = "single"
-MPI = "mpi"
-PARAMETER_SERVER = "parameter_server"
-MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
-DATA_PARALLEL = "dataparallel"
-
-# framework parameter -> runner; several switched on at once is an error
-SWITCHES = {
-    "sagemaker_mpi_enabled": MPI,
-    "sagemaker_parameter_server_enabled": PARAMETER_SERVER,
-    "sagemaker_multi_worker_mirrored_strategy_enabled": MULTI_WORKER_MIRRORED,
-    "sagemaker_distributed_dataparallel_enabled": MPI,  # the library's launcher is mpirun (+ smddprun)
-    "sagemaker_torch_distributed_enabled": DATA_PARALLEL,
-    "sagemaker_pytorch_ddp_enabled": DATA_PARALLEL,
-}
+from training_toolkit.names import MPI, MULTI_WORKER_MIRRORED, PARAMETER_SERVER, SINGLE, TORCH_DISTRIBUTED
 
 
 class LaunchPlan(NamedTuple):
     runner: str
-    hosts: tuple[str, ...]  # the hosts taking part, in rank order
+    hosts: tuple[str, ...]  # the hosts taking part, in rank order: contract.participating_hosts, or this host alone
     current_host: str
     options: Mapping[str, Any] = MappingProxyType({})
 
     @property
+    def master(self) -> str:
+        """The runner's first host: the job's master (contract.master_host) for every host that takes part."""
+        return self.hosts[0]
+
+    @property
     def is_master(self) -> bool:
-        return self.current_host == self.hosts[0]
+        return self.current_host == self.master
 
     @property
     def host_index(self) -> int:
@@ -64,13 +56,12 @@ def positive_int(value: Any, source: str, key: str) -> int:
 
 def make_plan(job: JobSpec) -> LaunchPlan:
     source = str(job.paths.hyperparameters_file)
-    chosen = sorted(
-        {runner for key, runner in SWITCHES.items() if flag(job.framework_params.get(key, False), source, key)}
-    )
+    chosen = sorted({d.runner for d in names.DISTRIBUTIONS
+                     if d.runner and flag(job.framework_params.get(d.switch, False), source, d.switch)})
     if len(chosen) > 1:
         raise ConfigError(source, None, f"more than one distribution is switched on: {', '.join(chosen)}")
     runner = chosen[0] if chosen else SINGLE
-    hosts = _participating_hosts(job)
+    hosts = participating_hosts(job)
     current = job.resource.current_host
     if runner == PARAMETER_SERVER and len(job.resource.hosts) == 1:
         runner = SINGLE  # as the reference: parameter servers only across hosts
@@ -85,9 +76,10 @@ def make_plan(job: JobSpec) -> LaunchPlan:
     elif runner == PARAMETER_SERVER:
         options = _ps_options(job, source, len(hosts))
     elif runner == MULTI_WORKER_MIRRORED:
-        options = {"port": _port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port", 8890, source)}
-    elif runner == DATA_PARALLEL:
-        options = _dp_options(job, source)
+        options = {"port": _port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port",
+                                 names.TF_MWMS_PORT, source)}
+    elif runner == TORCH_DISTRIBUTED:
+        options = _torch_options(job, source)
     return LaunchPlan(runner, hosts, current, options)
 
 
@@ -108,31 +100,27 @@ def _ps_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
         num_ps = positive_int(num_ps, source, "sagemaker_parameter_server_num_ps")
         if num_ps > host_count:
             raise ConfigError(source, "sagemaker_parameter_server_num_ps", f"{num_ps} parameter servers for {host_count} hosts")
-    worker_port = _port(params, "sagemaker_parameter_server_worker_port", 2222, source)
-    ps_port = _port(params, "sagemaker_parameter_server_port", 2223, source)
+    worker_port = _port(params, "sagemaker_parameter_server_worker_port", names.TF_WORKER_PORT, source)
+    ps_port = _port(params, "sagemaker_parameter_server_port", names.TF_PS_PORT, source)
     if worker_port == ps_port:
         raise ConfigError(source, "sagemaker_parameter_server_port", "must differ from the worker port")
     return {"naming": naming, "num_ps": num_ps, "worker_port": worker_port, "ps_port": ps_port}
 
 
-def _dp_options(job: JobSpec, source: str) -> dict[str, Any]:
+def _torch_options(job: JobSpec, source: str) -> dict[str, Any]:
     params = job.framework_params
-    key = "sagemaker_distributed_processes_per_host"
+    key = names.TORCH_PROCESSES_PER_HOST
     per_host = params.get(key)
     per_host = positive_int(per_host, source, key) if per_host is not None else max(1, job.hardware.num_gpus)
-    return {"processes_per_host": per_host, "master_port": _port(params, "sagemaker_distributed_master_port", 29500, source)}
-
-
-def _participating_hosts(job: JobSpec) -> tuple[str, ...]:
-    from training_toolkit.contract import distribution_hosts
-
-    return tuple(distribution_hosts(job)) or job.resource.hosts
+    return {"processes_per_host": per_host,
+            "master_port": _port(params, "sagemaker_distributed_master_port", names.TORCH_MASTER_PORT, source)}
 
 
 def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     params = job.framework_params
-    data_parallel = bool(params.get("sagemaker_distributed_dataparallel_enabled"))
-    per_host_key = "sagemaker_mpi_num_of_processes_per_host"
+    smddp_switch = names.distribution("smddp").switch
+    smddp = flag(params.get(smddp_switch, False), source, smddp_switch)
+    per_host_key = names.MPI_PROCESSES_PER_HOST
     per_host = params.get(per_host_key)
     per_host = positive_int(per_host, source, per_host_key) if per_host is not None else max(1, job.hardware.num_gpus)
     total_key = "sagemaker_mpi_num_processes"
@@ -141,9 +129,8 @@ def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     custom = params.get("sagemaker_mpi_custom_mpi_options", "")
     if not isinstance(custom, str):
         raise ConfigError(source, "sagemaker_mpi_custom_mpi_options", f"expected a string, got {custom!r}")
-    if data_parallel:
+    if smddp:
         custom = custom or params.get("sagemaker_distributed_dataparallel_custom_mpi_options", "")
         if not isinstance(custom, str):
             raise ConfigError(source, "sagemaker_distributed_dataparallel_custom_mpi_options", f"expected a string, got {custom!r}")
-    return {"processes_per_host": per_host, "num_processes": total, "custom_mpi_options": custom,
-            "data_parallel": data_parallel}
+    return {"processes_per_host": per_host, "num_processes": total, "custom_mpi_options": custom, "smddp": smddp}

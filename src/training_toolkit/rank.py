@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from training_toolkit.names import TORCH_MASTER_PORT
 
 
-def torch_style_variables(environ: dict[str, str], master: str) -> dict[str, str]:
+def torch_style_variables(environ: Mapping[str, str], master: str) -> dict[str, str]:
     """RANK, LOCAL_RANK, WORLD_SIZE... from Open MPI's own, for libraries that read torch's names."""
     mapping = {"RANK": "OMPI_COMM_WORLD_RANK", "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
                "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE", "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}
     out = {ours: environ[theirs] for ours, theirs in mapping.items() if theirs in environ and ours not in environ}
     if out:
         out.setdefault("MASTER_ADDR", environ.get("MASTER_ADDR", master))
-        out.setdefault("MASTER_PORT", environ.get("MASTER_PORT", "29500"))
+        out.setdefault("MASTER_PORT", environ.get("MASTER_PORT", str(TORCH_MASTER_PORT)))
     return out
 
 
@@ -36,18 +38,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args:
         sys.stderr.write("usage: python -m training_toolkit.rank [--base-dir DIR] -- COMMAND...\n")
         return 64
-    from training_toolkit import contract, hardware, job
+    from training_toolkit import contract, hardware, job, settings
     from training_toolkit.errors import ToolkitError
     from training_toolkit.paths import Paths
 
     environ = dict(os.environ)
-    paths = Paths.from_environ(environ, base_dir)
     try:
-        spec = job.load_job(paths, environ, hardware.probe(environ))
+        config = settings.parse(environ, base_dir=base_dir)
+        paths = Paths.at(config.base_dir)
+        spec = job.load_job(paths, environ, hardware.probe(config.num_gpus))
     except ToolkitError as exc:
         sys.stderr.write(f"training-toolkit rank: {exc}\n")
         return exc.exit_code
-    env = contract.script_environment(spec, environ, torch_style_variables(environ, spec.resource.hosts[0]))
+    env = contract.script_environment(spec, environ, torch_style_variables(environ, contract.master_host(spec)))
     try:
         os.chdir(paths.code_dir)
     except OSError:

@@ -281,3 +281,53 @@ def test_plan_shows_the_mpirun_line_without_the_secret(job_dir):
     assert mpirun[:5] == ["mpirun", "--host", "algo-1:1,algo-2:1", "-np", "2"]
     assert mpirun[-3:] == ["train.py", "--msg", "a b"]
     assert "x" * 32 not in out.stdout
+
+
+@pytest.mark.parametrize("name, raw, expected", [
+    ("TRAINING_TOOLKIT_MPI_FLAVOR", "openmpi3", "expected openmpi4 or openmpi5"),
+    ("TRAINING_TOOLKIT_NUM_GPUS", "two", "expected a whole number, 0 or more"),
+    ("TRAINING_TOOLKIT_GRACE_PERIOD", "soon", "expected a number of seconds, 0 or more"),
+])
+def test_a_bad_setting_ends_the_run_with_78_before_anything_starts(job_dir, tmp_path, name, raw, expected):
+    ran = tmp_path / "ran"
+    write_job(job_dir, hyperparameters={"sagemaker_mpi_enabled": "true"}, script=f"open({str(ran)!r}, 'w')\n")
+    line = f"environment variable {name}: {expected}, got {raw!r}"
+    result = run_train(job_dir, env=clean_env(**{name: raw}))
+    assert result.returncode == 78, result.stderr
+    assert result.stderr.strip().splitlines() == [f"training-toolkit: failed: {line}"]
+    assert (job_dir / "output" / "failure").read_text().splitlines()[0] == line
+    assert not ran.exists() and not (job_dir / "code").exists()
+    plan = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir)], capture_output=True, text=True,
+                          env=clean_env(**{name: raw}), timeout=30)
+    assert (plan.returncode, plan.stderr) == (78, f"training-toolkit: {line}\n")
+
+
+def test_an_unknown_setting_is_warned_about(job_dir):
+    write_job(job_dir, script="print('ran')\n")
+    result = run_train(job_dir, env=clean_env(TRAINING_TOOLKIT_MPI_FLAVOUR="openmpi5"))
+    assert result.returncode == 0 and "ran" in result.stdout
+    assert "warning: TRAINING_TOOLKIT_MPI_FLAVOUR is no setting of the toolkit; ignored" in result.stderr
+
+
+def test_plan_runs_no_mpirun_and_shows_the_flavour(job_dir, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = tmp_path / "mpirun-ran"
+    (fake / "mpirun").write_text(f"#!/bin/sh\ntouch {marker}\necho 'mpirun (Open MPI) 5.0.0'\n")
+    (fake / "mpirun").chmod(0o755)
+    write_job(job_dir, hyperparameters={"sagemaker_mpi_enabled": "true"}, script="print(1)\n",
+              resourceconfig={"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]})
+
+    def plan(**env):
+        out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
+                             text=True, env=clean_env(PATH=f"{fake}:{clean_env()['PATH']}", **env), timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    doc = plan()
+    assert doc["mpi_flavor"] == "detected at run time (mpirun --version); the mpirun line shown is openmpi4's"
+    assert "--tag-output" in doc["mpirun"]
+    doc = plan(TRAINING_TOOLKIT_MPI_FLAVOR="openmpi5")
+    assert doc["mpi_flavor"] == "openmpi5"
+    assert doc["mpirun"][doc["mpirun"].index("--output") + 1] == "tag"
+    assert not marker.exists(), "plan ran mpirun"

@@ -1,4 +1,4 @@
-"""Horovod (TensorFlow) under the MPI runner, and torch DDP under the data-parallel runner, across hosts."""
+"""Horovod (TensorFlow) and the data parallel library's API under the MPI runner, torch DDP under torch_distributed."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_torch_ddp_on_2_hosts_x_2(tmp_path):
     assert all(info["last_loss"] < info["first_loss"] for info in ranks.values())
 
 
-def test_a_failing_data_parallel_process_stops_every_host(tmp_path):
+def test_a_failing_torch_distributed_process_stops_every_host(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "dp.py").write_text(
@@ -83,7 +83,7 @@ def test_smddp_style_tensorflow_script_on_2_hosts_x_2_with_our_api(tmp_path):
     assert len({json.dumps(info["weights"]) for info in ranks.values()}) == 1
 
 
-def test_stopping_a_data_parallel_job_gives_every_process_its_grace(tmp_path):
+def test_stopping_a_torch_distributed_job_gives_every_process_its_grace(tmp_path):
     """SIGTERM to every host's train (a platform stop): each process saves, and the job is reported stopped."""
     import signal
     import threading

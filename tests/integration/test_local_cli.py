@@ -42,11 +42,27 @@ def test_a_failing_job_returns_its_code_and_names_the_cause(tmp_path):
     assert "algo-2: exit 7: algo-1: fail.py exited with code 7" in result.stderr
 
 
+def test_torch_distributed_gets_its_processes_per_host(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ranks.py").write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
+    result = subprocess.run(
+        toolkit_cmd() + ["local", "--hosts", "2", "--source", str(src), "--entry-point", "ranks.py",
+                         "--distribution", "torch_distributed", "--processes-per-host", "2", "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120, env=clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "rank " in line)
+    assert ranks == [f"rank {i} of 4" for i in range(4)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--hosts", "0", "--source", ".", "--entry-point", "x.py"], "--hosts must be at least 1"),
     (["--hosts", "2", "--source", "/nonexistent", "--entry-point", "x.py"], "x.py not found in /nonexistent"),
     (["--hosts", "2", "--source", str(REPO / "examples" / "mpi"), "--entry-point", "allreduce.py", "--hp", "novalue"],
      "--hp expects KEY=VALUE"),
+    (["--hosts", "2", "--source", str(REPO / "examples" / "mpi"), "--entry-point", "allreduce.py",
+      "--distribution", "parameter_server", "--processes-per-host", "2"],
+     "--processes-per-host does not apply to parameter_server (one process per host)"),
 ])
 def test_bad_arguments_are_named(argv, message):
     result = subprocess.run(toolkit_cmd() + ["local", *argv], capture_output=True, text=True, timeout=60, env=clean_env())

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from training_toolkit.contract import master_host
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job, decode_hyperparameter, load_job
@@ -52,7 +53,7 @@ def test_resource_defaults_and_roles():
     assert res.network_interface_name == "eth0"
     assert res.current_group_name == "homogeneousCluster"
     assert res.current_instance_type == "local"
-    assert res.is_master and res.host_index == 0 and res.master_host == "algo-1"
+    assert res.host_index == 0 and master_host(spec) == "algo-1"
 
 
 def test_heterogeneous_cluster():

@@ -2,18 +2,23 @@ from pathlib import Path
 
 import pytest
 
+from training_toolkit.contract import master_host, training_env
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
+from training_toolkit.names import DISTRIBUTIONS
 from training_toolkit.plan import make_plan
 
 RC2 = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
 
 
+def job(hps=None, rc=None, gpus=0):
+    return build_job(Paths(Path("/opt/ml")), hps or {}, rc or RC2, {}, {}, Hardware(4, gpus, 0))
+
+
 def plan(hps=None, rc=None, gpus=0):
-    job = build_job(Paths(Path("/opt/ml")), hps or {}, rc or RC2, {}, {}, Hardware(4, gpus, 0))
-    return make_plan(job)
+    return make_plan(job(hps, rc, gpus))
 
 
 def test_single_by_default():
@@ -31,8 +36,8 @@ def test_parameter_server_needs_several_hosts_as_the_reference():
     ("sagemaker_mpi_enabled", "mpi"),
     ("sagemaker_multi_worker_mirrored_strategy_enabled", "multi_worker_mirrored"),
     ("sagemaker_distributed_dataparallel_enabled", "mpi"),
-    ("sagemaker_torch_distributed_enabled", "dataparallel"),
-    ("sagemaker_pytorch_ddp_enabled", "dataparallel"),
+    ("sagemaker_torch_distributed_enabled", "torch_distributed"),
+    ("sagemaker_pytorch_ddp_enabled", "torch_distributed"),
 ])
 def test_switches(key, runner):
     p = plan({key: "true"})
@@ -42,17 +47,36 @@ def test_switches(key, runner):
 def test_mpi_processes_default_to_gpus_else_one():
     assert plan({"sagemaker_mpi_enabled": "true"}).options["processes_per_host"] == 1
     p = plan({"sagemaker_mpi_enabled": "true"}, gpus=4)
-    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": "", "data_parallel": False}
+    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": "", "smddp": False}
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
               "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
-    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO", "data_parallel": False}
+    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO", "smddp": False}
 
 
-def test_data_parallel_library_goes_through_mpi_with_its_own_options():
+def test_the_data_parallel_library_goes_through_mpi_with_its_own_options():
     p = plan({"sagemaker_distributed_dataparallel_enabled": "true",
               "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x A=1"'}, gpus=8)
     assert p.runner == "mpi"
-    assert p.options == {"processes_per_host": 8, "num_processes": 16, "custom_mpi_options": "-x A=1", "data_parallel": True}
+    assert p.options == {"processes_per_host": 8, "num_processes": 16, "custom_mpi_options": "-x A=1", "smddp": True}
+
+
+def test_the_library_switch_is_read_as_a_switch():
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distributed_dataparallel_enabled": '"false"'})
+    assert (p.runner, p.options["smddp"]) == ("mpi", False)
+    with pytest.raises(ConfigError, match="sagemaker_distributed_dataparallel_enabled: expected true or false"):
+        plan({"sagemaker_mpi_enabled": "true", "sagemaker_distributed_dataparallel_enabled": '"yes"'})
+
+
+def test_a_switch_without_a_runner_here_trains_on_each_host():
+    assert plan({"sagemaker_pytorch_xla_multi_worker_enabled": "true"}).runner == "single"
+
+
+@pytest.mark.parametrize("distribution", [d for d in DISTRIBUTIONS if d.runner])
+def test_every_distribution_of_the_table_chooses_its_runner(distribution):
+    p = plan({distribution.switch: "true"})
+    assert p.runner == distribution.runner
+    if distribution.processes_per_host:
+        assert plan({distribution.switch: "true", distribution.processes_per_host: "3"}).options["processes_per_host"] == 3
 
 
 def test_parameter_server_options():
@@ -109,3 +133,14 @@ def test_heterogeneous_groups_choose_the_hosts_that_take_part():
     assert p.hosts == ("algo-4", "algo-2", "algo-3") and p.options["num_processes"] == 24
     rc_data = {**rc, "current_host": "algo-1", "current_group_name": "data"}
     assert plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc_data).runner == "single"
+
+
+def test_the_master_is_one_host_for_the_contract_the_plan_and_the_ranks():
+    rc = {"current_host": "algo-3", "hosts": ["algo-1", "algo-2", "algo-3"], "current_group_name": "train",
+          "instance_groups": [{"instance_group_name": "data", "instance_type": "c5", "hosts": ["algo-1"]},
+                              {"instance_group_name": "train", "instance_type": "p3", "hosts": ["algo-3", "algo-2"]}]}
+    spec = job({"sagemaker_mpi_enabled": "true"}, rc)
+    env = training_env(spec, {})
+    assert master_host(spec) == make_plan(spec).master == env["master_hostname"] == "algo-3"
+    assert env["is_master"] is make_plan(spec).is_master is True
+    assert master_host(job()) == make_plan(job({"sagemaker_mpi_enabled": "true"})).master == "algo-1"

@@ -8,6 +8,7 @@ from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
+from training_toolkit.settings import parse
 
 
 def job(tmp_path: Path, hosts=("algo-1", "algo-2"), name='"job-1"', current=None):
@@ -38,14 +39,10 @@ def test_short_secrets_are_refused(tmp_path):
         job_secret(job(tmp_path), {"TRAINING_TOOLKIT_JOB_SECRET": "short"})
 
 
-def test_channel_settings_from_the_environment():
-    assert ChannelSettings.from_environ({}) == ChannelSettings(8950, 180.0, 1.0, 10.0)
+def test_channel_settings_come_from_the_settings():
+    assert ChannelSettings.from_settings(parse({})) == ChannelSettings(8950, 180.0, 1.0, 10.0)
     env = {"TRAINING_TOOLKIT_CONTROL_PORT": "9000", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "5",
            "TRAINING_TOOLKIT_HEARTBEAT": "0.5", "TRAINING_TOOLKIT_PEER_TIMEOUT": "3"}
-    assert ChannelSettings.from_environ(env) == ChannelSettings(9000, 5.0, 0.5, 3.0)
-    with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_CONTROL_PORT: expected a number, got 'x'"):
-        ChannelSettings.from_environ({"TRAINING_TOOLKIT_CONTROL_PORT": "x"})
-    with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_JOIN_TIMEOUT: expected a positive number"):
-        ChannelSettings.from_environ({"TRAINING_TOOLKIT_JOIN_TIMEOUT": "-1"})
-    with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_CONTROL_PORT: expected a port"):
-        ChannelSettings.from_environ({"TRAINING_TOOLKIT_CONTROL_PORT": "70000"})
+    assert ChannelSettings.from_settings(parse(env)) == ChannelSettings(9000, 5.0, 0.5, 3.0)
+    with pytest.raises(ConfigError, match="^environment variable TRAINING_TOOLKIT_CONTROL_PORT: expected a port"):
+        parse({"TRAINING_TOOLKIT_CONTROL_PORT": "70000"})

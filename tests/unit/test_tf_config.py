@@ -1,4 +1,4 @@
-from training_toolkit.runners.dataparallel import process_env
+from training_toolkit.runners.torch_distributed import process_env
 from training_toolkit.runners.tf_config import PsLayout, mwms_config
 
 H3 = ("algo-1", "algo-2", "algo-3")

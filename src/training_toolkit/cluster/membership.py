@@ -1,8 +1,8 @@
 """This host's seat in the job: the channel's server on the first host, a client elsewhere.
 
 Runners see one small interface whatever the host's role: open, barrier,
-report, end.  Deadlines and ports come from the environment so a platform can
-set them without flags.
+report, end.  Deadlines and ports are settings (``settings.py``), so a platform
+can set them without flags.
 """
 
 from __future__ import annotations
@@ -12,43 +12,22 @@ import secrets
 from dataclasses import dataclass
 from queue import SimpleQueue
 
-from training_toolkit.cluster.channel import DEFAULT_PORT, ControlClient, ControlServer, Verdict
-from training_toolkit.errors import ConfigError
+from training_toolkit.cluster.channel import ControlClient, ControlServer, Verdict
+from training_toolkit.settings import Settings
 
-DEFAULT_JOIN_TIMEOUT_S = 180.0
 VERDICT_LINGER_S = 10.0
 
 
 @dataclass(frozen=True)
 class ChannelSettings:
-    port: int = DEFAULT_PORT
-    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
-    heartbeat_s: float = 1.0
-    peer_timeout_s: float = 10.0
+    port: int
+    join_timeout_s: float
+    heartbeat_s: float
+    peer_timeout_s: float
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "ChannelSettings":
-        def number(name: str, default: float, kind=float):
-            raw = environ.get(name)
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ConfigError(f"environment variable {name}", None, f"expected a number, got {raw!r}") from None
-            if value <= 0:
-                raise ConfigError(f"environment variable {name}", None, f"expected a positive number, got {raw!r}")
-            return value
-
-        port = number("TRAINING_TOOLKIT_CONTROL_PORT", DEFAULT_PORT, int)
-        if port > 65535:
-            raise ConfigError("environment variable TRAINING_TOOLKIT_CONTROL_PORT", None, f"expected a port, got {port}")
-        return cls(
-            port=port,
-            join_timeout_s=number("TRAINING_TOOLKIT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S),
-            heartbeat_s=number("TRAINING_TOOLKIT_HEARTBEAT", 1.0),
-            peer_timeout_s=number("TRAINING_TOOLKIT_PEER_TIMEOUT", 10.0),
-        )
+    def from_settings(cls, settings: Settings) -> "ChannelSettings":
+        return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s)
 
 
 class Membership:

@@ -9,16 +9,40 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from training_toolkit import names
 from training_toolkit.errors import EXIT_USAGE
 
-DISTRIBUTIONS = {
-    "none": {},
-    "mpi": {"sagemaker_mpi_enabled": "true"},
-    "parameter_server": {"sagemaker_parameter_server_enabled": "true"},
-    "multi_worker_mirrored": {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"},
-    "dataparallel": {"sagemaker_distributed_dataparallel_enabled": "true"},
-    "torch_distributed": {"sagemaker_torch_distributed_enabled": "true"},
-}
+NONE = "none"
+# What `train` can run: the distributions with a runner, by the names of names.DISTRIBUTIONS.
+DISTRIBUTIONS = {d.name: d for d in names.DISTRIBUTIONS if d.runner}
+
+
+def job_hyperparameters(entry_point: str, source: Path, distribution: str,
+                        processes_per_host: int | None) -> dict[str, str]:
+    """hyperparameters.json's raw strings for a job run with ``--distribution`` (pure).
+
+    The distribution's own switch, so each host's ``train`` chooses the runner the table names;
+    processes per host under the distribution's own parameter.
+    """
+    hps = {names.PROGRAM: json.dumps(entry_point), names.SUBMIT_DIRECTORY: json.dumps(str(source))}
+    if distribution == NONE:
+        if processes_per_host:
+            raise ValueError("--processes-per-host needs a --distribution")
+        return hps
+    chosen = DISTRIBUTIONS[distribution]
+    hps[chosen.switch] = "true"
+    if processes_per_host:
+        if chosen.processes_per_host is None:
+            raise ValueError(f"--processes-per-host does not apply to {distribution} (one process per host)")
+        hps[chosen.processes_per_host] = str(processes_per_host)
+    return hps
+
+
+def _distributions_help() -> str:
+    lines = ["distributions (--distribution NAME: the switch it sets -> the runner `train` chooses):"]
+    for name, d in DISTRIBUTIONS.items():
+        lines += [f"  {name}: {d.switch} -> {d.runner}", f"      {d.doc}"]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="training-toolkit local",
         description="Run a training job on N local hosts, each a network namespace with its own hostname, "
         "address and /opt/ml, as a platform would; output is prefixed by host. Needs root.",
+        epilog=_distributions_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--hosts", type=int, default=2, help="number of hosts (algo-1..algo-N), default 2")
     parser.add_argument("--source", required=True, type=Path, help="directory with the training code")
@@ -34,8 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a hyperparameter, as it would appear in hyperparameters.json (repeatable)")
     parser.add_argument("--channel", action="append", default=[], metavar="NAME=DIR",
                         help="a data channel copied to every host's input/data/NAME (repeatable)")
-    parser.add_argument("--distribution", choices=sorted(DISTRIBUTIONS), default="none")
-    parser.add_argument("--processes-per-host", type=int, help="MPI processes per host")
+    parser.add_argument("--distribution", choices=[NONE, *DISTRIBUTIONS], default=NONE,
+                        help="how the hosts run the job (see below); default none: each host on its own")
+    parser.add_argument("--processes-per-host", type=int,
+                        help=f"processes per host ({', '.join(n for n, d in DISTRIBUTIONS.items() if d.processes_per_host)}; "
+                        "default: GPUs, else 1)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment for every host")
     parser.add_argument("--workdir", type=Path, help="where the hosts' /opt/ml trees are kept (default: a new temp dir)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is stopped (default 3600)")
@@ -64,10 +93,14 @@ def main(argv: Sequence[str]) -> int:
     if not (source / args.entry_point).exists():
         print(f"training-toolkit local: {args.entry_point} not found in {source}", file=sys.stderr)
         return EXIT_USAGE
-    hps = {"sagemaker_program": json.dumps(args.entry_point), "sagemaker_submit_directory": json.dumps(str(source))}
-    hps.update(DISTRIBUTIONS[args.distribution])
-    if args.processes_per_host:
-        hps["sagemaker_mpi_num_of_processes_per_host"] = str(args.processes_per_host)
+    if args.processes_per_host is not None and args.processes_per_host < 1:
+        print("training-toolkit local: --processes-per-host must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        hps = job_hyperparameters(args.entry_point, source, args.distribution, args.processes_per_host)
+    except ValueError as exc:
+        print(f"training-toolkit local: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     hps.update(_pairs(args.hp, "--hp"))
     channels = {k: Path(v).resolve() for k, v in _pairs(args.channel, "--channel").items()}
     for name, path in channels.items():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from training_toolkit.local.netns import NamespaceCluster
+from training_toolkit.settings import JOB_SECRET
 
 INTERFACE = "eth0"
 
@@ -146,7 +147,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
         base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
                     "HOME": os.environ.get("HOME", "/root"), **job.env}
         if job.platform_secret:
-            base_env["TRAINING_TOOLKIT_JOB_SECRET"] = secrets.token_hex(32)
+            base_env[JOB_SECRET] = secrets.token_hex(32)
         pumps = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -10,17 +10,22 @@ from training_toolkit.job import JobSpec
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
+from training_toolkit.settings import Settings
 
 
 class RunContext(NamedTuple):
     job: JobSpec
     plan: LaunchPlan
-    environ: Mapping[str, str]  # the toolkit's own environment, as read at start
+    settings: Settings  # parsed once at the start: runners read settings here, never from ``environ``
+    environ: Mapping[str, str]  # the toolkit's own environment, as read at start (for its children)
     script_env: Mapping[str, str]  # the user script's environment (contract applied)
     argv: tuple[str, ...]  # the user's command with its arguments
     code_dir: Path
     python: str
-    grace_s: float
+
+    @property
+    def grace_s(self) -> float:
+        return self.settings.grace_s
 
 
 def outcome_of(child: Supervised, status: ExitStatus, label: str = "", what: str | None = None) -> Outcome:

@@ -21,21 +21,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit import procfs
+from training_toolkit import names, procfs
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
-from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.errors import ClusterError
+from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.mpi_command import (
-    OPENMPI4,
-    OPENMPI5,
-    MpiJob,
-    forwardable,
-    mpirun_command,
-    parse_custom_options,
-)
+from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
@@ -79,10 +73,7 @@ class MpiAgent(HostAgent):
         self.sshd: ssh.Sshd | None = None
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self._stopping = False
-        port = ctx.environ.get("TRAINING_TOOLKIT_SSH_PORT", str(ssh.DEFAULT_SSH_PORT))
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("environment variable TRAINING_TOOLKIT_SSH_PORT", None, f"expected a port, got {port!r}")
-        self.ssh_port = int(port)
+        self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
 
@@ -91,7 +82,7 @@ class MpiAgent(HostAgent):
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
-        keys_dir = self.ctx.environ.get("TRAINING_TOOLKIT_SSH_KEYS")
+        keys_dir = self.ctx.settings.ssh_keys
         mounted = ssh.load_keys(Path(keys_dir)) if keys_dir else None
         if self.is_master:
             self._keys = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
@@ -110,7 +101,7 @@ class MpiAgent(HostAgent):
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
             allowed_from=job_addresses(self.ctx.plan.hosts), user=_user(),
             listen_addresses=listen_addresses(self.ctx.job.resource.network_interface_name, self.host))
-        self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.environ.get("TRAINING_TOOLKIT_SSHD") or None)
+        self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
         self.sshd.start()
 
     def after_barrier(self) -> None:
@@ -126,8 +117,8 @@ class MpiAgent(HostAgent):
         if not self.is_master:
             return []
         assert self.layout is not None
-        env = {**self.ctx.script_env, **data_parallel_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
-        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.environ), env)
+        env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
+        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
 
     def signal_job(self, signum: int) -> None:
@@ -167,10 +158,16 @@ class MpiAgent(HostAgent):
 
 
 def describe(ctx: RunContext) -> dict:
-    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing."""
-    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}XXXXXXXX", ssh.DEFAULT_SSH_PORT)
-    env = {**ctx.script_env, **data_parallel_env(ctx)}
-    return {"mpirun": build_command(ctx, layout, mpi_flavor(ctx.environ), env)}
+    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing, runs nothing.
+
+    Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
+    """
+    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}XXXXXXXX", ctx.settings.ssh_port)
+    env = {**ctx.script_env, **smddp_env(ctx)}
+    flavor = ctx.settings.mpi_flavor
+    shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
+    with_mpi4py = has_mpi4py(ctx.python, ask=False)
+    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, env, with_mpi4py)}
 
 
 def _introduced(introductions, host: str, key: str) -> str:
@@ -203,10 +200,10 @@ def _user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def mpi_flavor(environ) -> str:
-    forced = environ.get("TRAINING_TOOLKIT_MPI_FLAVOR")
-    if forced:
-        return forced
+def mpi_flavor(configured: str | None, environ) -> str:
+    """The setting's flavour, else what ``mpirun --version`` says (at run time only, never in ``plan``)."""
+    if configured:
+        return configured
     try:
         out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20, env=dict(environ))
     except FileNotFoundError:
@@ -217,27 +214,30 @@ def mpi_flavor(environ) -> str:
     return OPENMPI5 if match and int(match.group(1)) >= 5 else OPENMPI4
 
 
-def has_mpi4py(python: str) -> bool:
+def has_mpi4py(python: str, ask: bool = True) -> bool:
+    """Whether ``python`` has mpi4py: ours looks, another is asked (``ask=False``, as in plan: assumed)."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return importlib.util.find_spec("mpi4py") is not None
+    if not ask:
+        return True
     try:
         return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
-def data_parallel_env(ctx: RunContext) -> dict[str, str]:
-    """What the data-parallel library's launcher sets for its ranks (reference: smdataparallel)."""
-    if not ctx.plan.options.get("data_parallel"):
+def smddp_env(ctx: RunContext) -> dict[str, str]:
+    """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
+    if not ctx.plan.options.get("smddp"):
         return {}
-    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.hosts[0],
-            "MASTER_PORT": ctx.environ.get("MASTER_PORT", "29500")}
+    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
+            "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
 def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None) -> tuple[str, ...]:
     """What each rank runs: our wrapper, then the user's command (through mpi4py for Python).
 
-    With the vendor's ``smddprun`` installed, data-parallel ranks go through it, as the reference does.
+    With the vendor's ``smddprun`` installed, the data parallel library's ranks go through it, as the reference does.
     """
     argv = list(ctx.argv)
     is_python = len(argv) >= 2 and argv[0] == ctx.python
@@ -248,16 +248,18 @@ def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None
     return (sys.executable, "-m", "training_toolkit.rank", "--base-dir", str(ctx.job.paths.base), "--", *argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str]) -> list[str]:
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str],
+                  with_mpi4py: bool | None = None) -> list[str]:
     options = ctx.plan.options
+    if with_mpi4py is None:
+        with_mpi4py = has_mpi4py(ctx.python)
     source = str(ctx.job.paths.hyperparameters_file)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options["processes_per_host"],
         num_processes=options["num_processes"],
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, has_mpi4py(ctx.python),
-                                  shutil.which("smddprun") if options.get("data_parallel") else None),
+        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.get("smddp") else None),
         forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
         custom_options=parse_custom_options(options["custom_mpi_options"], source),

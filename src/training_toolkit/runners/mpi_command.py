@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training_toolkit.errors import ConfigError
-
-OPENMPI4 = "openmpi4"
-OPENMPI5 = "openmpi5"
+from training_toolkit.names import OPENMPI4, OPENMPI5
 
 # Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
 NOT_FORWARDED = frozenset({

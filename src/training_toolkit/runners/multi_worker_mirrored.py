@@ -13,7 +13,7 @@ from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.tf_config import mwms_config
-from training_toolkit.runners.tf_ports import check_free
+from training_toolkit.runners.ports import check_free
 
 
 def run(ctx: RunContext) -> Outcome:

@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from training_toolkit.names import TF_MWMS_PORT, TF_PS_PORT, TF_WORKER_PORT
+
 CHIEF = "chief"
-MASTER = "master"
-DEFAULT_WORKER_PORT = 2222
-DEFAULT_PS_PORT = 2223
-DEFAULT_MWMS_PORT = 8890
+MASTER = "master"  # the chief's estimator-era name in TF_CONFIG (sagemaker_parameter_server_naming)
 
 
 @dataclass(frozen=True)
@@ -24,8 +23,8 @@ class PsLayout:
     hosts: tuple[str, ...]
     naming: str = CHIEF  # "chief" (TF2) or "master" (estimator era, the reference)
     num_ps: int | None = None  # parameter servers on the first N hosts; None: one on every host
-    worker_port: int = DEFAULT_WORKER_PORT
-    ps_port: int = DEFAULT_PS_PORT
+    worker_port: int = TF_WORKER_PORT
+    ps_port: int = TF_PS_PORT
 
     @property
     def ps_hosts(self) -> tuple[str, ...]:
@@ -51,7 +50,7 @@ class PsLayout:
         return _config(self.cluster(), {"type": "ps", "index": self.ps_hosts.index(host)}, legacy=self.naming == MASTER)
 
 
-def mwms_config(hosts: Sequence[str], host: str, port: int = DEFAULT_MWMS_PORT) -> dict[str, Any]:
+def mwms_config(hosts: Sequence[str], host: str, port: int = TF_MWMS_PORT) -> dict[str, Any]:
     """TF_CONFIG for MultiWorkerMirroredStrategy: one worker per host, indexed by host order."""
     return {"cluster": {"worker": [f"{h}:{port}" for h in hosts]}, "task": {"type": "worker", "index": list(hosts).index(host)}}
 

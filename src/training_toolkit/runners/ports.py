@@ -1,4 +1,7 @@
-"""Free-port checks before a TensorFlow server is started: a clear error beats a gRPC stack trace."""
+"""Free-port checks before a server starts (TensorFlow's, torch.distributed's store).
+
+A clear error naming the port beats a gRPC or c10d stack trace.
+"""
 
 from __future__ import annotations
 

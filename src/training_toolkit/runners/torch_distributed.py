@@ -1,9 +1,10 @@
-"""Data parallel, torch style: one process per device on every host, each told its place.
+"""torch.distributed, as torchrun launches it: one process per device on every host, each told its place.
 
 Every process gets what ``torch.distributed`` expects (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), as torchrun would give it; every one is supervised, and one
-failing stops every host.  MPI-based libraries go through the MPI runner instead.
+failing stops every host.  MPI-based libraries (Horovod, SageMaker's data parallel
+library) go through the MPI runner instead.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from training_toolkit.agent import HostAgent, Local
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.tf_ports import check_free
+from training_toolkit.runners.ports import check_free
 
 
 def run(ctx: RunContext) -> Outcome:
-    return DataParallelAgent(ctx).run()
+    return TorchDistributedAgent(ctx).run()
 
 
 def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: int, master_port: int) -> dict[str, str]:
@@ -42,7 +43,7 @@ def describe(ctx: RunContext) -> dict:
                                       options["master_port"]) for i in range(options["processes_per_host"])]}
 
 
-class DataParallelAgent(HostAgent):
+class TorchDistributedAgent(HostAgent):
     wait_for_peers = True
 
     def prepare(self) -> None:

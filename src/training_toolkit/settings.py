@@ -1,0 +1,202 @@
+"""Settings: every ``TRAINING_TOOLKIT_*`` variable (and ``SAGEMAKER_BASE_DIR``), parsed once at the start.
+
+One table, ``VARIABLES``, gives each variable its field, type, default and a
+one-line doc; the parsing, README's settings table (``python -m
+training_toolkit.settings`` prints it; tests/unit/test_settings.py checks it)
+and the ``--help`` texts all come from it.  A bad value is one ``ConfigError``
+naming the variable and what was expected (exit 78), raised before anything
+starts.  Flags (``--base-dir``, ``--grace-period``) win over variables.  An
+empty variable counts as unset.
+
+The result, ``Settings``, reaches the runners through ``RunContext``; nothing
+else reads these variables from the environment (the job secret excepted:
+``cluster/secret.py`` still reads it itself, with its file fallback).
+
+On the launch path: ``NamedTuple``s and small functions, no ``dataclasses``,
+no ``argparse`` (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from training_toolkit import names
+from training_toolkit.errors import ConfigError
+
+JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
+# Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
+INTERNAL_VARIABLES = ("TRAINING_TOOLKIT_SUPERVISOR", "TRAINING_TOOLKIT_RANK_TAG")
+PREFIX = "TRAINING_TOOLKIT_"
+
+
+class Variable(NamedTuple):
+    name: str  # the environment variable
+    field: str  # its field in Settings
+    parse: Callable[[str], Any]  # raw text -> value; ValueError("expected ...") when it is not one
+    default: Any
+    shown_default: str  # the default as the README and --help show it
+    doc: str
+    flag: str | None = None  # the command-line flag that wins over it
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _seconds(raw: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _grace(raw: str) -> float:
+    """Seconds, 0 allowed (kill at once)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a number of seconds, 0 or more")
+    return value
+
+
+def _port(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ValueError("expected a port number (1-65535)")
+    return int(raw)
+
+
+def _count(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit():
+        raise ValueError("expected a whole number, 0 or more")
+    return int(raw)
+
+
+def _mpi_flavor(raw: str) -> str:
+    if raw not in names.MPI_FLAVORS:
+        raise ValueError(f"expected {' or '.join(names.MPI_FLAVORS)}")
+    return raw
+
+
+VARIABLES = (
+    Variable("SAGEMAKER_BASE_DIR", "base_dir", _text, "/opt/ml", "`/opt/ml`", "the job directory", "--base-dir"),
+    Variable("TRAINING_TOOLKIT_GRACE_PERIOD", "grace_s", _grace, 120.0, "120",
+             "seconds between forwarding SIGTERM to the script and killing it", "--grace-period"),
+    Variable(JOB_SECRET, "job_secret", _text, None, "none",
+             "the platform's job secret (or the file `input/config/job_secret`); without one, hosts are admitted by "
+             "address and every key is random (docs/security.md)"),
+    Variable("TRAINING_TOOLKIT_CONTROL_PORT", "control_port", _port, names.CONTROL_PORT, str(names.CONTROL_PORT),
+             "port of the job's control channel on the first host"),
+    Variable("TRAINING_TOOLKIT_JOIN_TIMEOUT", "join_timeout_s", _seconds, 180.0, "180",
+             "seconds for every host to join and be ready"),
+    Variable("TRAINING_TOOLKIT_HEARTBEAT", "heartbeat_s", _seconds, 1.0, "1",
+             "seconds between the control channel's heartbeats"),
+    Variable("TRAINING_TOOLKIT_PEER_TIMEOUT", "peer_timeout_s", _seconds, 10.0, "10",
+             "seconds of silence after which a host is declared lost"),
+    Variable("TRAINING_TOOLKIT_SSH_PORT", "ssh_port", _port, names.SSH_PORT, str(names.SSH_PORT),
+             "port of the toolkit's own sshd on each host (MPI)"),
+    Variable("TRAINING_TOOLKIT_SSH_KEYS", "ssh_keys", _text, None, "random",
+             "a directory of mounted keys (`id_ed25519`, `ssh_host_ed25519_key`, with `.pub`, any modes) instead of "
+             "keys made for the job"),
+    Variable("TRAINING_TOOLKIT_SSHD", "sshd", _text, None, "`sshd` on PATH", "the sshd binary"),
+    Variable("TRAINING_TOOLKIT_MPI_FLAVOR", "mpi_flavor", _mpi_flavor, None, "detected at run time",
+             f"{' or '.join(f'`{f}`' for f in names.MPI_FLAVORS)} (else `mpirun --version` decides)"),
+    Variable("TRAINING_TOOLKIT_PYTHON", "python", _text, None, "the toolkit's python",
+             "the interpreter for the user's script"),
+    Variable("TRAINING_TOOLKIT_NUM_GPUS", "num_gpus", _count, None, "probed", "the GPU count, instead of probing"),
+)
+
+
+class Settings(NamedTuple):
+    """The toolkit's settings, one field per row of ``VARIABLES`` (same order); build with ``parse``."""
+
+    base_dir: str
+    grace_s: float
+    job_secret: str | None
+    control_port: int
+    join_timeout_s: float
+    heartbeat_s: float
+    peer_timeout_s: float
+    ssh_port: int
+    ssh_keys: str | None
+    sshd: str | None
+    mpi_flavor: str | None  # None: detected at run time
+    python: str | None  # None: the toolkit's own interpreter
+    num_gpus: int | None  # None: probed
+
+    def __repr__(self) -> str:  # the secret never reaches a log or a traceback
+        shown = self._replace(job_secret="<redacted>") if self.job_secret else self
+        return "Settings(" + ", ".join(f"{f}={getattr(shown, f)!r}" for f in self._fields) + ")"
+
+
+def parse(environ: Mapping[str, str], **flags: Any) -> Settings:
+    """The settings from ``environ``; a flag given (not None, already a value) wins over its variable."""
+    unknown = set(flags) - set(Settings._fields)
+    if unknown:
+        raise TypeError(f"no such setting: {', '.join(sorted(unknown))}")
+    return Settings(*(value_of(var.field, environ, flags.get(var.field)) for var in VARIABLES))
+
+
+def value_of(field: str, environ: Mapping[str, str], flag: Any = None) -> Any:
+    """One setting: the flag if given, else its variable if set (not empty), else the default.
+
+    Alone, for the job directory: the verdict needs it even when another setting is bad.
+    """
+    var = variable(field)
+    if flag is not None and flag != "":
+        return flag
+    raw = environ.get(var.name)
+    if not raw:
+        return var.default
+    try:
+        return var.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {var.name}", None, f"{exc}, got {raw!r}") from None
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """``TRAINING_TOOLKIT_*`` names that are no setting (a typo is otherwise silently ignored)."""
+    known = {var.name for var in VARIABLES} | set(INTERNAL_VARIABLES)
+    return sorted(name for name in environ if name.startswith(PREFIX) and name not in known)
+
+
+def variable(field: str) -> Variable:
+    return next(var for var in VARIABLES if var.field == field)
+
+
+def help_text(field: str) -> str:
+    """A flag's ``--help`` line: the variable's doc, and where its default comes from."""
+    var = variable(field)
+    return f"{_plain(var.doc)} (default: ${var.name}, else {_plain(var.shown_default)})"
+
+
+def environment_help() -> str:
+    """Every variable, for the end of ``--help``."""
+    lines = ["settings (environment variables; an empty one counts as unset):"]
+    for var in VARIABLES:
+        lines += [f"  {var.name} (default: {_plain(var.shown_default)})", f"      {_plain(var.doc)}"]
+    return "\n".join(lines)
+
+
+def _plain(text: str) -> str:
+    return text.replace("`", "")
+
+
+def markdown_table() -> str:
+    """README's settings table."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for var in VARIABLES:
+        meaning = var.doc + (f" (`{var.flag}` wins)" if var.flag else "")
+        rows.append(f"| `{var.name}` | {var.shown_default} | {meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
