@@ -14,12 +14,10 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from training_toolkit.runners.mpi_command import (
     mpirun_command,
     parse_custom_options,
 )
+from training_toolkit.stopping import stop_processes
 
 DEFAULT_SSH_PORT = 22
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
@@ -114,11 +113,7 @@ class MpiAgent(HostAgent):
 
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
-        procfs.signal_all(self._ranks(), signum)
-        deadline = time.monotonic() + self.ctx.grace_s
-        while (left := self._ranks()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        procfs.signal_all(left, signal.SIGKILL)
+        stop_processes(self._ranks, self.ctx.grace_s, signum)
         self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
