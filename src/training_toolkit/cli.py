@@ -11,14 +11,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from training_toolkit import errors
+from training_toolkit.log import log
 from training_toolkit.paths import Paths
 
 DEFAULT_GRACE_S = 120.0
-
-
-def _log(message: str) -> None:
-    sys.stderr.write(f"training-toolkit: {message}\n")
-    sys.stderr.flush()
 
 
 def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -116,7 +112,7 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) ->
         traceback.print_exc()
         outcome = report.Outcome(errors.EXIT_INTERNAL, f"training-toolkit internal error: {exc!r}")
     if not outcome.ok:
-        _log(f"failed: {outcome.reason}")
+        log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)
     return outcome.exit_code
 
@@ -181,7 +177,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)
     except errors.ToolkitError as exc:
-        _log(str(exc))
+        log(str(exc))
         return exc.exit_code
     argv = [*entry, *contract.user_args(spec.hyperparameters)]
     from training_toolkit.runners.base import RunContext
@@ -191,7 +187,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     try:
         details = _runner(launch.runner).describe(ctx)
     except errors.ToolkitError as exc:
-        _log(str(exc))
+        log(str(exc))
         return exc.exit_code
     shown_env = redact({k: v for k, v in script_env.items() if environ.get(k) != v or k.startswith("SM_")})
     doc = {

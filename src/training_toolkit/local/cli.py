@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training_toolkit.errors import EXIT_USAGE
+from training_toolkit.log import log
 
 DISTRIBUTIONS = {
     "none": {},
@@ -47,7 +48,8 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"training-toolkit local: {flag} expects KEY=VALUE, got {item!r}")
+            log(f"local: {flag} expects KEY=VALUE, got {item!r}")
+            raise SystemExit(EXIT_USAGE)
         out[key] = value
     return out
 
@@ -58,11 +60,11 @@ def main(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     if args.hosts < 1:
-        print("training-toolkit local: --hosts must be at least 1", file=sys.stderr)
+        log("local: --hosts must be at least 1")
         return EXIT_USAGE
     source = args.source.resolve()
     if not (source / args.entry_point).exists():
-        print(f"training-toolkit local: {args.entry_point} not found in {source}", file=sys.stderr)
+        log(f"local: {args.entry_point} not found in {source}")
         return EXIT_USAGE
     hps = {"sagemaker_program": json.dumps(args.entry_point), "sagemaker_submit_directory": json.dumps(str(source))}
     hps.update(DISTRIBUTIONS[args.distribution])
@@ -72,7 +74,7 @@ def main(argv: Sequence[str]) -> int:
     channels = {k: Path(v).resolve() for k, v in _pairs(args.channel, "--channel").items()}
     for name, path in channels.items():
         if not path.is_dir():
-            print(f"training-toolkit local: channel {name}: {path} is not a directory", file=sys.stderr)
+            log(f"local: channel {name}: {path} is not a directory")
             return EXIT_USAGE
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="training-toolkit-local-"))
     job = LocalJob(hosts=tuple(f"algo-{i}" for i in range(1, args.hosts + 1)), hyperparameters=hps,
@@ -80,7 +82,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         results = run_local(job, workdir, timeout_s=args.timeout)
     except NamespaceClusterError as exc:
-        print(f"training-toolkit local: {exc}", file=sys.stderr)
+        log(f"local: {exc}")
         return 69
     print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
     for r in results:
