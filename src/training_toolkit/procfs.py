@@ -124,8 +124,12 @@ def netns_of(pid: int | str) -> NamespaceId | None:
     return namespace_id(f"/proc/{pid}/ns/net")
 
 
-def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId]) -> list[int]:
-    """Live processes whose network namespace is one of ``namespaces`` (membership, never names)."""
-    if not namespaces:
-        return []
-    return [pid for pid in pids() if netns_of(pid) in namespaces]
+def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId]) -> dict[int, NamespaceId]:
+    """Live processes whose network namespace is one of ``namespaces``, with it (membership, never names)."""
+    found: dict[int, NamespaceId] = {}
+    if namespaces:
+        for pid in pids():
+            namespace = netns_of(pid)
+            if namespace in namespaces:
+                found[pid] = namespace
+    return found

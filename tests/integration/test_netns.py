@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit.local.netns import NamespaceCluster, NamespaceClusterError, leftovers
+from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.local.netns import NamespaceCluster, leftovers
 
 NAMES = ("algo-1", "algo-2", "algo-3")
 #: Tags of this run's clusters start with it, so the final check ignores other runs' clusters.
@@ -138,7 +139,7 @@ def alive(pid: int) -> bool:
 def test_bad_arguments_are_rejected_before_anything_is_made(
     tmp_path: Path, names: tuple[str, ...], kwargs: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         NamespaceCluster(names, tmp_path, **kwargs)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 
@@ -146,7 +147,7 @@ def test_bad_arguments_are_rejected_before_anything_is_made(
 def test_start_says_it_needs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     cluster = NamespaceCluster(NAMES, tmp_path / "wd")
-    with pytest.raises(NamespaceClusterError, match="needs root"):
+    with pytest.raises(ClusterError, match="needs root"):
         cluster.start()
     assert not (tmp_path / "wd").exists()
     cluster.close()
@@ -155,7 +156,7 @@ def test_start_says_it_needs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_start_names_missing_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     cluster = NamespaceCluster(NAMES, tmp_path / "wd")
-    with pytest.raises(NamespaceClusterError, match=r"`ip` \(iproute2\).*`nsenter`.*`unshare`"):
+    with pytest.raises(ClusterError, match=r"`ip` \(iproute2\).*`nsenter`.*`unshare`"):
         cluster.start()
     cluster.close()
 
@@ -221,7 +222,7 @@ def test_commands_start_in_root_unless_a_directory_inside_the_host_is_given(make
         text=True,
     )
     assert proc.communicate(timeout=20)[0].strip() == "/opt/ml/input"
-    with pytest.raises(ValueError, match="no host 'algo-9'"):
+    with pytest.raises(ConfigError, match="no host 'algo-9'"):
         cluster.command("algo-9", ["true"])
 
 
@@ -273,7 +274,7 @@ def test_close_kills_every_process_inside_even_daemons(make_cluster) -> None:  #
     assert cluster.hosts == () and cluster.pids() == {}
     assert cluster.leftovers() == [] and leftovers(cluster.tag) == []
     cluster.close()  # idempotent
-    with pytest.raises(NamespaceClusterError, match="not running"):
+    with pytest.raises(ClusterError, match="not running"):
         cluster.popen("algo-1", ["true"])
 
 
@@ -291,7 +292,7 @@ def test_close_after_a_failed_start_leaves_nothing(
     monkeypatch.setattr(NamespaceCluster, "_holder_argv", third_host_fails)
     cluster = make_cluster()
     with pytest.raises(
-        NamespaceClusterError, match=r"host algo-3: .*exited with 32: mount: /opt/ml"
+        ClusterError, match=r"host algo-3: .*exited with 32: mount: /opt/ml"
     ):
         cluster.start()
     # start() tore down the two hosts that did come up, and their namespaces
@@ -306,7 +307,7 @@ def test_a_tag_in_use_is_refused_without_harming_its_owner(make_cluster) -> None
     owner = make_cluster(("algo-1",))
     owner.start()
     intruder = make_cluster(("algo-1",), tag=owner.tag)
-    with pytest.raises(NamespaceClusterError, match="already in use"):
+    with pytest.raises(ClusterError, match="already in use"):
         intruder.start()
     intruder.close()
     assert run_text(owner, "algo-1", ["hostname"]) == "algo-1"

@@ -55,5 +55,6 @@ def test_processes_are_found_by_network_namespace():
     own = procfs.netns_of("self")
     assert own is not None and own == procfs.netns_of(os.getpid()) == procfs.namespace_id("/proc/self/ns/net")
     assert os.getpid() in procfs.in_network_namespaces({own})
-    assert procfs.in_network_namespaces(set()) == []
+    assert procfs.in_network_namespaces({own})[os.getpid()] == own
+    assert procfs.in_network_namespaces(set()) == {}
     assert procfs.namespace_id("/nonexistent") is None

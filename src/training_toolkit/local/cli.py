@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit.errors import EXIT_USAGE
+from training_toolkit.errors import EXIT_USAGE, ToolkitError
 from training_toolkit.log import log
 
 DISTRIBUTIONS = {
@@ -56,7 +56,6 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 def main(argv: Sequence[str]) -> int:
     from training_toolkit.local.launcher import LocalJob, run_local
-    from training_toolkit.local.netns import NamespaceClusterError
 
     args = build_parser().parse_args(list(argv))
     if args.hosts < 1:
@@ -81,9 +80,9 @@ def main(argv: Sequence[str]) -> int:
                    channels=channels, env=_pairs(args.env, "--env"))
     try:
         results = run_local(job, workdir, timeout_s=args.timeout)
-    except NamespaceClusterError as exc:
+    except ToolkitError as exc:  # the cluster could not start (not root, no `ip`, ...)
         log(f"local: {exc}")
-        return 69
+        return exc.exit_code
     print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
     for r in results:
         verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]
