@@ -26,10 +26,14 @@ def test_a_process_tree_its_group_and_its_environment():
         assert me is not None and me.pid == os.getpid() and me.ppid == os.getppid() and not me.zombie
         assert tree.pid in [p.pid for p in procfs.descendants(os.getpid())]
         assert set(procfs.marked_descendants(os.getpid(), marker.encode())) == {tree.pid} | {p.pid for p in below}
-        assert procfs.marked_descendants(os.getpid(), marker.encode(), exclude=frozenset({tree.pid})) == \
-            [p.pid for p in below]
+        assert set(procfs.marked_descendants(os.getpid(), marker.encode(), exclude=frozenset({tree.pid}))) == \
+            {p.pid for p in below}
         assert not procfs.has_marker(os.getpid(), marker.encode())
         sleeper = below[0].pid
+        deadline = time.monotonic() + 5
+        while procfs.comm(sleeper) != "sleep":  # the forked shell execs sleep in its own time
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         assert procfs.comm(sleeper) == "sleep"
         assert procfs.cmdline(sleeper) == "sleep 100"
         assert procfs.describe(sleeper) == f"{sleeper} sleep"

@@ -25,9 +25,15 @@ def start(script: str, **kw) -> subprocess.Popen:
     return proc
 
 
-def spawn(argv: list[str]) -> int:
-    """A child of ours with no Popen to reap it: only the routine can."""
-    return os.posix_spawn(argv[0], argv, dict(os.environ))
+def spawn(script: str) -> int:
+    """A shell child of ours with no Popen to reap it (only the routine can), once it said "ready"."""
+    read, write = os.pipe()
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", script], dict(os.environ),
+                         file_actions=[(os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_CLOSE, read)])
+    os.close(write)
+    with os.fdopen(read) as out:
+        assert out.readline() == "ready\n"
+    return pid
 
 
 def daemon(script: str) -> int:
@@ -86,7 +92,7 @@ def test_a_pid_that_is_not_our_child_is_ended_too():
 
 
 def test_a_zombie_counts_as_gone_and_a_zombie_child_of_ours_is_reaped():
-    pid = spawn(["/bin/true"])
+    pid = spawn("echo ready")
     wait_zombie(pid)
     began = time.monotonic()
     assert stop_processes([pid], 30) == []
@@ -95,8 +101,7 @@ def test_a_zombie_counts_as_gone_and_a_zombie_child_of_ours_is_reaped():
 
 
 def test_a_child_of_ours_killed_after_the_grace_is_reaped():
-    pid = spawn(["/bin/sh", "-c", 'trap "" TERM; exec sleep 100'])
-    time.sleep(0.2)  # let the trap be set (no pipe to say ready without a Popen)
+    pid = spawn(IGNORES_TERM)
     assert stop_processes([pid], 0.2) == [pid]
     assert procfs.read(pid) is None
 

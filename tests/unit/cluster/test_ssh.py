@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -77,7 +76,7 @@ def test_derived_keys_parse_and_match_their_public_halves():
     assert public_of(keys.host_private) == " ".join(keys.host_public.split()[:2])
 
 
-@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed")
+@pytest.mark.openssh
 def test_ssh_keygen_reads_derived_keys(tmp_path):
     keys = derive_keys(SECRET, "job")
     for private, public in ((keys.client_private, keys.client_public), (keys.host_private, keys.host_public)):
