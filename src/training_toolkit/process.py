@@ -191,20 +191,24 @@ class Supervised:
         """
         if self._stopper is not None:
             self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
-        _end_leftovers(self.pid, self._token, linger_s)
+        _end_leftovers(self.proc, self._token, linger_s)
         if self._relay is not None:
             self._relay.join(timeout=linger_s)
 
 
-def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
-    """End what a finished script left: its process group, and descendants carrying its token."""
+def _end_leftovers(main: subprocess.Popen, token: str, linger_s: float) -> None:
+    """End what a script left: its process group, and descendants carrying its token.
+
+    The script itself stays in the hands of its Popen (should it still run), so
+    its exit status is never collected behind its back.
+    """
     marker = f"{TOKEN_VAR}={token}".encode()
 
-    def leftovers() -> list[int]:
-        return [p.pid for p in procfs.descendants(os.getpid())
-                if p.pgid == pgid or procfs.has_marker(p.pid, marker)]
+    def leftovers() -> list[int | subprocess.Popen]:
+        return [main if p.pid == main.pid else p.pid for p in procfs.descendants(os.getpid())
+                if p.pgid == main.pid or procfs.has_marker(p.pid, marker)]
 
-    stop_processes(leftovers, linger_s, group=pgid)
+    stop_processes(leftovers, linger_s, group=main.pid)
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
