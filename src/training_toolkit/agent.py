@@ -13,7 +13,6 @@ every local process is stopped and reaped before ``run`` returns.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
@@ -22,6 +21,7 @@ from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Ver
 from training_toolkit.cluster.membership import ChannelSettings, Membership
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, CodeError, JobFailed, ToolkitError
+from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -64,11 +64,6 @@ class Stopped(ToolkitError):
     def __init__(self, signum: int):
         self.exit_code = 128 + signum
         super().__init__(f"stopped by {signal.Signals(signum).name} before the job started")
-
-
-def log(message: str) -> None:
-    sys.stderr.write(f"training-toolkit: {message}\n")
-    sys.stderr.flush()
 
 
 class HostAgent:

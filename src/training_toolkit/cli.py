@@ -12,13 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from training_toolkit import errors, settings
+from training_toolkit.log import log
 from training_toolkit.paths import Paths
 from training_toolkit.settings import Settings
-
-
-def _log(message: str) -> None:
-    sys.stderr.write(f"training-toolkit: {message}\n")
-    sys.stderr.flush()
 
 
 def _flag_type(field: str):
@@ -126,14 +122,14 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) ->
         traceback.print_exc()
         outcome = report.Outcome(errors.EXIT_INTERNAL, f"training-toolkit internal error: {exc!r}")
     if not outcome.ok:
-        _log(f"failed: {outcome.reason}")
+        log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)
     return outcome.exit_code
 
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:
     for name in settings.unknown_variables(environ):
-        _log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
+        log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
 
 
 def _resolve(paths: Paths, config: Settings, environ: Mapping[str, str]):
@@ -197,7 +193,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)
     except errors.ToolkitError as exc:
-        _log(str(exc))
+        log(str(exc))
         return exc.exit_code
     argv = [*entry, *contract.user_args(spec.hyperparameters)]
     from training_toolkit.runners.base import RunContext
@@ -207,7 +203,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     try:
         details = _runner(launch.runner).describe(ctx)
     except errors.ToolkitError as exc:
-        _log(str(exc))
+        log(str(exc))
         return exc.exit_code
     shown_env = redact({k: v for k, v in script_env.items() if environ.get(k) != v or k.startswith("SM_")})
     doc = {

@@ -15,11 +15,11 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from training_toolkit import procfs
+from training_toolkit.stopping import signal_group, stop_processes
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -115,9 +115,8 @@ class Supervised:
         self.argv = list(argv)
         self.tail = Tail()
         self._stop_lock = threading.Lock()
-        self._stopping = False
+        self._stopper: threading.Thread | None = None
         self._killed = False
-        self._kill_timer: threading.Timer | None = None
         self._token = os.urandom(8).hex()
         self.proc = subprocess.Popen(
             self.argv,
@@ -152,22 +151,26 @@ class Supervised:
 
     def send(self, sig: int) -> None:
         """Signal the whole group; a group already gone is not an error."""
-        _signal_group(self.pid, sig)
+        signal_group(self.pid, sig)
 
     def stop(self, sig: int = signal.SIGTERM, grace_s: float = DEFAULT_GRACE_S) -> None:
-        """Ask the group to stop with ``sig``; SIGKILL it if it is still there after ``grace_s``."""
-        with self._stop_lock:
-            self.send(sig)
-            if self._stopping:
-                return
-            self._stopping = True
-            self._kill_timer = threading.Timer(grace_s, self.kill)
-            self._kill_timer.daemon = True
-            self._kill_timer.start()
+        """Ask the group to stop with ``sig``; SIGKILL it if the child is still there after ``grace_s``.
 
-    def kill(self) -> None:
-        self._killed = self.proc.poll() is None
-        self.send(signal.SIGKILL)
+        Returns at once: the grace period runs in the background.  A second
+        call only passes its signal on.
+        """
+        with self._stop_lock:
+            if self._stopper is not None:
+                self.send(sig)
+                return
+            self._stopper = threading.Thread(
+                target=stop_processes, args=([self.proc], grace_s, sig),
+                kwargs={"group": self.pid, "on_kill": self._killing}, name=f"stop-{self.pid}", daemon=True,
+            )
+            self._stopper.start()
+
+    def _killing(self, pids: list[int]) -> None:
+        self._killed = self.pid in pids
 
     def poll(self) -> ExitStatus | None:
         code = self.proc.poll()
@@ -183,26 +186,29 @@ class Supervised:
     def finish(self, linger_s: float = 2.0) -> None:
         """After the main child ended: end whatever it left behind, and drain stderr.
 
-        Members of its group get SIGTERM, then SIGKILL after ``linger_s``;
-        descendants re-parented to us (subreaper) get the same.
+        Members of its group, and descendants re-parented to us (subreaper)
+        that carry its token, get SIGTERM, then SIGKILL after ``linger_s``.
         """
-        if self._kill_timer is not None:
-            self._kill_timer.cancel()
-        _end_leftovers(self.pid, self._token, linger_s)
+        if self._stopper is not None:
+            self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
+        _end_leftovers(self.proc, self._token, linger_s)
         if self._relay is not None:
             self._relay.join(timeout=linger_s)
 
 
-def _end_leftovers(pgid: int, token: str, linger_s: float) -> None:
-    """End what a finished script left: its process group, and descendants carrying its token."""
+def _end_leftovers(main: subprocess.Popen, token: str, linger_s: float) -> None:
+    """End what a script left: its process group, and descendants carrying its token.
+
+    The script itself stays in the hands of its Popen (should it still run), so
+    its exit status is never collected behind its back.
+    """
     marker = f"{TOKEN_VAR}={token}".encode()
 
-    def survivors() -> list[procfs.Proc]:
-        return [p for p in procfs.descendants(os.getpid())
-                if not p.zombie and (p.pgid == pgid or procfs.has_marker(p.pid, marker))]
+    def leftovers() -> list[int | subprocess.Popen]:
+        return [main if p.pid == main.pid else p.pid for p in procfs.descendants(os.getpid())
+                if p.pgid == main.pid or procfs.has_marker(p.pid, marker)]
 
-    _signal_group(pgid, signal.SIGTERM)
-    _terminate(survivors, linger_s, group=pgid)
+    stop_processes(leftovers, linger_s, group=main.pid)
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
@@ -213,62 +219,12 @@ def end_descendants(linger_s: float = 1.0) -> list[str]:
     re-parented to us, and so still found here.  Returns what had to be ended.
     """
 
-    def alive() -> list[procfs.Proc]:
-        return [p for p in procfs.descendants(os.getpid()) if not p.zombie]
+    def below() -> list[int]:
+        return [p.pid for p in procfs.descendants(os.getpid())]
 
-    names = [f"{p.pid} {_comm(p.pid)}" for p in alive()]
-    _terminate(alive, linger_s)
+    names = [procfs.describe(pid) for pid in below() if procfs.alive(pid)]
+    stop_processes(below, linger_s)
     return names
-
-
-def _terminate(find, linger_s: float, group: int | None = None) -> None:
-    """SIGTERM what ``find()`` lists, give it ``linger_s`` to go, SIGKILL the rest, reap our zombies."""
-    left = find()
-    if not left:  # the usual case: one look at /proc, and done
-        return
-    procfs.signal_all([p.pid for p in left], signal.SIGTERM)
-    deadline = time.monotonic() + linger_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        _reap([p.pid for p in left])
-        left = find()
-    if group is not None:
-        _signal_group(group, signal.SIGKILL)
-    procfs.signal_all([p.pid for p in find()], signal.SIGKILL)
-    time.sleep(0.02)
-    me = os.getpid()
-    _reap([p.pid for p in procfs.descendants(me) if p.ppid == me and p.zombie])
-
-
-def _reap(pids: list[int]) -> None:
-    """Collect the given children of ours that have exited (orphans re-parented to us included)."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _quiet(action):
-    try:
-        return action()
-    except Exception:  # noqa: BLE001 - the process may be gone already
-        return None
 
 
 def _widen_pipe(fd: int, size: int = 1 << 20) -> None:

@@ -1,14 +1,22 @@
-"""A light view of the process table from ``/proc``: who descends from whom, and in which group.
+"""The one reader of the process table: ``/proc``, for every place that finds processes.
 
-Used at the end of every run to find what a script left behind.  Reading
-``/proc`` directly costs a few milliseconds and no import of psutil, which
-matters because it happens on every launch.
+Who descends from whom, in which process group, whether a process is only a
+zombie, what it runs, which network namespace it is in, and whether its
+environment carries a marker.  Reading ``/proc`` directly costs a few
+milliseconds and no import of psutil, which matters because it happens on
+every launch.
+
+Every function reads the table as it is now and answers "gone" (None, False,
+``"?"``) for a process that exits under it: a process may end between two reads.
 """
 
 from __future__ import annotations
 
 import os
 from typing import NamedTuple
+
+#: How a namespace is identified: (st_dev, st_ino) of its nsfs file.
+NamespaceId = tuple[int, int]
 
 
 class Proc(NamedTuple):
@@ -18,23 +26,41 @@ class Proc(NamedTuple):
     zombie: bool
 
 
+def read(pid: int) -> Proc | None:
+    """One process as it is now, or None once it is gone (reaped, or never there)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: fields start after the last ')'
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+
+
+def pids() -> list[int]:
+    """The pid of every process now (threads are not listed)."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def snapshot() -> dict[int, Proc]:
+    """Every process now, by pid."""
     table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may hold spaces and parentheses: fields start after the last ')'
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        table[int(entry)] = Proc(int(entry), int(fields[1]), int(fields[2]), fields[0] == b"Z")
+    for pid in pids():
+        proc = read(pid)
+        if proc is not None:
+            table[pid] = proc
     return table
 
 
+def alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (a zombie has ended; only its exit status is left)."""
+    proc = read(pid)
+    return proc is not None and not proc.zombie
+
+
 def descendants(root: int, table: dict[int, Proc] | None = None) -> list[Proc]:
+    """Every process below ``root`` (zombies included), parents before their children."""
     table = snapshot() if table is None else table
     children: dict[int, list[Proc]] = {}
     for proc in table.values():
@@ -56,14 +82,54 @@ def has_marker(pid: int, marker: bytes) -> bool:
         return False
 
 
-def signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
     """Live descendants of ``root`` whose environment holds ``marker``."""
     return [p.pid for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]
+
+
+def comm(pid: int) -> str:
+    """The process's short name (``sleep``), or ``?`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def cmdline(pid: int) -> str | None:
+    """The process's command line, arguments joined by spaces; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def describe(pid: int) -> str:
+    """``PID NAME``, for messages about processes that had to be ended."""
+    return f"{pid} {comm(pid)}"
+
+
+def namespace_id(path: str | os.PathLike[str]) -> NamespaceId | None:
+    """The identity of the namespace an nsfs file (``/proc/PID/ns/net``, ``/run/netns/NAME``) stands for."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def netns_of(pid: int | str) -> NamespaceId | None:
+    """The network namespace of a process (``"self"`` for ours); None once it has exited, zombies included."""
+    return namespace_id(f"/proc/{pid}/ns/net")
+
+
+def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId]) -> dict[int, NamespaceId]:
+    """Live processes whose network namespace is one of ``namespaces``, with it (membership, never names)."""
+    found: dict[int, NamespaceId] = {}
+    if namespaces:
+        for pid in pids():
+            namespace = netns_of(pid)
+            if namespace in namespaces:
+                found[pid] = namespace
+    return found

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+
+from training_toolkit.log import log
 
 
 def main() -> int:
@@ -21,8 +22,7 @@ def main() -> int:
         tf.train.ClusterSpec(config["cluster"]), job_name=task["type"], task_index=task["index"],
         protocol="grpc", start=True,
     )
-    sys.stderr.write(f"training-toolkit: parameter server {task['type']}:{task['index']} serving at {server.target}\n")
-    sys.stderr.flush()
+    log(f"parameter server {task['type']}:{task['index']} serving at {server.target}")
     server.join()
     return 0
 

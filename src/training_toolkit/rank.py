@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 64
     from training_toolkit import contract, hardware, job, settings
     from training_toolkit.errors import ToolkitError
+    from training_toolkit.log import log
     from training_toolkit.paths import Paths
 
     environ = dict(os.environ)
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = Paths.at(config.base_dir)
         spec = job.load_job(paths, environ, hardware.probe(config.num_gpus))
     except ToolkitError as exc:
-        sys.stderr.write(f"training-toolkit rank: {exc}\n")
+        log(f"rank: {exc}")
         return exc.exit_code
     env = contract.script_environment(spec, environ, torch_style_variables(environ, contract.master_host(spec)))
     try:
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.execvpe(args[0], args, env)
     except OSError as exc:
-        sys.stderr.write(f"training-toolkit rank: cannot run {args[0]}: {exc}\n")
+        log(f"rank: cannot run {args[0]}: {exc}")
         return 127
     return 0  # not reached
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, toolkit_cmd, train_cmd, write_job
+from helpers.jobs import clean_env, toolkit_cmd, train_cmd, write_job
 
 
 def run_train(base: Path, env=None, timeout=120) -> subprocess.CompletedProcess:
@@ -149,7 +149,6 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def s3_server():
     """A real S3-compatible server (moto in server mode) on loopback."""
-    pytest.importorskip("moto")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -172,6 +171,7 @@ def s3_env(url: str) -> dict[str, str]:
                      AWS_DEFAULT_REGION="us-east-1")
 
 
+@pytest.mark.moto
 def test_s3_tarball_is_downloaded_and_run(job_dir, tmp_path, s3_server):
     import boto3
 

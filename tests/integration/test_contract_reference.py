@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import reference
-from conftest import BIN
+from helpers import reference
+from helpers.paths import BIN
 
 pytestmark = [
     pytest.mark.reference,
-    pytest.mark.skipif(reference.reference_train() is None, reason=reference.SKIP_REASON),
 ]
 
 # What we add on purpose (docs/contract.md, "Deliberate differences").

@@ -10,22 +10,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference import (  # noqa: E402
+from helpers.reference import (
     REFERENCE_SM_VARS,
-    SKIP_REASON,
     comparable_env,
     make_tree,
-    reference_train,
     run_reference,
     write_dump_script,
 )
 
-requires_reference = pytest.mark.skipif(reference_train() is None, reason=SKIP_REASON)
+requires_reference = pytest.mark.reference
 
 
 def test_dump_script_alone(tmp_path):

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training_toolkit import names
-from training_toolkit.errors import EXIT_USAGE
+from training_toolkit.errors import EXIT_USAGE, ToolkitError
+from training_toolkit.log import log
 
 NONE = "none"
 # What `train` can run: the distributions with a runner, by the names of names.DISTRIBUTIONS.
@@ -76,22 +77,22 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"training-toolkit local: {flag} expects KEY=VALUE, got {item!r}")
+            log(f"local: {flag} expects KEY=VALUE, got {item!r}")
+            raise SystemExit(EXIT_USAGE)
         out[key] = value
     return out
 
 
 def main(argv: Sequence[str]) -> int:
     from training_toolkit.local.launcher import LocalJob, run_local
-    from training_toolkit.local.netns import NamespaceClusterError
 
     args = build_parser().parse_args(list(argv))
     if args.hosts < 1:
-        print("training-toolkit local: --hosts must be at least 1", file=sys.stderr)
+        log("local: --hosts must be at least 1")
         return EXIT_USAGE
     source = args.source.resolve()
     if not (source / args.entry_point).exists():
-        print(f"training-toolkit local: {args.entry_point} not found in {source}", file=sys.stderr)
+        log(f"local: {args.entry_point} not found in {source}")
         return EXIT_USAGE
     if args.processes_per_host is not None and args.processes_per_host < 1:
         print("training-toolkit local: --processes-per-host must be at least 1", file=sys.stderr)
@@ -105,16 +106,16 @@ def main(argv: Sequence[str]) -> int:
     channels = {k: Path(v).resolve() for k, v in _pairs(args.channel, "--channel").items()}
     for name, path in channels.items():
         if not path.is_dir():
-            print(f"training-toolkit local: channel {name}: {path} is not a directory", file=sys.stderr)
+            log(f"local: channel {name}: {path} is not a directory")
             return EXIT_USAGE
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="training-toolkit-local-"))
     job = LocalJob(hosts=tuple(f"algo-{i}" for i in range(1, args.hosts + 1)), hyperparameters=hps,
                    channels=channels, env=_pairs(args.env, "--env"))
     try:
         results = run_local(job, workdir, timeout_s=args.timeout)
-    except NamespaceClusterError as exc:
-        print(f"training-toolkit local: {exc}", file=sys.stderr)
-        return 69
+    except ToolkitError as exc:  # the cluster could not start (not root, no `ip`, ...)
+        log(f"local: {exc}")
+        return exc.exit_code
     print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
     for r in results:
         verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from training_toolkit import procfs
 from training_toolkit.local.netns import NamespaceCluster
 from training_toolkit.settings import JOB_SECRET
+from training_toolkit.stopping import stop_processes
 
 INTERFACE = "eth0"
 
@@ -169,12 +171,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
                         ended[name] = time.monotonic()
                 time.sleep(0.01)
             if stop.is_set():
-                for proc in procs.values():
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGTERM)
-                end = time.monotonic() + stop_grace_s
-                while time.monotonic() < end and any(p.poll() is None for p in procs.values()):
-                    time.sleep(0.02)
+                stop_processes(list(procs.values()), stop_grace_s)
                 for name, proc in procs.items():
                     if name not in ended and proc.poll() is not None:
                         ended[name] = time.monotonic()
@@ -206,16 +203,8 @@ def _survivors(cluster: NamespaceCluster, before: Mapping[str, set[int]]) -> dic
     time.sleep(0.05)  # let the kernel finish reaping what exited with train
     found = {}
     for name, pids in cluster.pids().items():
-        left = []
-        for pid in pids:
-            if pid in before.get(name, set()):
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                left.append(f"{pid} {cmdline}")
-            except OSError:
-                continue
+        left = [f"{pid} {line}" for pid in pids if pid not in before.get(name, set())
+                if (line := procfs.cmdline(pid)) is not None]
         if left:
             found[name] = left
     return found

@@ -13,11 +13,9 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
+from training_toolkit.stopping import stop_processes
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
@@ -137,11 +136,7 @@ class MpiAgent(HostAgent):
 
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
-        procfs.signal_all(self._ranks(), signum)
-        deadline = time.monotonic() + self.ctx.grace_s
-        while (left := self._ranks()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        procfs.signal_all(left, signal.SIGKILL)
+        stop_processes(self._ranks, self.ctx.grace_s, signum)
         self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:

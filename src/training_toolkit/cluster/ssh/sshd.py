@@ -8,14 +8,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-import psutil
-
+from training_toolkit import procfs
 from training_toolkit.cluster.ssh.errors import SshdError
 from training_toolkit.cluster.ssh.layout import SshLayout
+from training_toolkit.stopping import stop_processes
 
 DEFAULT_SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -142,29 +141,21 @@ class Sshd:
         Each connection runs in its own session (sshd calls setsid), so a
         process-group kill would miss them.  The listener is frozen with
         SIGSTOP while its descendants are listed, so no new connection slips
-        in between; then everything gets SIGTERM, and SIGKILL after the grace.
+        in between; then everything gets SIGTERM (and SIGCONT), and SIGKILL
+        after the grace.
         """
         with self._lock:
             proc = self._proc
             if proc is None or proc.returncode is not None:
                 return
-            victims: list[psutil.Process] = []
+            sessions: list[int] = []
             if proc.poll() is None:
                 try:
-                    os.kill(proc.pid, signal.SIGSTOP)
-                    victims = psutil.Process(proc.pid).children(recursive=True)
-                except (ProcessLookupError, psutil.Error):
+                    os.kill(proc.pid, signal.SIGSTOP)  # no new session while they are listed
+                except ProcessLookupError:
                     pass
-                for victim in victims:
-                    _quiet(victim.terminate)
-                _quiet(lambda: os.kill(proc.pid, signal.SIGTERM))
-                _quiet(lambda: os.kill(proc.pid, signal.SIGCONT))
-            try:
-                proc.wait(self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            _end_processes(victims, self.stop_grace_s)
+                sessions = [p.pid for p in procfs.descendants(proc.pid) if not p.zombie]
+            stop_processes([*sessions, proc], self.stop_grace_s)
 
     def __enter__(self) -> Sshd:
         self.start()
@@ -172,29 +163,6 @@ class Sshd:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _end_processes(processes: Sequence[psutil.Process], grace_s: float) -> None:
-    """Wait for processes we signalled, then SIGKILL what is left; zombies count as gone."""
-    deadline = time.monotonic() + grace_s
-    left = list(processes)
-    while left:
-        left = [p for p in left if _alive(p)]
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.02)
-    for proc in left:
-        _quiet(proc.kill)
-    for proc in processes:
-        # Reaps them when we are a subreaper they were re-parented to; else a no-op.
-        _quiet(lambda pid=proc.pid: os.waitpid(pid, os.WNOHANG))
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _read_pid(path: Path) -> int | None:
@@ -216,12 +184,3 @@ def _log_lines(path: Path, offset: int) -> list[str]:
 
 def _one_line(data: bytes) -> str:
     return " / ".join(line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip())
-
-
-def _quiet(action) -> object:
-    try:
-        return action()
-    except Exception:  # noqa: BLE001 - the process may be gone already
-        return None
-
-

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from multihost import FIXTURES, hps, needs_mpi, needs_root_cluster, ours_running, rank_files, run, source_dir
+from helpers.multihost import FIXTURES, hps, ours_running, rank_files, run, source_dir
 from training_toolkit.cluster.ssh import MOUNTED_FILES, generate_keypair
 from training_toolkit.local.launcher import LocalJob, run_local
 
-pytestmark = [pytest.mark.root, pytest.mark.mpi, needs_root_cluster(), needs_mpi()]
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 JOB_NAME = "tensorflow-training-2026-11-22-10-00-00-000"

@@ -8,23 +8,9 @@ import shutil
 import sys
 from pathlib import Path
 
-import psutil
-import pytest
-
+from helpers.paths import FIXTURES
 from training_toolkit import procfs
 from training_toolkit.local.launcher import HostResult, LocalJob, run_local
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
-
-
-def needs_root_cluster():
-    return pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
-                              reason="local clusters need root, iproute2 and util-linux")
-
-
-def needs_mpi():
-    return pytest.mark.skipif(not shutil.which("mpirun") or not os.path.exists("/usr/sbin/sshd"),
-                              reason="needs Open MPI (mpirun) and openssh-server")
 
 
 def source_dir(tmp_path: Path, *scripts: str) -> Path:
@@ -54,15 +40,8 @@ def rank_files(results: list[HostResult], pattern: str = "rank-*.json") -> dict[
 
 def ours_running() -> list[str]:
     """Processes still below this test process (the launcher's hosts and whatever they started)."""
-    left = []
-    for proc in procfs.descendants(os.getpid()):
-        if proc.zombie:
-            continue
-        try:
-            left.append(f"{proc.pid} {' '.join(psutil.Process(proc.pid).cmdline())[:120]}")
-        except psutil.Error:
-            pass
-    return left
+    return [f"{p.pid} {line[:120]}" for p in procfs.descendants(os.getpid())
+            if not p.zombie and (line := procfs.cmdline(p.pid)) is not None]
 
 
 def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120, **kw) -> list[HostResult]:

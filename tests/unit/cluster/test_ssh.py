@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -54,7 +53,7 @@ def test_generated_keys_are_new_every_time_and_match_their_public_halves():
     assert a.public.startswith("ssh-ed25519 AAAA") and a.public.endswith(" c")
 
 
-@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed")
+@pytest.mark.openssh
 def test_ssh_keygen_reads_generated_keys(tmp_path):
     pair = generate_keypair("job")
     path = tmp_path / "key"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from multihost import hps, needs_mpi, needs_root_cluster, rank_files, run, source_dir
+from helpers.multihost import hps, rank_files, run, source_dir
 from training_toolkit.local.launcher import LocalJob, run_local
 
-pytestmark = [pytest.mark.root, pytest.mark.mpi, needs_root_cluster(), needs_mpi()]
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
 
 HOSTS3 = ("algo-1", "algo-2", "algo-3")
 FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "30"}

@@ -10,20 +10,18 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import training_toolkit.dataparallel.tensorflow as sdp
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import FIXTURES, REPO, TF_PYTHON
+
 SRC = str(REPO / "src")
-SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "smddp_tf_train.py"
-TF_PYTHON = os.environ.get("TT_TF_PYTHON", sys.executable)
+SCRIPT = FIXTURES / "smddp_tf_train.py"
 NP = 2
 
 
@@ -101,13 +99,6 @@ def test_signatures_are_the_librarys(name, params):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """Rank results of one ``mpirun -np 2`` run of the fixture script, with its wall time and model dir."""
-    if not shutil.which("mpirun"):
-        pytest.skip("needs Open MPI (mpirun)")
-    probe = subprocess.run([TF_PYTHON, "-c", "import horovod.tensorflow"], capture_output=True, text=True,
-                           timeout=120)
-    if probe.returncode:
-        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"horovod.tensorflow does not import in {TF_PYTHON} (set TT_TF_PYTHON): {last}")
     model_dir = tmp_path_factory.mktemp("model")
     env = with_src({**os.environ, "SM_MODEL_DIR": str(model_dir), "TF_CPP_MIN_LOG_LEVEL": "2"})
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(NP),
@@ -125,7 +116,7 @@ def run(tmp_path_factory):
 
 
 class TestTwoRanks:
-    pytestmark = [pytest.mark.mpi, pytest.mark.tensorflow, pytest.mark.horovod]
+    pytestmark = [pytest.mark.mpi, pytest.mark.tf_python]
 
     def test_every_rank_knows_its_place(self, run):
         ranks = run["ranks"]

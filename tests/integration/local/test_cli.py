@@ -6,13 +6,14 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, clean_env, toolkit_cmd
-from multihost import needs_mpi, needs_root_cluster
+from helpers.jobs import clean_env, toolkit_cmd
+from helpers.paths import REPO
 
-pytestmark = [pytest.mark.root, needs_root_cluster()]
+pytestmark = [pytest.mark.root]
 
 
-@needs_mpi()
+@pytest.mark.mpi
+@pytest.mark.sshd
 def test_the_mpi_example_on_two_local_hosts(tmp_path):
     result = subprocess.run(
         toolkit_cmd() + ["local", "--hosts", "2", "--source", str(REPO / "examples" / "mpi"), "--entry-point",

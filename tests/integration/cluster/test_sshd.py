@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -29,14 +28,7 @@ from training_toolkit.cluster.ssh import (
     write_server_side,
 )
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="starting sshd for a root login needs root"),
-    pytest.mark.skipif(
-        not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.which("ssh"),
-        reason="openssh-server and openssh-client are not installed",
-    ),
-]
+pytestmark = [pytest.mark.sshd]
 
 HOST = "127.0.0.1"
 ALIAS = "localhost"

@@ -120,7 +120,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.paths import REPO
+
 DEFAULT_REFERENCE_VENV = REPO / ".venv-ref"
 DUMP_ENV_VAR = "DUMP_TO"
 DEFAULT_ENTRY_POINT = "dump_env.py"

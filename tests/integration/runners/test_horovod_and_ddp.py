@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from multihost import hps, needs_mpi, needs_root_cluster, rank_files, run, source_dir
+from helpers.multihost import hps, rank_files, run, source_dir
 from training_toolkit.local.launcher import LocalJob
 
-pytestmark = [pytest.mark.root, needs_root_cluster()]
+pytestmark = [pytest.mark.root]
 H2 = ("algo-1", "algo-2")
 ENV = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 @pytest.mark.horovod
-@needs_mpi()
-@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="needs Horovod (scripts/build-horovod.sh)")
+@pytest.mark.mpi
+@pytest.mark.sshd
+@pytest.mark.horovod
 def test_horovod_tensorflow_on_2_hosts_x_2(tmp_path):
     src = source_dir(tmp_path, "horovod_tf_train.py")
     job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("horovod_tf_train.py", src, sagemaker_mpi_enabled=True,
@@ -33,7 +33,7 @@ def test_horovod_tensorflow_on_2_hosts_x_2(tmp_path):
     assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install torch==2.13.0)")
+@pytest.mark.torch
 def test_torch_ddp_on_2_hosts_x_2(tmp_path):
     src = source_dir(tmp_path, "torch_ddp_train.py")
     job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True,
@@ -66,8 +66,9 @@ def test_a_failing_torch_distributed_process_stops_every_host(tmp_path):
 
 
 @pytest.mark.horovod
-@needs_mpi()
-@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="needs Horovod (scripts/build-horovod.sh)")
+@pytest.mark.mpi
+@pytest.mark.sshd
+@pytest.mark.horovod
 def test_smddp_style_tensorflow_script_on_2_hosts_x_2_with_our_api(tmp_path):
     """A script written for the data-parallel library, import line changed, launched as the library's jobs are."""
     src = source_dir(tmp_path, "smddp_tf_train.py")

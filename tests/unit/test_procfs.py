@@ -1,0 +1,64 @@
+"""The process table as /proc shows it, checked against processes started here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from training_toolkit import procfs
+
+
+def test_a_process_tree_its_group_and_its_environment():
+    marker = f"PROCFS_TEST={os.getpid()}"
+    name, value = marker.split("=")
+    tree = subprocess.Popen(["/bin/sh", "-c", "sleep 100 & sleep 100 & echo ready; wait"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, name: value})
+    try:
+        assert tree.stdout.readline() == "ready\n"
+        below = procfs.descendants(tree.pid)
+        assert len(below) == 2
+        assert {p.ppid for p in below} == {tree.pid}
+        assert {p.pgid for p in below} == {tree.pid}
+        assert not any(p.zombie for p in below)
+        me = procfs.read(os.getpid())
+        assert me is not None and me.pid == os.getpid() and me.ppid == os.getppid() and not me.zombie
+        assert tree.pid in [p.pid for p in procfs.descendants(os.getpid())]
+        assert set(procfs.marked_descendants(os.getpid(), marker.encode())) == {tree.pid} | {p.pid for p in below}
+        assert set(procfs.marked_descendants(os.getpid(), marker.encode(), exclude=frozenset({tree.pid}))) == \
+            {p.pid for p in below}
+        assert not procfs.has_marker(os.getpid(), marker.encode())
+        sleeper = below[0].pid
+        deadline = time.monotonic() + 5
+        while procfs.comm(sleeper) != "sleep":  # the forked shell execs sleep in its own time
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert procfs.comm(sleeper) == "sleep"
+        assert procfs.cmdline(sleeper) == "sleep 100"
+        assert procfs.describe(sleeper) == f"{sleeper} sleep"
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()
+
+
+def test_a_zombie_is_not_alive_and_a_reaped_process_is_gone():
+    proc = subprocess.Popen(["/bin/true"])
+    deadline = time.monotonic() + 5
+    while not procfs.read(proc.pid).zombie:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not procfs.alive(proc.pid)
+    assert procfs.netns_of(proc.pid) is None  # an exited process has no namespaces left
+    proc.wait()
+    assert procfs.read(proc.pid) is None
+    assert procfs.comm(proc.pid) == "?" and procfs.cmdline(proc.pid) is None
+
+
+def test_processes_are_found_by_network_namespace():
+    own = procfs.netns_of("self")
+    assert own is not None and own == procfs.netns_of(os.getpid()) == procfs.namespace_id("/proc/self/ns/net")
+    assert os.getpid() in procfs.in_network_namespaces({own})
+    assert procfs.in_network_namespaces({own})[os.getpid()] == own
+    assert procfs.in_network_namespaces(set()) == {}
+    assert procfs.namespace_id("/nonexistent") is None
