@@ -183,6 +183,11 @@ class Supervised:
             return None
         return ExitStatus(code, killed_by_us=self._killed)
 
+    def drain(self, timeout_s: float = 0.5) -> None:
+        """Wait (bounded) until its stderr is read to the end, so that the tail holds its last words."""
+        if self._relay is not None:
+            self._relay.join(timeout=timeout_s)
+
     def finish(self, linger_s: float = 2.0) -> None:
         """After the main child ended: end whatever it left behind, and drain stderr.
 

@@ -32,6 +32,7 @@ def outcome_of(child: Supervised, status: ExitStatus, label: str = "", what: str
     """A failed process's outcome names how it ended and its last stderr line."""
     if status.ok:
         return Outcome(0)
+    child.drain()  # the exit can be seen before the relay has read the last stderr lines
     tail = tuple(child.tail.lines(100))
     prefix = f"{label}: " if label else ""
     description = f"{prefix}{what or _program(child.argv)} {status.describe()}"

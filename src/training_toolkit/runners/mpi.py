@@ -140,6 +140,7 @@ class MpiAgent(HostAgent):
         self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+        local.child.drain()
         tail = tuple(local.child.tail.lines(100))
         options = self.ctx.plan.options
         reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options["processes_per_host"], status)
