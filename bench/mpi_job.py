@@ -103,7 +103,8 @@ def ours(src: Path, entry: str, workdir: Path, expect_success: bool, tags: list[
 
 
 def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
-    """Code, ssh dir and sshd in place on every host; the bare mpirun command to run in algo-1."""
+    """Code, ssh dir and sshd in place on every host; the bare mpirun command to run in the first host."""
+    hosts = [host.name for host in cluster.hosts]
     from training_toolkit.cluster.ssh import generate_keypair
 
     client, host_key = generate_keypair("bench-client"), generate_keypair("bench-host")
@@ -114,9 +115,9 @@ def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
     for index, host in enumerate(cluster.hosts):
         (host.opt_ml / "code").mkdir(parents=True, exist_ok=True)
         (host.opt_ml / "model").mkdir(parents=True, exist_ok=True)
-        for script in ("allreduce.py", "kill.py"):
+        for script in sorted(p.name for p in src.glob("*.py")):
             (host.opt_ml / "code" / script).write_text((src / script).read_text())
-        side = ["client", *HOSTS[1:]] if index == 0 else ["server", *addresses]
+        side = ["client", *hosts[1:]] if index == 0 else ["server", *addresses]
         cluster.run(host, [str(PYTHON), "-c", WRITE_SSH_DIR, str(keys_file), SSH_DIR, *side], env=base_env(),
                     timeout=30, check=True)
     keys_file.unlink()
@@ -125,11 +126,11 @@ def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
         cluster.popen(host, ["/usr/sbin/sshd", "-D", "-e", "-f", f"{SSH_DIR}/sshd_config"],
                       env={"PATH": base_env()["PATH"]}, stdin=subprocess.DEVNULL,
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cluster.run(HOSTS[0], [str(PYTHON), "-c", WAIT_FOR_SSH, SSH_DIR, *HOSTS[1:]], env=base_env(), timeout=40,
+    cluster.run(hosts[0], [str(PYTHON), "-c", WAIT_FOR_SSH, SSH_DIR, *hosts[1:]], env=base_env(), timeout=120,
                 check=True)
     # The options our runner passes (runners/mpi_command.py, Open MPI 4), without its -x list and
     # the per-rank wrapper: the difference is what the toolkit costs, not a choice of flags.
-    return ["mpirun", "--allow-run-as-root", "--host", ",".join(f"{h}:1" for h in HOSTS), "-np", str(len(HOSTS)),
+    return ["mpirun", "--allow-run-as-root", "--host", ",".join(f"{h}:1" for h in hosts), "-np", str(len(hosts)),
             "--tag-output",
             "--mca", "btl_tcp_if_include", INTERFACE, "--mca", "oob_tcp_if_include", INTERFACE,
             "--mca", "plm_rsh_agent", f"ssh -F {SSH_DIR}/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
@@ -139,10 +140,10 @@ def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
 
 
 def bare(cluster: NamespaceCluster, mpirun: list[str], script: str, expect_success: bool = True) -> float:
-    """Seconds from the call to mpirun's exit (inside algo-1)."""
+    """Seconds from the call to mpirun's exit (inside the first host)."""
     t0 = time.monotonic()
-    proc = cluster.run(HOSTS[0], [*mpirun, script], env={**base_env(), "SM_MODEL_DIR": "/opt/ml/model"},
-                       cwd="/opt/ml/code", timeout=120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = cluster.run(cluster.hosts[0], [*mpirun, script], env={**base_env(), "SM_MODEL_DIR": "/opt/ml/model"},
+                       cwd="/opt/ml/code", timeout=300, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     elapsed = time.monotonic() - t0
     if (proc.returncode == 0) != expect_success:
         sys.stdout.buffer.write(proc.stdout)

@@ -147,6 +147,8 @@ class MpiAgent(HostAgent):
         return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
 
     def cleanup(self) -> None:
+        if self.layout is not None and self.is_master:
+            ssh.end_connections(self.layout)
         if self.sshd is not None:
             self.sshd.stop()
         if self._ssh_dir is not None:

@@ -110,6 +110,25 @@ def test_login_works_at_once_with_no_prompt(base_dir):
             assert result.stderr == ""  # no prompt, no "Permanently added" warning
 
 
+def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_connections_closes(tmp_path):
+    from training_toolkit import procfs
+    from training_toolkit.cluster.ssh import end_connections
+
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # a socket path must be short
+    pair = setup(short, free_port())
+    with Sshd(pair.server) as sshd:
+        wait_for_ssh(pair.client, [HOST], deadline_s=15)
+        mark = f"{pair.client.directory}/cm-"
+        masters = [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
+        assert len(masters) == 1
+        sessions_before = len(procfs.descendants(sshd.pid))
+        assert run_ssh(pair.client, HOST, "true").returncode == 0  # over the shared connection
+        assert len(procfs.descendants(sshd.pid)) == sessions_before  # no new connection on the server
+        assert end_connections(pair.client) == masters
+        assert not [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
+    shutil.rmtree(short)
+
+
 def test_wait_for_ssh_returns_once_every_name_answers(tmp_path):
     pair = setup(tmp_path, free_port())
     with Sshd(pair.server):

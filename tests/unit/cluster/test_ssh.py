@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -159,6 +160,11 @@ KEY_2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOV94Ja3IRlrXSpgVzOb08UjyqctqO6uOZX
 KEY_3 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHhBcUo0l2ZpZjR4k8Vp1kS3X5m2C9F2w2Q8uKxk2l8a"
 
 
+def test_render_ssh_config_shares_one_connection_per_host():
+    text = render_ssh_config(identity_file=Path("/d/k"), known_hosts=Path("/d/h"), port=22, control_path="/d/cm-%C")
+    assert text.endswith("    ControlMaster auto\n    ControlPath /d/cm-%C\n    ControlPersist 60\n")
+
+
 def test_render_known_hosts_pins_each_host_its_own_key_with_port_and_aliases():
     text = render_known_hosts({"algo-2": KEY_2 + " host@algo-2", "algo-3": KEY_3}, port=2222,
                               aliases={"algo-3": ["192.0.2.13", "algo-3.local"]})
@@ -216,16 +222,27 @@ def test_server_side_modes_and_contents(tmp_path):
         user="root", listen_addresses=["192.0.2.12"], strict_modes=False)
 
 
-def test_client_side_modes_and_contents(tmp_path):
+def test_client_side_modes_and_contents():
     client = generate_keypair("c")
-    layout = write_client_side(tmp_path / "ssh", client_key=client, host_keys={"algo-2": KEY_2}, port=22)
-    assert sorted(p.name for p in layout.directory.iterdir()) == ["client_key", "known_hosts", "ssh_config"]
-    for path in layout.directory.iterdir():
-        assert mode(path) == 0o600, path
-    assert layout.client_key.read_bytes() == client.private
-    assert layout.known_hosts.read_text() == f"algo-2 {KEY_2}\n"
-    assert layout.ssh_config.read_text() == render_ssh_config(identity_file=layout.client_key,
-                                                              known_hosts=layout.known_hosts, port=22)
+    directory = new_ssh_dir(Path("/tmp"))
+    try:
+        layout = write_client_side(directory, client_key=client, host_keys={"algo-2": KEY_2}, port=22)
+        assert sorted(p.name for p in layout.directory.iterdir()) == ["client_key", "known_hosts", "ssh_config"]
+        for path in layout.directory.iterdir():
+            assert mode(path) == 0o600, path
+        assert layout.client_key.read_bytes() == client.private
+        assert layout.known_hosts.read_text() == f"algo-2 {KEY_2}\n"
+        assert layout.ssh_config.read_text() == render_ssh_config(identity_file=layout.client_key,
+                                                                  known_hosts=layout.known_hosts, port=22,
+                                                                  control_path=str(directory / "cm-%C"))
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_no_shared_connection_where_its_socket_path_would_not_fit(tmp_path):
+    deep = tmp_path / ("d" * 60)
+    layout = write_client_side(deep, client_key=generate_keypair("c"), host_keys={"algo-2": KEY_2}, port=22)
+    assert "ControlPath" not in layout.ssh_config.read_text()
 
 
 def test_new_ssh_dirs_are_private_and_new_each_time(tmp_path):

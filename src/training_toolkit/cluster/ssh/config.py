@@ -15,6 +15,7 @@ from pathlib import Path
 from training_toolkit.cluster.ssh.errors import SshLayoutError
 
 DEFAULT_SSH_PORT = 22
+CONTROL_PERSIST_S = 60  # an idle shared connection lives this long (the job's end closes it sooner)
 
 
 def render_sshd_config(
@@ -92,12 +93,15 @@ def render_ssh_config(
     port: int,
     connect_timeout_s: int = 5,
     server_alive_interval_s: int = 15,
+    control_path: str | None = None,
 ) -> str:
     """The client config for ``ssh -F``: our key only, our pinned host keys only, never a prompt.
 
     ``UpdateHostKeys no`` and ``CheckHostIP no`` keep ssh from editing the
     pinned file; keep-alives let a session to a dead host fail within a
-    minute instead of hanging an mpirun.
+    minute instead of hanging an mpirun.  With ``control_path``, the first
+    connection to a host (the readiness probe) stays open for a minute and
+    later ones (mpirun's) run over it: one key exchange per host, not two.
     """
     check_port(port)
     lines = [
@@ -119,6 +123,8 @@ def render_ssh_config(
         "    ServerAliveCountMax 4",
         "    LogLevel ERROR",
     ]
+    if control_path:
+        lines += ["    ControlMaster auto", f"    ControlPath {control_path}", f"    ControlPersist {CONTROL_PERSIST_S}"]
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,12 @@ from training_toolkit.cluster.ssh.keys import KeyPair
 # or split the rsh agent string mpirun is given.  We refuse them instead.
 _UNSAFE_PATH_CHARS = frozenset(" \t\r\n\"'#%\\")
 DIR_PREFIX = "training-toolkit-ssh-"
+_SUN_PATH = 108  # bytes of a unix socket's path on Linux, its final NUL included
+
+
+def _socket_path_fits(control_path: str) -> bool:
+    """Whether ssh can bind ``control_path``: %C becomes 40 characters, and ssh binds a name 17 longer first."""
+    return len(control_path.replace("%C", "x" * 40).encode()) + 17 < _SUN_PATH
 
 
 @dataclass(frozen=True)
@@ -115,9 +121,24 @@ def write_client_side(
     known_hosts = render_known_hosts(host_keys, port=port, aliases=aliases)
     _write_file(layout.client_key, client_key.private, 0o600)
     _write_file(layout.known_hosts, known_hosts.encode(), 0o600)
-    config = render_ssh_config(identity_file=layout.client_key, known_hosts=layout.known_hosts, port=port)
+    control = str(layout.directory / "cm-%C")
+    config = render_ssh_config(identity_file=layout.client_key, known_hosts=layout.known_hosts, port=port,
+                               control_path=control if _socket_path_fits(control) else None)
     _write_file(layout.ssh_config, config.encode(), 0o600)
     return layout
+
+
+def end_connections(layout: SshLayout, grace_s: float = 1.0) -> list[int]:
+    """End the shared connections (``ControlMaster``) this host opened to its peers; their pids."""
+    from training_toolkit import procfs
+    from training_toolkit.stopping import stop_processes
+
+    # Each detaches from the ssh that opened it; its title names its socket, in our job's own directory.
+    mark = str(layout.directory / "cm-")
+    masters = [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
+    if masters:
+        stop_processes(masters, grace_s)
+    return masters
 
 
 def ssh_command(layout: SshLayout, *, ssh: str = "ssh") -> list[str]:

@@ -1,0 +1,96 @@
+"""Cost as hosts grow: a job of N hosts on a local cluster, N = 2, 8, 16, 32, 64 by default.
+
+For each N, one run of each, interleaved:
+- ``start to barrier`` and ``barrier to verdict`` of a job under the torch-style launcher (one
+  process per host that writes ``time.monotonic()`` first thing and exits): from the hosts being
+  up to the last process starting, and from then to the last host's exit;
+- an MPI job of N hosts x 1 rank (mpi4py allreduce) through ``run_local``, from the hosts being up
+  to the last host's exit, beside a bare ``mpirun`` with the same options on a cluster of N hosts
+  prepared in advance (code in place, sshd up, one shared key): ``ours - bare`` is what the
+  toolkit costs, and ``per host`` divides it by N.
+
+On this machine every host shares two cores, so per-host CPU shows as wall time; on real hosts
+most of it would run in parallel, except the first host's fan-in.  Needs root, Open MPI,
+openssh-server and mpi4py.  Usage: .venv/bin/python bench/scale.py [N ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from common import LocalRun
+from mpi_job import ALLREDUCE, bare, prepare
+
+from training_toolkit.local.launcher import LocalJob
+from training_toolkit.local.netns import NamespaceCluster, leftovers
+
+STAMP = """\
+import os, time
+started = time.monotonic()
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "started"), "w") as f:
+    f.write(repr(started))
+"""
+
+
+def hosts(n: int) -> tuple[str, ...]:
+    return tuple(f"algo-{i}" for i in range(1, n + 1))
+
+
+def launcher_job(src: Path, n: int) -> LocalJob:
+    hps = {"sagemaker_program": json.dumps("stamp.py"), "sagemaker_submit_directory": json.dumps(str(src)),
+           "sagemaker_torch_distributed_enabled": "true"}
+    return LocalJob(hosts=hosts(n), hyperparameters=hps, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "300"})
+
+
+def mpi_job(src: Path, n: int) -> LocalJob:
+    hps = {"sagemaker_program": json.dumps("allreduce.py"), "sagemaker_submit_directory": json.dumps(str(src)),
+           "sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "1"}
+    return LocalJob(hosts=hosts(n), hyperparameters=hps, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "300"})
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [2, 8, 16, 32, 64]
+    tags: list[str] = []
+    rows = []
+    left: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        (src / "stamp.py").write_text(STAMP)
+        (src / "allreduce.py").write_text(ALLREDUCE)
+        for n in sizes:
+            run = LocalRun(launcher_job(src, n), Path(tmp) / f"launcher-{n}", tags, timeout_s=600)
+            run.check(f"launcher on {n} hosts")
+            starts = [float((r.model_dir / "started").read_text()) for r in run.results]
+            barrier = max(starts) - run.hosts_up
+            verdict = run.last_exit - max(starts)
+            mpi = LocalRun(mpi_job(src, n), Path(tmp) / f"mpi-{n}", tags, timeout_s=600)
+            mpi.check(f"mpi on {n} hosts")
+            ours = mpi.last_exit - mpi.hosts_up
+            prepared = NamespaceCluster(hosts(n), Path(tmp) / f"prepared-{n}")
+            try:
+                prepared.start()
+                bare_s = bare(prepared, prepare(prepared, src), "allreduce.py")
+            finally:
+                prepared.close()
+                left += prepared.leftovers()
+            rows.append((n, barrier, verdict, ours, bare_s))
+            print(f"N={n:3d}: start to barrier {barrier:6.2f} s, barrier to verdict {verdict:5.2f} s; "
+                  f"MPI job ours {ours:6.2f} s, bare {bare_s:6.2f} s, ours - bare {ours - bare_s:5.2f} s "
+                  f"({(ours - bare_s) / n * 1000:4.0f} ms per host)", flush=True)
+    left += [item for tag in tags for item in leftovers(tag)]
+    print("\n| hosts | start to barrier | barrier to verdict | MPI job, ours | bare mpirun | ours - bare | per host |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for n, barrier, verdict, ours, bare_s in rows:
+        print(f"| {n} | {barrier:.2f} s | {verdict:.2f} s | {ours:.2f} s | {bare_s:.2f} s | {ours - bare_s:.2f} s "
+              f"| {(ours - bare_s) / n * 1000:.0f} ms |")
+    print("nothing left running" if not left else f"LEFT BEHIND: {left}")
+    if left:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
