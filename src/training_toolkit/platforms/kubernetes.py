@@ -77,7 +77,7 @@ def pod_view(operator: str, environ: Mapping[str, str], hostname: str,
     if operator == PYTORCHJOB:
         return pytorchjob.view(environ)
     if operator == MPIJOB:
-        return mpijob.view(environ, read(mpijob.HOSTFILE), hostname)
+        return mpijob.view(environ, read(environ.get(mpijob.HOSTFILE_VARIABLE) or mpijob.HOSTFILE), hostname)
     if operator == JOBSET:
         return jobset.view(environ)
     return PodView(POD, (hostname,), hostname)

@@ -29,6 +29,7 @@ from training_toolkit.platforms.view import MPIJOB, PodView
 ROLE = "K_MPI_JOB_ROLE"
 LAUNCHER, WORKER = "launcher", "worker"
 HOSTFILE = "/etc/mpi/hostfile"
+HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # the operator points Open MPI at its hostfile
 SSH_DIR = "/root/.ssh"  # mpi-operator's default sshAuthMountPath
 PRIVATE, PUBLIC = "id_rsa", "id_rsa.pub"
 
