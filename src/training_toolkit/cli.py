@@ -36,6 +36,10 @@ def _add_job_flags(parser) -> None:
     parser.add_argument("--base-dir", type=_flag_type("base_dir"), help=settings.help_text("base_dir"))
 
 
+def _add_platform_flag(parser) -> None:
+    parser.add_argument("--platform", type=_flag_type("platform"), help=settings.help_text("platform"))
+
+
 def _add_grace_flag(parser) -> None:
     parser.add_argument("--grace-period", type=_flag_type("grace_s"), metavar="SECONDS",
                         help=settings.help_text("grace_s"))
@@ -55,6 +59,7 @@ def build_parser():
                          epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(run)
     _add_grace_flag(run)
+    _add_platform_flag(run)
     plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
     _add_job_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
@@ -77,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
-        return run(args.base_dir, args.grace_period, dict(os.environ))
+        return run(args.base_dir, args.grace_period, dict(os.environ), args.platform)
     if args.command == "plan":
         return show_plan(args.base_dir, args.json, dict(os.environ))
     build_parser().print_help(sys.stderr)
@@ -95,21 +100,25 @@ def train_main(argv: Sequence[str] | None = None) -> int:
                                      epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(parser)
     _add_grace_flag(parser)
+    _add_platform_flag(parser)
     # SageMaker calls `train` with no arguments; a stray positional (the platform's
     # own "train") is accepted and ignored.
     parser.add_argument("mode", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return run(args.base_dir, args.grace_period, dict(os.environ))
+    return run(args.base_dir, args.grace_period, dict(os.environ), args.platform)
 
 
-def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) -> int:
+def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], platform: str | None = None) -> int:
     from training_toolkit import report
 
     # The job directory first: a bad setting is a verdict too, and the verdict goes there.
     paths = Paths.at(settings.value_of("base_dir", environ, base_dir))
+    adapter = _platform_adapter(paths, environ, platform)
     report.clear_verdict(paths)
     try:
-        config = settings.parse(environ, base_dir=base_dir, grace_s=grace_s)
+        if adapter is not None:  # Kubernetes: build the /opt/ml view and the environment from the operator's facts
+            environ = adapter.prepare(environ)
+        config = settings.parse(environ, base_dir=base_dir, grace_s=grace_s, platform=platform)
         _warn_unknown(environ)
         outcome = _run(paths, config, environ)
     except errors.ToolkitError as exc:
@@ -124,7 +133,23 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str]) ->
     if not outcome.ok:
         log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)
+    if adapter is not None:
+        adapter.finish(outcome.exit_code, outcome.reason)
     return outcome.exit_code
+
+
+def _platform_adapter(paths: Paths, environ: Mapping[str, str], platform: str | None):
+    """The Kubernetes adapter when this is a pod an operator started (or the setting says so); None elsewhere."""
+    if not environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            chosen = settings.value_of("platform", environ, platform)
+        except errors.ConfigError:
+            chosen = None  # the adapter reports it
+        if chosen in ("auto", "sagemaker"):
+            return None  # SageMaker and local hosts: no import on the launch path
+    from training_toolkit.platforms.kubernetes import adapter_for
+
+    return adapter_for(paths, environ, platform)
 
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:

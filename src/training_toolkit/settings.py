@@ -79,6 +79,14 @@ def _count(raw: str) -> int:
     return int(raw)
 
 
+def _platform(raw: str) -> str:
+    from training_toolkit.platforms.view import PLATFORMS
+
+    if raw not in PLATFORMS:
+        raise ValueError(f"expected one of {', '.join(PLATFORMS)}")
+    return raw
+
+
 def _mpi_flavor(raw: str) -> str:
     if raw not in names.MPI_FLAVORS:
         raise ValueError(f"expected {' or '.join(names.MPI_FLAVORS)}")
@@ -111,6 +119,21 @@ VARIABLES = (
     Variable("TRAINING_TOOLKIT_PYTHON", "python", _text, None, "the toolkit's python",
              "the interpreter for the user's script"),
     Variable("TRAINING_TOOLKIT_NUM_GPUS", "num_gpus", _count, None, "probed", "the GPU count, instead of probing"),
+    # Kubernetes (docs/kubernetes.md): what builds /opt/ml when no platform did
+    Variable("TRAINING_TOOLKIT_PLATFORM", "platform", _platform, "auto", "auto",
+             "`sagemaker` (use /opt/ml as it is), `tfjob`, `pytorchjob`, `mpijob`, `jobset` or `pod`; `auto`: "
+             "an operator's facts in a pod without `resourceconfig.json` choose", "--platform"),
+    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS", "hyperparameters", _text, None, "none",
+             "on Kubernetes: a JSON object of hyperparameters, over the mounted file's"),
+    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS_FILE", "hyperparameters_file", _text,
+             "/etc/training-toolkit/hyperparameters.json", "/etc/training-toolkit/hyperparameters.json",
+             "on Kubernetes: a mounted JSON file of hyperparameters (a ConfigMap), if present"),
+    Variable("TRAINING_TOOLKIT_DNS_TIMEOUT", "dns_timeout_s", _seconds, 300.0, "300",
+             "on Kubernetes: seconds to wait for every pod's name to resolve"),
+    Variable("TRAINING_TOOLKIT_TERMINATION_LOG", "termination_log", _text, "/dev/termination-log",
+             "/dev/termination-log", "on Kubernetes: where the verdict's cause goes (`terminationMessagePath`)"),
+    Variable("TRAINING_TOOLKIT_JOBSET_SHAPE", "jobset_shape", _text, None, "none",
+             "under JobSet: `NAME:JOBS:PODS` per replicated job, in rank order (the pods cannot see it)"),
 )
 
 
@@ -130,6 +153,12 @@ class Settings(NamedTuple):
     mpi_flavor: str | None  # None: detected at run time
     python: str | None  # None: the toolkit's own interpreter
     num_gpus: int | None  # None: probed
+    platform: str = "auto"
+    hyperparameters: str | None = None
+    hyperparameters_file: str = "/etc/training-toolkit/hyperparameters.json"
+    dns_timeout_s: float = 300.0
+    termination_log: str = "/dev/termination-log"
+    jobset_shape: str | None = None
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
         shown = self._replace(job_secret="<redacted>") if self.job_secret else self

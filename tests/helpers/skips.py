@@ -93,6 +93,8 @@ REQUIREMENTS = {r.marker: r for r in (
     Requirement("moto", "needs moto (a local S3 server)", _module("moto", "pip install -e '.[test]'")),
     Requirement("reference", "compares against the reference sagemaker-training in .venv-ref", _reference),
     Requirement("ruff", "needs ruff", _ruff),
+    Requirement("kubernetes_validate", "needs kubernetes-validate (offline schemas of Kubernetes' core kinds)",
+                _module("kubernetes_validate", "pip install kubernetes-validate")),
 )}
 
 

@@ -44,8 +44,12 @@ def test_every_variable_read():
         peer_timeout_s=3.0, ssh_port=2200, ssh_keys="/keys", sshd="/usr/sbin/sshd", mpi_flavor="openmpi5",
         python="/venv/bin/python", num_gpus=0,
     )
-    assert parse({"TRAINING_TOOLKIT_MPI_FLAVOR": "openmpi4", "TRAINING_TOOLKIT_NUM_GPUS": "8"})[-3:] == \
+    assert parse({"TRAINING_TOOLKIT_MPI_FLAVOR": "openmpi4", "TRAINING_TOOLKIT_NUM_GPUS": "8"})[10:13] == \
         ("openmpi4", None, 8)
+    kubernetes = {"TRAINING_TOOLKIT_PLATFORM": "jobset", "TRAINING_TOOLKIT_HYPERPARAMETERS": "{}",
+                  "TRAINING_TOOLKIT_HYPERPARAMETERS_FILE": "/hp.json", "TRAINING_TOOLKIT_DNS_TIMEOUT": "5",
+                  "TRAINING_TOOLKIT_TERMINATION_LOG": "/tl", "TRAINING_TOOLKIT_JOBSET_SHAPE": "w:1:2"}
+    assert parse(kubernetes)[13:] == ("jobset", "{}", "/hp.json", 5.0, "/tl", "w:1:2")
 
 
 def test_an_empty_variable_is_unset():
@@ -82,6 +86,8 @@ def test_flags_win_over_variables_even_bad_ones():
     ("TRAINING_TOOLKIT_NUM_GPUS", "two", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_NUM_GPUS", "-1", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_NUM_GPUS", "1.5", "expected a whole number, 0 or more"),
+    ("TRAINING_TOOLKIT_PLATFORM", "k8s", "expected one of auto, sagemaker, tfjob, pytorchjob, mpijob, jobset, pod"),
+    ("TRAINING_TOOLKIT_DNS_TIMEOUT", "0", "expected a positive number of seconds"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_what_was_expected(name, raw, expected):
     with pytest.raises(ConfigError) as caught:

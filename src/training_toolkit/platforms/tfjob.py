@@ -1,0 +1,72 @@
+"""Kubeflow TFJob: the pod's ``TF_CONFIG`` gives the cluster by replica type and this task.
+
+The training-operator writes ``{"cluster": {type: ["<job>-<type>-<i>.<ns>.svc:<port>"]},
+"task": {"type", "index"}, "environment": "cloud"}`` (training-operator
+``pkg/controller.v1/tensorflow/tensorflow.go``, ``genClusterSpec``); evaluators are left out
+of the cluster.  The hosts are the cluster's names, chief (or master) first, then the
+workers by index: the order the toolkit's TensorFlow runners rebuild ``TF_CONFIG`` in, so
+every task keeps its type and index.  A chief means parameter servers (the toolkit runs
+them on the first hosts, as on SageMaker); workers alone mean MultiWorkerMirroredStrategy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from training_toolkit import names
+from training_toolkit.errors import ConfigError
+from training_toolkit.platforms.view import TFJOB, PodView, split_endpoint
+
+VARIABLE = "TF_CONFIG"
+_CHIEFS = ("chief", "master")
+
+
+def view(environ: Mapping[str, str]) -> PodView:
+    source = f"environment variable {VARIABLE}"
+    try:
+        config = json.loads(environ.get(VARIABLE, ""))
+    except ValueError as exc:
+        raise ConfigError(source, None, f"malformed JSON: {exc}") from None
+    cluster, task = (config.get("cluster"), config.get("task")) if isinstance(config, dict) else (None, None)
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise ConfigError(source, None, "expected {\"cluster\": {...}, \"task\": {\"type\", \"index\"}}")
+    for kind in ("ps", "evaluator"):
+        if kind in cluster or task.get("type") == kind:
+            raise ConfigError(source, kind, "PS and Evaluator replicas are not supported: declare Chief and Worker "
+                              "replicas; the toolkit runs the parameter servers on the first hosts "
+                              "(sagemaker_parameter_server_num_ps), see docs/kubernetes.md")
+    unknown = sorted(set(cluster) - {*_CHIEFS, "worker"})
+    if unknown:
+        raise ConfigError(source, "cluster", f"unknown replica type(s) {unknown}")
+    chiefs = [c for c in _CHIEFS if c in cluster]
+    if len(chiefs) > 1 or any(len(cluster[c]) != 1 for c in chiefs):
+        raise ConfigError(source, "cluster", "expected at most one chief (or master) replica")
+    ordered: list[tuple[str, int, str]] = []  # (type, index, endpoint)
+    for kind in (*chiefs, "worker"):
+        entries = cluster.get(kind, [])
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise ConfigError(source, f"cluster.{kind}", "expected a list of HOST:PORT")
+        ordered += [(kind, i, e) for i, e in enumerate(entries)]
+    if not ordered:
+        raise ConfigError(source, "cluster", "no chief and no workers")
+    endpoints = [split_endpoint(e, source, f"cluster.{k}[{i}]") for k, i, e in ordered]
+    hosts = tuple(h for h, _ in endpoints)
+    ports = {p for _, p in endpoints}
+    if len(ports) != 1:
+        raise ConfigError(source, "cluster", f"expected one port for every replica, got {sorted(ports)}")
+    port = ports.pop()
+    kind, index = task.get("type"), task.get("index")
+    matching = [n for n, (k, i, _) in enumerate(ordered) if k == kind and i == index]
+    if not matching:
+        raise ConfigError(source, "task", f"{kind!r} {index!r} is not in the cluster")
+    params: dict = {}
+    if chiefs and len(hosts) > 1:
+        params = {names.distribution("parameter_server").switch: True,
+                  "sagemaker_parameter_server_worker_port": port,
+                  "sagemaker_parameter_server_naming": chiefs[0]}
+    elif len(hosts) > 1:
+        params = {names.distribution("multi_worker_mirrored").switch: True,
+                  "sagemaker_multi_worker_mirrored_strategy_port": port}
+    return PodView(TFJOB, hosts, hosts[matching[0]], MappingProxyType(params))
