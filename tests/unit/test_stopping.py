@@ -83,7 +83,10 @@ def test_processes_that_ignore_sigterm_get_sigkill_after_the_grace():
 
 def test_a_pid_that_is_not_our_child_is_ended_too():
     pid = daemon('trap "" TERM; exec sleep 100')
-    assert procfs.alive(pid)
+    deadline = time.monotonic() + 5
+    while procfs.comm(pid) != "sleep":  # exec'd: the trap is in place, SIGTERM is ignored from now on
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     assert stop_processes([pid], 0.3) == [pid]
     deadline = time.monotonic() + 2
     while procfs.alive(pid):  # init reaps it, not us
