@@ -16,10 +16,11 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit import names, procfs
+from training_toolkit import names, procfs, settings
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
@@ -45,7 +46,7 @@ def run(ctx: RunContext) -> Outcome:
     return MpiAgent(ctx).run()
 
 
-RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # forwarded to every rank: how each host finds its own ranks
+RANK_TAG_VAR = settings.RANK_TAG_VAR  # forwarded to every rank: how each host finds its own ranks
 INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
 INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
 
@@ -118,7 +119,7 @@ class MpiAgent(HostAgent):
         assert self.layout is not None
         env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
         command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
-        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
+        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def signal_job(self, signum: int) -> None:
         if signum not in STOPPING_SIGNALS:
@@ -137,7 +138,7 @@ class MpiAgent(HostAgent):
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
         stop_processes(self._ranks, self.ctx.grace_s, signum)
-        self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
+        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()

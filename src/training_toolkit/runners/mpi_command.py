@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 from training_toolkit.errors import ConfigError
 from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.settings import JOB_SECRET, SUPERVISOR_VAR
 
 # Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
 NOT_FORWARDED = frozenset({
     "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL", "USER", "LOGNAME", "HOME", "MAIL",
     "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "DISPLAY", "LS_COLORS",
-    "TRAINING_TOOLKIT_JOB_SECRET", "TRAINING_TOOLKIT_SUPERVISOR",
+    JOB_SECRET, SUPERVISOR_VAR,
 })
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

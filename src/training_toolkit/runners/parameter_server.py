@@ -51,7 +51,7 @@ class ParameterServerAgent(HostAgent):
         if ps is not None:
             env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
             server = Supervised([sys.executable, "-m", "training_toolkit.ps_server"], env, cwd=str(self.ctx.code_dir))
-            started.append(Local("parameter server", server, primary=False))
+            started.append(Local("parameter server", server, primary=False, program=False))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
         # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
         # until stopped (TF2) or finish its own loop (estimator era): both are fine.

@@ -57,5 +57,5 @@ class TorchDistributedAgent(HostAgent):
         for local_rank in range(per_host):
             extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options["master_port"])
             child = Supervised(self.ctx.argv, {**self.ctx.script_env, **extra}, cwd=str(self.ctx.code_dir))
-            started.append(Local(f"rank {extra['RANK']}", child))
+            started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
         return started
