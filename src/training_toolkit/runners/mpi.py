@@ -25,10 +25,11 @@ from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
+from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
 from training_toolkit.stopping import stop_processes
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
@@ -143,8 +144,8 @@ class MpiAgent(HostAgent):
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
         tail = tuple(local.child.tail.lines(100))
-        options = self.ctx.plan.options
-        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options["processes_per_host"], status)
+        options = mpi_options(self.ctx)
+        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options.processes_per_host, status)
         return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
 
     def cleanup(self) -> None:
@@ -152,6 +153,12 @@ class MpiAgent(HostAgent):
             self.sshd.stop()
         if self._ssh_dir is not None:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
+
+
+def mpi_options(ctx: RunContext) -> MpiOptions:
+    options = ctx.plan.options
+    assert isinstance(options, MpiOptions), options
+    return options
 
 
 def describe(ctx: RunContext) -> dict:
@@ -225,7 +232,7 @@ def has_mpi4py(python: str, ask: bool = True) -> bool:
 
 def smddp_env(ctx: RunContext) -> dict[str, str]:
     """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
-    if not ctx.plan.options.get("smddp"):
+    if not mpi_options(ctx).smddp:
         return {}
     return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
@@ -247,19 +254,18 @@ def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None
 
 def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str],
                   with_mpi4py: bool | None = None) -> list[str]:
-    options = ctx.plan.options
+    options = mpi_options(ctx)
     if with_mpi4py is None:
         with_mpi4py = has_mpi4py(ctx.python)
-    source = str(ctx.job.paths.hyperparameters_file)
     job = MpiJob(
         hosts=ctx.plan.hosts,
-        processes_per_host=options["processes_per_host"],
-        num_processes=options["num_processes"],
+        processes_per_host=options.processes_per_host,
+        num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.get("smddp") else None),
+        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.smddp else None),
         forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
-        custom_options=parse_custom_options(options["custom_mpi_options"], source),
+        custom_options=options.custom_mpi_options,
         as_root=os.geteuid() == 0,
     )
     return mpirun_command(job, flavor)

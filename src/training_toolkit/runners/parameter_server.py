@@ -14,6 +14,7 @@ import json
 import sys
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.plan import ParameterServerOptions
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -27,8 +28,9 @@ def run(ctx: RunContext) -> Outcome:
 
 def layout_of(ctx: RunContext) -> PsLayout:
     options = ctx.plan.options
-    return PsLayout(hosts=ctx.plan.hosts, naming=options["naming"], num_ps=options["num_ps"],
-                    worker_port=options["worker_port"], ps_port=options["ps_port"])
+    assert isinstance(options, ParameterServerOptions), options
+    return PsLayout(hosts=ctx.plan.hosts, naming=options.naming, num_ps=options.num_ps,
+                    worker_port=options.worker_port, ps_port=options.ps_port)
 
 
 def describe(ctx: RunContext) -> dict:
