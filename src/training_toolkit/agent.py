@@ -4,58 +4,62 @@
     -> monitor (local exits, peers, signals) -> verdict -> stop and clean up
 
 Runners override the small steps (``prepare``, ``after_barrier``, ``start``,
-``failure_of``, ``cleanup``); the order, the failure handling and the verdict
-are here, once.  The first host decides the verdict and sends it to the
+``failure_of``, ``cleanup``); the order is here, once.  What each event means
+and what every host is told is decided in ``decisions`` (a pure step, tested
+without processes); this class is the shell around it: it turns exits, peers'
+messages, signals and the passing of time into events, and carries out the
+step's actions.  The first host decides the verdict and sends it to the
 others; the others report their failures to it.  Nothing is left running:
 every local process is stopped and reaped before ``run`` returns.
+
+The seat in the job (``Membership``) comes from ``membership_factory``, so a
+test can seat an agent in a fake job.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
-from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.cluster.membership import ChannelSettings, Membership
+from training_toolkit import decisions
+from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
-from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, CodeError, JobFailed, ToolkitError
+from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
+                                        Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
+                                        Tick)
+from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
+from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
-REPORT_WAIT_S = 5.0  # a host that failed waits this long for the verdict before ending on its own
-PEER_FINISH_TIMEOUT_S = 600.0  # after success on the first host, how long others may take to finish
+
+# (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat
+MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings, SimpleQueue,
+                              Mapping[str, str] | None], Seat]
 
 
 @dataclass(frozen=True)
-class LocalExit:
-    name: str
-    status: ExitStatus
-
-
-@dataclass(frozen=True)
-class GotSignal:
-    signum: int
-
-
-@dataclass(frozen=True)
-class PartStopped:
-    """A runner's own report: this host's part of the job was stopped by a signal."""
-
-    signum: int
-
-
-@dataclass
 class Local:
-    """A process this host runs for the job; the host's part ends when its primary ends."""
+    """A process this host runs for the job; the host's part ends when its primaries end.
+
+    ``rank``: the job-wide rank it is, for runners with one process per rank
+    (its failure names it).  ``program``: it runs the user's command (a
+    failure names the program) rather than a process of the toolkit's own
+    (a failure names ``name``).
+    """
 
     name: str
     child: Supervised
     primary: bool = True
+    rank: int | None = None
+    program: bool = True
 
 
 class Stopped(ToolkitError):
@@ -69,17 +73,18 @@ class Stopped(ToolkitError):
 class HostAgent:
     wait_for_peers = False  # on success, does the first host wait for every host's own success?
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership):
         self.ctx = ctx
         self.host = ctx.plan.current_host
         self.is_master = ctx.plan.is_master
         self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
-        self.membership: Membership | None = None  # this host's seat, from run() on
+        self.membership: Seat | None = None  # this host's seat, from run() on
+        self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_settings(ctx.settings)
         self.locals: list[Local] = []
-        self._setup_phase = True
-        self._stop_signal: int | None = None  # a stopping signal this host received: the job did not complete
+        self.state = (decisions.first_host(self.host, ctx.plan.hosts[1:], self.wait_for_peers) if self.is_master
+                      else decisions.other_host(self.host))
 
     # Steps for runners to override ------------------------------------------------------------
 
@@ -99,9 +104,9 @@ class HostAgent:
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         """The outcome of a local process that failed, its reason naming this host."""
-        if local.name.startswith("rank "):
-            return outcome_of(local.child, status, label=f"{self.host} {local.name}")
-        return outcome_of(local.child, status, label=self.host, what=None if local.name == "script" else local.name)
+        if local.rank is not None:
+            return outcome_of(local.child, status, label=f"{self.host} rank {local.rank}")
+        return outcome_of(local.child, status, label=self.host, what=None if local.program else local.name)
 
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
@@ -125,8 +130,8 @@ class HostAgent:
             introduction, unusable = self.introduction(), None
         except ToolkitError as exc:  # join all the same, to tell the job why this host cannot take part
             introduction, unusable = {}, exc
-        membership = self.membership = Membership(self.secret, self.ctx.plan.hosts, self.host, self.settings,
-                                                  self.events, introduction)
+        membership = self.membership = self._membership_factory(self.secret, self.ctx.plan.hosts, self.host,
+                                                                self.settings, self.events, introduction)
         try:
             with SignalForwarder(self._on_signal):
                 try:
@@ -139,15 +144,17 @@ class HostAgent:
                         self.after_barrier()
                     self.locals = self.start()
                 except ToolkitError as exc:
-                    return self._failed_before_start(membership, exc)
+                    return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    error = CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
-                    return self._failed_before_start(membership, error)
-                finally:
-                    self._setup_phase = False
+                    return self._failed_before_start(CodeError(f"cannot start {exc.filename or 'a process'}: "
+                                                               f"{exc.strerror or exc}"))
                 for local in self.locals:
                     _watch(local, self.events)
-                outcome = self._monitor_master(membership) if self.is_master else self._monitor_worker(membership)
+                with _signals_held():  # the handler steps too while setting up: never both at once
+                    actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
+                outcome = self._carry_out(actions)
+                while outcome is None:
+                    outcome = self._carry_out(self._step(self._next_event()))
         finally:
             self._stop_locals(FAILURE_GRACE_S)
             self.cleanup()
@@ -157,15 +164,54 @@ class HostAgent:
                 log(f"ended processes the job left behind: {', '.join(ended)}")
         return outcome
 
-    def _on_signal(self, signum: int) -> None:
-        if self._setup_phase and signum in STOPPING_SIGNALS:
-            raise Stopped(signum)
-        self.events.put(GotSignal(signum))
+    # The shell --------------------------------------------------------------------------------
 
-    def _failed_before_start(self, membership: Membership, exc: ToolkitError) -> Outcome:
+    def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+        self.state, actions = decisions.step(self.state, event, time.monotonic())
+        return actions
+
+    def _next_event(self) -> decisions.Event:
+        deadline = self.state.deadline
+        try:
+            event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except Empty:
+            return Tick()
+        if isinstance(event, LocalExit) and not event.status.ok:  # the runner says what failed
+            local = next(local for local in self.locals if local.name == event.name)
+            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status))
+        return event
+
+    def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:
+        """Do what the step said; the outcome once it says this host is done."""
+        assert self.membership is not None
+        for action in actions:
+            if isinstance(action, Forward):
+                self.signal_job(action.signum)
+            elif isinstance(action, Announce):
+                self.membership.announce(action.verdict)
+            elif isinstance(action, Report):
+                self.membership.report_failure(action.reason, action.exit_code, action.at)
+            elif isinstance(action, ReportDone):
+                self.membership.report_done(action.exit_code)
+            elif isinstance(action, Interrupt):
+                raise Stopped(action.signum)
+            elif isinstance(action, Finish):
+                return action.outcome
+        return None
+
+    def _on_signal(self, signum: int) -> None:
+        if self.state.phase != decisions.SETUP:
+            self.events.put(GotSignal(signum))
+            return
+        self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
+
+    def _failed_before_start(self, exc: ToolkitError) -> Outcome:
         reason = str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
-        membership.fail(reason, exc.exit_code)
-        return Outcome(exc.exit_code, reason)
+        with _signals_held():
+            actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
+        outcome = self._carry_out(actions)
+        assert outcome is not None
+        return outcome
 
     def _forward(self, signum: int, grace_s: float) -> None:
         for local in self.locals:
@@ -173,102 +219,6 @@ class HostAgent:
                 local.child.stop(signum, grace_s)
             else:
                 local.child.send(signum)
-
-    def _on_got_signal(self, signum: int) -> None:
-        if signum in STOPPING_SIGNALS and self._stop_signal is None:
-            self._stop_signal = signum
-        self.signal_job(signum)
-
-    def _stopped(self, signum: int) -> Outcome:
-        return Outcome(128 + signum, f"{self.host}: stopped by {signal.Signals(signum).name}")
-
-    def _local(self, name: str) -> Local:
-        return next(local for local in self.locals if local.name == name)
-
-    def _part_done(self, finished: set[str]) -> bool:
-        """This host's part is done when every primary process has ended well."""
-        return all(local.name in finished for local in self.locals if local.primary)
-
-    def _monitor_master(self, membership: Membership) -> Outcome:
-        workers = set(self.ctx.plan.hosts[1:])
-        done: set[str] = set()
-        finished: set[str] = set()
-        succeeded = False
-        outcome: Outcome | None = None
-        while outcome is None:
-            try:
-                event = self.events.get(timeout=PEER_FINISH_TIMEOUT_S if succeeded else None)
-            except Empty:
-                missing = ", ".join(sorted(workers - done))
-                outcome = Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: the job succeeded here but {missing} did not finish "
-                                                      f"within {PEER_FINISH_TIMEOUT_S:g} s")
-                break
-            if isinstance(event, GotSignal):
-                self._on_got_signal(event.signum)
-            elif isinstance(event, PartStopped):
-                outcome = self._stopped(event.signum)
-            elif isinstance(event, LocalExit) and self._stop_signal is not None:
-                outcome = self._stopped(self._stop_signal)  # however the processes ended, the job was stopped
-            elif isinstance(event, LocalExit):
-                local = self._local(event.name)
-                if not event.status.ok or not local.primary:
-                    outcome = self._local_failure(local, event.status)
-                    continue
-                finished.add(local.name)
-                if not self._part_done(finished):
-                    continue
-                if self.wait_for_peers and not workers <= done:
-                    succeeded = True
-                else:
-                    outcome = Outcome(0)
-            elif isinstance(event, PeerDone):
-                done.add(event.host)
-                if event.exit_code != 0:
-                    outcome = Outcome(event.exit_code, f"{event.host}: exited with code {event.exit_code}")
-                elif succeeded and workers <= done:
-                    outcome = Outcome(0)
-            elif isinstance(event, PeerFailed):
-                outcome = Outcome(event.exit_code, event.reason if event.reason.startswith(event.host) else f"{event.host}: {event.reason}")
-            elif isinstance(event, PeerLost) and event.host not in done:
-                outcome = Outcome(EXIT_CLUSTER_ERROR, f"{event.host}: left the job ({event.reason})")
-        membership.announce(Verdict(outcome.exit_code, outcome.reason, self.host))
-        return outcome
-
-    def _local_failure(self, local: Local, status: ExitStatus) -> Outcome:
-        if status.ok:  # a helper process (not the primary) ended on its own
-            return Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: {local.name} ended before the job did")
-        return self.failure_of(local, status)
-
-    def _monitor_worker(self, membership: Membership) -> Outcome:
-        own: Outcome | None = None
-        finished: set[str] = set()
-        while True:
-            try:
-                event = self.events.get(timeout=REPORT_WAIT_S if own is not None else None)
-            except Empty:
-                return own  # the first host never answered our failure report
-            if isinstance(event, GotSignal):
-                # The part's processes get the signal and their grace; their ends tell the job.
-                self._on_got_signal(event.signum)
-            elif isinstance(event, PartStopped) or (isinstance(event, LocalExit) and self._stop_signal is not None):
-                if own is None:
-                    own = self._stopped(event.signum if isinstance(event, PartStopped) else self._stop_signal)
-                    membership.report_failure(own.reason or "", own.exit_code)
-            elif isinstance(event, LocalExit):
-                local = self._local(event.name)
-                if event.status.ok and local.primary:
-                    finished.add(local.name)
-                    if self._part_done(finished):
-                        membership.report_done(0)
-                elif own is None:
-                    own = self._local_failure(local, event.status)
-                    membership.report_failure(own.reason or "", own.exit_code)
-            elif isinstance(event, Verdict):
-                if event.exit_code == 0:
-                    return Outcome(0)
-                return Outcome(event.exit_code, event.reason or f"the job failed with code {event.exit_code}")
-            elif isinstance(event, PeerLost):
-                return own or Outcome(EXIT_CLUSTER_ERROR, f"{self.host}: {event.reason}")
 
     def _stop_locals(self, grace_s: float) -> None:
         for local in self.locals:
@@ -279,13 +229,26 @@ class HostAgent:
             local.child.finish(linger_s=1.0)
 
 
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Signals wait (at the OS) until the block ends: their handler never runs in the middle of it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def named(host: str, error: Exception) -> str:
     """An error's message as a job-wide reason: it starts with the host it happened on."""
     text = str(error)
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
-def fail_job(job, plan, environ, config, error: ToolkitError) -> None:
+def fail_job(job, plan, environ, config, error: ToolkitError, membership_factory: MembershipFactory = Membership) -> None:
     """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
 
     Without it they would wait for this host until the join deadline and then
@@ -294,10 +257,10 @@ def fail_job(job, plan, environ, config, error: ToolkitError) -> None:
     host = plan.current_host
     events: SimpleQueue = SimpleQueue()
     settings = ChannelSettings.from_settings(config)
-    membership = Membership(job_secret(job, environ), plan.hosts, host, settings, events)
+    membership = membership_factory(job_secret(job, environ), plan.hosts, host, settings, events, None)
     try:
         membership.open()
-        membership.fail(named(host, error), error.exit_code)
+        membership.fail(named(host, error), error.exit_code, time.time())
         if not membership.is_master:
             try:
                 events.get(timeout=REPORT_WAIT_S)  # the verdict, or the first host gone
@@ -311,9 +274,11 @@ def fail_job(job, plan, environ, config, error: ToolkitError) -> None:
 
 def _watch(local: Local, events: SimpleQueue) -> None:
     def wait() -> None:
-        events.put(LocalExit(local.name, local.child.wait()))
+        status = local.child.wait()
+        events.put(LocalExit(local.name, status, time.time()))
 
     threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
 
 
-__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log"]
+__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",
+           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "fail_job", "named"]

@@ -197,9 +197,9 @@ def _run(paths: Paths, config: Settings, environ: dict[str, str]):
 
 
 def _runner(name: str):
-    import importlib
+    from training_toolkit.runners import runner
 
-    return importlib.import_module(f"training_toolkit.runners.{name}")
+    return runner(name)
 
 
 def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> int:
@@ -237,7 +237,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         "hosts": list(spec.resource.hosts),
         "runner": launch.runner,
         "plan_hosts": list(launch.hosts),
-        "options": dict(launch.options),
+        "options": launch.options._asdict(),
         "command": argv,
         **details,
         "environment": dict(sorted(shown_env.items())),
@@ -248,7 +248,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     print(f"base dir:     {doc['base_dir']}")
     print(f"current host: {doc['current_host']} of {', '.join(doc['hosts'])}")
     print(f"runner:       {launch.runner} on {', '.join(launch.hosts)}")
-    for key, value in launch.options.items():
+    for key, value in launch.options._asdict().items():
         print(f"  {key}: {value}")
     print(f"command:      {shlex.join(argv)}")
     for key, value in details.items():

@@ -1,10 +1,16 @@
-"""LaunchPlan: which runner, and this host's part in it.  A pure decision from the JobSpec."""
+"""LaunchPlan: which runner, and this host's part in it.  A pure decision from the JobSpec.
+
+Every framework parameter a runner reads is checked here, once, before
+anything starts: a bad value is a ``ConfigError`` (exit 78) before the control
+channel opens, not after sshd and the barrier.  Each runner's options are one
+typed tuple (``MpiOptions``...), so a runner reads fields, never dict keys.
+"""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 
 from training_toolkit import names
 from training_toolkit.contract import participating_hosts
@@ -13,11 +19,41 @@ from training_toolkit.job import JobSpec
 from training_toolkit.names import MPI, MULTI_WORKER_MIRRORED, PARAMETER_SERVER, SINGLE, TORCH_DISTRIBUTED
 
 
+class NoOptions(NamedTuple):
+    """The single runner takes none."""
+
+
+class MpiOptions(NamedTuple):
+    processes_per_host: int
+    num_processes: int  # at most processes_per_host x hosts
+    custom_mpi_options: tuple[str, ...]  # split like a shell would, never run by one
+    smddp: bool  # SageMaker's data parallel library (its env, smddprun when installed)
+
+
+class ParameterServerOptions(NamedTuple):
+    naming: str  # "chief" or "master" (estimator era)
+    num_ps: int | None  # None: one per host
+    worker_port: int
+    ps_port: int
+
+
+class MultiWorkerMirroredOptions(NamedTuple):
+    port: int
+
+
+class TorchDistributedOptions(NamedTuple):
+    processes_per_host: int
+    master_port: int
+
+
+RunnerOptions = Union[NoOptions, MpiOptions, ParameterServerOptions, MultiWorkerMirroredOptions, TorchDistributedOptions]
+
+
 class LaunchPlan(NamedTuple):
     runner: str
     hosts: tuple[str, ...]  # the hosts taking part, in rank order: contract.participating_hosts, or this host alone
     current_host: str
-    options: Mapping[str, Any] = MappingProxyType({})
+    options: RunnerOptions = NoOptions()
 
     @property
     def master(self) -> str:
@@ -70,15 +106,16 @@ def make_plan(job: JobSpec) -> LaunchPlan:
         hosts = (current,)
     if runner == SINGLE:
         return LaunchPlan(SINGLE, (current,), current)
-    options: dict[str, Any] = {}
+    options: RunnerOptions
     if runner == MPI:
         options = _mpi_options(job, source, len(hosts))
     elif runner == PARAMETER_SERVER:
         options = _ps_options(job, source, len(hosts))
     elif runner == MULTI_WORKER_MIRRORED:
-        options = {"port": _port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port",
-                                 names.TF_MWMS_PORT, source)}
-    elif runner == TORCH_DISTRIBUTED:
+        options = MultiWorkerMirroredOptions(_port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port",
+                                                   names.TF_MWMS_PORT, source))
+    else:
+        assert runner == TORCH_DISTRIBUTED, runner
         options = _torch_options(job, source)
     return LaunchPlan(runner, hosts, current, options)
 
@@ -90,7 +127,7 @@ def _port(params: Mapping[str, Any], key: str, default: int, source: str) -> int
     return value
 
 
-def _ps_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
+def _ps_options(job: JobSpec, source: str, host_count: int) -> ParameterServerOptions:
     params = job.framework_params
     naming = params.get("sagemaker_parameter_server_naming", "chief")
     if naming not in ("chief", "master"):
@@ -104,19 +141,19 @@ def _ps_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     ps_port = _port(params, "sagemaker_parameter_server_port", names.TF_PS_PORT, source)
     if worker_port == ps_port:
         raise ConfigError(source, "sagemaker_parameter_server_port", "must differ from the worker port")
-    return {"naming": naming, "num_ps": num_ps, "worker_port": worker_port, "ps_port": ps_port}
+    return ParameterServerOptions(naming, num_ps, worker_port, ps_port)
 
 
-def _torch_options(job: JobSpec, source: str) -> dict[str, Any]:
+def _torch_options(job: JobSpec, source: str) -> TorchDistributedOptions:
     params = job.framework_params
     key = names.TORCH_PROCESSES_PER_HOST
     per_host = params.get(key)
     per_host = positive_int(per_host, source, key) if per_host is not None else max(1, job.hardware.num_gpus)
-    return {"processes_per_host": per_host,
-            "master_port": _port(params, "sagemaker_distributed_master_port", names.TORCH_MASTER_PORT, source)}
+    return TorchDistributedOptions(per_host, _port(params, "sagemaker_distributed_master_port",
+                                                   names.TORCH_MASTER_PORT, source))
 
 
-def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
+def _mpi_options(job: JobSpec, source: str, host_count: int) -> MpiOptions:
     params = job.framework_params
     smddp_switch = names.distribution("smddp").switch
     smddp = flag(params.get(smddp_switch, False), source, smddp_switch)
@@ -126,11 +163,21 @@ def _mpi_options(job: JobSpec, source: str, host_count: int) -> dict[str, Any]:
     total_key = "sagemaker_mpi_num_processes"
     total = params.get(total_key)
     total = positive_int(total, source, total_key) if total is not None else per_host * host_count
-    custom = params.get("sagemaker_mpi_custom_mpi_options", "")
-    if not isinstance(custom, str):
-        raise ConfigError(source, "sagemaker_mpi_custom_mpi_options", f"expected a string, got {custom!r}")
-    if smddp:
-        custom = custom or params.get("sagemaker_distributed_dataparallel_custom_mpi_options", "")
-        if not isinstance(custom, str):
-            raise ConfigError(source, "sagemaker_distributed_dataparallel_custom_mpi_options", f"expected a string, got {custom!r}")
-    return {"processes_per_host": per_host, "num_processes": total, "custom_mpi_options": custom, "smddp": smddp}
+    if total > per_host * host_count:
+        raise ConfigError(source, total_key,
+                          f"{total} processes do not fit {host_count} host(s) x {per_host} slots")
+    custom = _shell_words(params.get("sagemaker_mpi_custom_mpi_options", ""), source, "sagemaker_mpi_custom_mpi_options")
+    if smddp and not custom:
+        key = "sagemaker_distributed_dataparallel_custom_mpi_options"
+        custom = _shell_words(params.get(key, ""), source, key)
+    return MpiOptions(per_host, total, custom, smddp)
+
+
+def _shell_words(value: Any, source: str, key: str) -> tuple[str, ...]:
+    """Options split like a shell would, but never run by one."""
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f"expected a string, got {value!r}")
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise ConfigError(source, key, f"cannot be parsed: {exc}") from None

@@ -18,17 +18,17 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from training_toolkit import procfs
+from training_toolkit import procfs, settings
 from training_toolkit.stopping import signal_group, stop_processes
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-DEFAULT_GRACE_S = 120.0
+DEFAULT_GRACE_S: float = settings.default("grace_s")  # TRAINING_TOOLKIT_GRACE_PERIOD's default: one table
 TAIL_BYTES = 32 * 1024
 _PR_SET_CHILD_SUBREAPER = 36
 # Marks every descendant of a supervised child, so leftovers that left its
 # process group are still found (and processes that are not ours never are).
-TOKEN_VAR = "TRAINING_TOOLKIT_SUPERVISOR"
+TOKEN_VAR = settings.SUPERVISOR_VAR
 
 
 class ExitStatus(NamedTuple):

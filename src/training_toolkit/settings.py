@@ -26,8 +26,11 @@ from training_toolkit import names
 from training_toolkit.errors import ConfigError
 
 JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
+MIN_SECRET_BYTES = 16  # shorter secrets could be searched for offline by anyone who saw one join
 # Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
-INTERNAL_VARIABLES = ("TRAINING_TOOLKIT_SUPERVISOR", "TRAINING_TOOLKIT_RANK_TAG")
+SUPERVISOR_VAR = "TRAINING_TOOLKIT_SUPERVISOR"  # marks every descendant of a supervised child (process.py)
+RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # how each host finds its own MPI ranks (runners/mpi.py)
+INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
@@ -198,6 +201,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
 def variable(field: str) -> Variable:
     return next(var for var in VARIABLES if var.field == field)
+
+
+def default(field: str) -> Any:
+    """A setting's default, for code that has a value to fall back on when no Settings reach it."""
+    return variable(field).default
 
 
 def help_text(field: str) -> str:

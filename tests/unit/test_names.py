@@ -1,13 +1,12 @@
 """Names exist once: the distribution table drives plan and `local`; the docs' tables are the code's."""
 
-import importlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from training_toolkit import names
+from training_toolkit import names, runners
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
 from training_toolkit.local.cli import DISTRIBUTIONS, build_parser, job_hyperparameters
@@ -48,7 +47,7 @@ def test_local_job_hyperparameters_exactly():
 @pytest.mark.parametrize("name", ["mpi", "smddp", "torch_distributed", "pytorch_ddp"])
 def test_processes_per_host_reach_every_runner_that_has_them(name):
     plan = planned(job_hyperparameters("train.py", Path("/src"), name, 3))
-    assert plan.options["processes_per_host"] == 3
+    assert plan.options.processes_per_host == 3
 
 
 @pytest.mark.parametrize("name, message", [
@@ -67,11 +66,18 @@ def test_dataparallel_is_no_distribution_name():
         build_parser().parse_args(["--source", ".", "--entry-point", "x.py", "--distribution", "dataparallel"])
 
 
-@pytest.mark.parametrize("runner", names.RUNNERS)
-def test_every_runner_name_is_a_runner_module(runner):
-    module = importlib.import_module(f"training_toolkit.runners.{runner}")
+@pytest.mark.parametrize("name", names.RUNNERS)
+def test_every_runner_name_is_in_the_runner_table_with_its_interface(name):
+    assert tuple(runners.RUNNERS) == names.RUNNERS
+    module = runners.runner(name)
+    assert module.__name__ == f"training_toolkit.runners.{name}"
     assert callable(module.run) and callable(module.describe)
     assert {d.runner for d in names.DISTRIBUTIONS} - {None} <= set(names.RUNNERS)
+
+
+def test_an_unknown_runner_is_named():
+    with pytest.raises(ValueError, match="no runner called 'nope'"):
+        runners.runner("nope")
 
 
 def test_the_docs_runner_table_is_the_distribution_table():

@@ -8,7 +8,8 @@ from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
 from training_toolkit.names import DISTRIBUTIONS
-from training_toolkit.plan import make_plan
+from training_toolkit.plan import (MpiOptions, MultiWorkerMirroredOptions, NoOptions, ParameterServerOptions,
+                                   TorchDistributedOptions, make_plan)
 
 RC2 = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"]}
 
@@ -45,24 +46,24 @@ def test_switches(key, runner):
 
 
 def test_mpi_processes_default_to_gpus_else_one():
-    assert plan({"sagemaker_mpi_enabled": "true"}).options["processes_per_host"] == 1
+    assert plan({"sagemaker_mpi_enabled": "true"}).options.processes_per_host == 1
     p = plan({"sagemaker_mpi_enabled": "true"}, gpus=4)
-    assert p.options == {"processes_per_host": 4, "num_processes": 8, "custom_mpi_options": "", "smddp": False}
+    assert p.options == MpiOptions(4, 8, (), False)
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
               "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
-    assert p.options == {"processes_per_host": 3, "num_processes": 5, "custom_mpi_options": "-x FOO", "smddp": False}
+    assert p.options == MpiOptions(3, 5, ("-x", "FOO"), False)
 
 
 def test_the_data_parallel_library_goes_through_mpi_with_its_own_options():
     p = plan({"sagemaker_distributed_dataparallel_enabled": "true",
               "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x A=1"'}, gpus=8)
     assert p.runner == "mpi"
-    assert p.options == {"processes_per_host": 8, "num_processes": 16, "custom_mpi_options": "-x A=1", "smddp": True}
+    assert p.options == MpiOptions(8, 16, ("-x", "A=1"), True)
 
 
 def test_the_library_switch_is_read_as_a_switch():
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distributed_dataparallel_enabled": '"false"'})
-    assert (p.runner, p.options["smddp"]) == ("mpi", False)
+    assert (p.runner, p.options.smddp) == ("mpi", False)
     with pytest.raises(ConfigError, match="sagemaker_distributed_dataparallel_enabled: expected true or false"):
         plan({"sagemaker_mpi_enabled": "true", "sagemaker_distributed_dataparallel_enabled": '"yes"'})
 
@@ -76,22 +77,30 @@ def test_every_distribution_of_the_table_chooses_its_runner(distribution):
     p = plan({distribution.switch: "true"})
     assert p.runner == distribution.runner
     if distribution.processes_per_host:
-        assert plan({distribution.switch: "true", distribution.processes_per_host: "3"}).options["processes_per_host"] == 3
+        assert plan({distribution.switch: "true", distribution.processes_per_host: "3"}).options.processes_per_host == 3
 
 
 def test_parameter_server_options():
     p = plan({"sagemaker_parameter_server_enabled": "true"})
-    assert p.options == {"naming": "chief", "num_ps": None, "worker_port": 2222, "ps_port": 2223}
+    assert p.options == ParameterServerOptions("chief", None, 2222, 2223)
     p = plan({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_naming": '"master"',
               "sagemaker_parameter_server_num_ps": "1", "sagemaker_parameter_server_port": "3000"})
-    assert p.options == {"naming": "master", "num_ps": 1, "worker_port": 2222, "ps_port": 3000}
+    assert p.options == ParameterServerOptions("master", 1, 2222, 3000)
+
+
+def test_custom_mpi_options_are_split_safely():
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": '"-x A=\'b c\' --mca x 1; rm -rf /"'})
+    assert p.options.custom_mpi_options == ("-x", "A=b c", "--mca", "x", "1;", "rm", "-rf", "/")
+
+
+def test_single_takes_no_options():
+    assert plan({}).options == NoOptions() and plan({}).options._asdict() == {}
 
 
 def test_torch_and_mwms_options():
-    assert plan({"sagemaker_torch_distributed_enabled": "true"}, gpus=4).options == {"processes_per_host": 4, "master_port": 29500}
-    assert plan({"sagemaker_pytorch_ddp_enabled": "true", "sagemaker_distributed_processes_per_host": "2"}).options == \
-        {"processes_per_host": 2, "master_port": 29500}
-    assert plan({"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}).options == {"port": 8890}
+    assert plan({"sagemaker_torch_distributed_enabled": "true"}, gpus=4).options == TorchDistributedOptions(4, 29500)
+    assert plan({"sagemaker_pytorch_ddp_enabled": "true", "sagemaker_distributed_processes_per_host": "2"}).options == TorchDistributedOptions(2, 29500)
+    assert plan({"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}).options == MultiWorkerMirroredOptions(8890)
 
 
 @pytest.mark.parametrize("hps, match", [
@@ -100,6 +109,18 @@ def test_torch_and_mwms_options():
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "0"}, "positive integer"),
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": '"-1"'}, "positive integer"),
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": "[1]"}, "expected a string"),
+    # checked here, before anything starts (once only after sshd and the barrier, on the first host)
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": '"-x \'unbalanced"'},
+     "sagemaker_mpi_custom_mpi_options: cannot be parsed: No closing quotation"),
+    ({"sagemaker_distributed_dataparallel_enabled": "true",
+      "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x \'unbalanced"'},
+     "sagemaker_distributed_dataparallel_custom_mpi_options: cannot be parsed"),
+    ({"sagemaker_distributed_dataparallel_enabled": "true", "sagemaker_distributed_dataparallel_custom_mpi_options": "3"},
+     "sagemaker_distributed_dataparallel_custom_mpi_options: expected a string"),
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "2", "sagemaker_mpi_num_processes": "5"},
+     "sagemaker_mpi_num_processes: 5 processes do not fit 2 host\\(s\\) x 2 slots"),
+    ({"sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_processes_per_host": "0"}, "positive integer"),
+    ({"sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_master_port": "true"}, "port number"),
     ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_naming": '"boss"'}, "chief"),
     ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_num_ps": "3"}, "2 hosts"),
     ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_port": "2222"}, "must differ"),
@@ -130,7 +151,7 @@ def test_heterogeneous_groups_choose_the_hosts_that_take_part():
     assert PsLayout(p.hosts).script_config("algo-3")["task"] == {"type": "worker", "index": 1}
     assert PsLayout(p.hosts).cluster()["chief"] == ["algo-4:2222"]
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc, gpus=8)
-    assert p.hosts == ("algo-4", "algo-2", "algo-3") and p.options["num_processes"] == 24
+    assert p.hosts == ("algo-4", "algo-2", "algo-3") and p.options.num_processes == 24
     rc_data = {**rc, "current_host": "algo-1", "current_group_name": "data"}
     assert plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc_data).runner == "single"
 

@@ -163,3 +163,16 @@ def test_nothing_but_settings_reads_the_variables():
     reads = re.compile(r"""(?:\.get\(|\[)\s*["'](?:TRAINING_TOOLKIT_|SAGEMAKER_BASE_DIR)""")
     readers = sorted(str(f.relative_to(SRC)) for f in SRC.rglob("*.py") if reads.search(f.read_text()))
     assert readers == []
+
+
+def test_defaults_used_outside_settings_are_its_own():
+    """Code that falls back on a default without Settings reads the table's, never a copy of it."""
+    from training_toolkit import process
+    from training_toolkit.cluster import channel, secret
+    from training_toolkit.runners import mpi_command
+
+    assert (channel.HEARTBEAT_S, channel.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
+    assert process.DEFAULT_GRACE_S == DEFAULTS.grace_s
+    assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
+    assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
+    assert {settings.JOB_SECRET, settings.SUPERVISOR_VAR} <= mpi_command.NOT_FORWARDED

@@ -16,21 +16,26 @@ peer is gone.  See docs/security.md for what this stops and what it does not.
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from queue import SimpleQueue
 
+from training_toolkit import settings
 from training_toolkit.cluster import wire
 from training_toolkit.cluster.admission import Admission, RefusalLog
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
 
-DEFAULT_PORT = 8950
-HEARTBEAT_S = 1.0
-TIMEOUT_S = 10.0
+# The defaults are the settings' (TRAINING_TOOLKIT_HEARTBEAT, TRAINING_TOOLKIT_PEER_TIMEOUT): one table.
+HEARTBEAT_S: float = settings.default("heartbeat_s")
+TIMEOUT_S: float = settings.default("peer_timeout_s")
+# A failure report's own time is believed within this much before its arrival (clocks differ; a report
+# is sent within a second of the failure), and never after its arrival.
+MAX_REPORT_AGE_S = 10.0
 HANDSHAKE_TIMEOUT_S = 5.0  # from accept to a seated host; a join that takes longer is dropped
 
 
@@ -40,6 +45,8 @@ def log_line(message: str) -> None:
 
 
 # Events the channel posts to the runner's queue ----------------------------------------------
+# ``at``: the wall clock (time.time()) when it happened, as the failed host says (a failure), or
+# when this host learnt of it; it orders failures (decisions.root_cause), it is not the event's identity.
 
 
 @dataclass(frozen=True)
@@ -47,18 +54,21 @@ class PeerFailed:
     host: str
     reason: str
     exit_code: int
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class PeerDone:
     host: str
     exit_code: int
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class PeerLost:
     host: str
     reason: str
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -296,13 +306,14 @@ class ControlServer:
                 self._state.notify_all()
         elif kind == "failed":
             reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
+            at = reported_time(message.get("at"), time.time())
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
                 self._failure = self._failure or JobFailed(named, code)
                 self._state.notify_all()
-            self._events.put(PeerFailed(host, reason, code))
+            self._events.put(PeerFailed(host, reason, code, at))
         elif kind == "done":
-            self._events.put(PeerDone(host, wire.exit_code(message)))
+            self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
 
     def _lost(self, host: str, link: _Link, reason: str) -> None:
         link.close()
@@ -311,7 +322,7 @@ class ControlServer:
                 del self._links[host]
             self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
             self._state.notify_all()
-        self._events.put(PeerLost(host, reason))
+        self._events.put(PeerLost(host, reason, time.time()))
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
@@ -502,7 +513,7 @@ class ControlClient:
                 return
             self._ended = ending
             self._state.notify_all()
-        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.master, ending))
+        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.master, ending, time.time()))
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
@@ -519,8 +530,9 @@ class ControlClient:
     def ready(self) -> None:
         self._send("ready")
 
-    def failed(self, reason: str, exit_code: int) -> None:
-        self._send("failed", reason=reason, code=exit_code)
+    def failed(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        """Report this host's failure, and when it happened (wall clock; None: now)."""
+        self._send("failed", reason=reason, code=exit_code, at=time.time() if at is None else at)
 
     def done(self, exit_code: int) -> None:
         self._send("done", code=exit_code)
@@ -543,6 +555,16 @@ class ControlClient:
         self._closed.set()
         if self._link is not None:
             self._link.close()
+
+
+def reported_time(value: object, received: float) -> float:
+    """When a reported failure happened: the report's own time, within ``MAX_REPORT_AGE_S`` before its arrival.
+
+    A report without a usable time (another toolkit version) counts as happening when it arrived.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return received
+    return min(received, max(float(value), received - MAX_REPORT_AGE_S))
 
 
 def _reject(link: _Link, reason: str) -> None:

@@ -7,10 +7,11 @@ can set them without flags.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from queue import SimpleQueue
+from typing import Protocol
 
 from training_toolkit.cluster.channel import ControlClient, ControlServer, Verdict
 from training_toolkit.settings import Settings
@@ -28,6 +29,32 @@ class ChannelSettings:
     @classmethod
     def from_settings(cls, settings: Settings) -> "ChannelSettings":
         return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s)
+
+
+class Seat(Protocol):
+    """What an agent needs of its seat: ``Membership``, or a test's fake."""
+
+    is_master: bool
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def introductions(self) -> Mapping[str, Mapping[str, str]]: ...
+
+    def open(self) -> None: ...
+
+    def barrier(self) -> None: ...
+
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None) -> None: ...
+
+    def report_done(self, exit_code: int) -> None: ...
+
+    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None: ...
+
+    def announce(self, verdict: Verdict) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Membership:
@@ -83,20 +110,21 @@ class Membership:
             self._client.ready()
             self._client.wait_go(self.settings.join_timeout_s)
 
-    def report_failure(self, reason: str, exit_code: int) -> None:
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        """Other hosts: tell the first host this one failed, and when (wall clock; None: now)."""
         if self._client:
-            self._client.failed(reason, exit_code)
+            self._client.failed(reason, exit_code, at)
 
     def report_done(self, exit_code: int) -> None:
         if self._client:
             self._client.done(exit_code)
 
-    def fail(self, reason: str, exit_code: int) -> None:
+    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
         """This host failed: the first host makes it the job's verdict, the others report it there."""
         if self._server:
             self.announce(Verdict(exit_code, reason, self.current))
         else:
-            self.report_failure(reason, exit_code)
+            self.report_failure(reason, exit_code, at)
 
     def announce(self, verdict: Verdict) -> None:
         """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from training_toolkit.contract import SECRET_VAR
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
-
-# Shorter secrets could be searched for offline by anyone who saw one join.
-MIN_SECRET_BYTES = 16
+from training_toolkit.settings import JOB_SECRET as SECRET_VAR
+from training_toolkit.settings import MIN_SECRET_BYTES
 
 
 def job_secret(job: JobSpec, environ: Mapping[str, str]) -> bytes | None:

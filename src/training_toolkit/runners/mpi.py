@@ -16,18 +16,20 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit import names, procfs
+from training_toolkit import names, procfs, settings
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command, parse_custom_options
+from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
 from training_toolkit.stopping import stop_processes
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
@@ -45,7 +47,7 @@ def run(ctx: RunContext) -> Outcome:
     return MpiAgent(ctx).run()
 
 
-RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # forwarded to every rank: how each host finds its own ranks
+RANK_TAG_VAR = settings.RANK_TAG_VAR  # forwarded to every rank: how each host finds its own ranks
 INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
 INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
 
@@ -118,7 +120,7 @@ class MpiAgent(HostAgent):
         assert self.layout is not None
         env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
         command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
-        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)))]
+        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def signal_job(self, signum: int) -> None:
         if signum not in STOPPING_SIGNALS:
@@ -137,13 +139,13 @@ class MpiAgent(HostAgent):
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
         stop_processes(self._ranks, self.ctx.grace_s, signum)
-        self.events.put(PartStopped(signum))  # a stopped job did not complete, whatever its ranks returned
+        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
         tail = tuple(local.child.tail.lines(100))
-        options = self.ctx.plan.options
-        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options["processes_per_host"], status)
+        options = mpi_options(self.ctx)
+        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options.processes_per_host, status)
         return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
 
     def cleanup(self) -> None:
@@ -153,6 +155,12 @@ class MpiAgent(HostAgent):
             self.sshd.stop()
         if self._ssh_dir is not None:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
+
+
+def mpi_options(ctx: RunContext) -> MpiOptions:
+    options = ctx.plan.options
+    assert isinstance(options, MpiOptions), options
+    return options
 
 
 def describe(ctx: RunContext) -> dict:
@@ -226,7 +234,7 @@ def has_mpi4py(python: str, ask: bool = True) -> bool:
 
 def smddp_env(ctx: RunContext) -> dict[str, str]:
     """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
-    if not ctx.plan.options.get("smddp"):
+    if not mpi_options(ctx).smddp:
         return {}
     return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
@@ -248,19 +256,18 @@ def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None
 
 def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str],
                   with_mpi4py: bool | None = None) -> list[str]:
-    options = ctx.plan.options
+    options = mpi_options(ctx)
     if with_mpi4py is None:
         with_mpi4py = has_mpi4py(ctx.python)
-    source = str(ctx.job.paths.hyperparameters_file)
     job = MpiJob(
         hosts=ctx.plan.hosts,
-        processes_per_host=options["processes_per_host"],
-        num_processes=options["num_processes"],
+        processes_per_host=options.processes_per_host,
+        num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.get("smddp") else None),
+        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.smddp else None),
         forward_env=forwardable(list(env)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
-        custom_options=parse_custom_options(options["custom_mpi_options"], source),
+        custom_options=options.custom_mpi_options,
         as_root=os.geteuid() == 0,
     )
     return mpirun_command(job, flavor)

@@ -7,18 +7,17 @@ same shape with different parameter names; nothing here runs or probes.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training_toolkit.errors import ConfigError
 from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.settings import JOB_SECRET, SUPERVISOR_VAR
 
 # Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
 NOT_FORWARDED = frozenset({
     "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL", "USER", "LOGNAME", "HOME", "MAIL",
     "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "DISPLAY", "LS_COLORS",
-    "TRAINING_TOOLKIT_JOB_SECRET", "TRAINING_TOOLKIT_SUPERVISOR",
+    JOB_SECRET, SUPERVISOR_VAR,
 })
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -32,16 +31,8 @@ class MpiJob:
     rank_command: tuple[str, ...]  # what each rank runs
     forward_env: tuple[str, ...]  # names of variables passed to every rank
     rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
-    custom_options: tuple[str, ...] = ()
+    custom_options: tuple[str, ...] = ()  # already split (plan.MpiOptions)
     as_root: bool = False
-
-
-def parse_custom_options(text: str, source: str) -> tuple[str, ...]:
-    """``sagemaker_mpi_custom_mpi_options`` split like a shell would, but never run by one."""
-    try:
-        return tuple(shlex.split(text))
-    except ValueError as exc:
-        raise ConfigError(source, "sagemaker_mpi_custom_mpi_options", f"cannot be parsed: {exc}") from None
 
 
 def forwardable(names: Sequence[str]) -> tuple[str, ...]:
@@ -52,9 +43,7 @@ def forwardable(names: Sequence[str]) -> tuple[str, ...]:
 def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
     if flavor not in (OPENMPI4, OPENMPI5):
         raise ValueError(f"unknown MPI flavour {flavor!r}")
-    if job.num_processes > job.processes_per_host * len(job.hosts):
-        raise ConfigError("hyperparameters", "sagemaker_mpi_num_processes",
-                          f"{job.num_processes} processes do not fit {len(job.hosts)} host(s) x {job.processes_per_host} slots")
+    # num_processes fits the hosts' slots and custom_options are split: the plan checked both (plan._mpi_options)
     rsh = "plm_rsh" if flavor == OPENMPI4 else "plm_ssh"
     cmd = [mpirun, "--host", ",".join(f"{h}:{job.processes_per_host}" for h in job.hosts),
            "-np", str(job.num_processes)]

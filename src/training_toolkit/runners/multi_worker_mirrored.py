@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.plan import MultiWorkerMirroredOptions
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -20,17 +21,23 @@ def run(ctx: RunContext) -> Outcome:
     return MultiWorkerMirroredAgent(ctx).run()
 
 
+def port_of(ctx: RunContext) -> int:
+    options = ctx.plan.options
+    assert isinstance(options, MultiWorkerMirroredOptions), options
+    return options.port
+
+
 def describe(ctx: RunContext) -> dict:
-    return {"TF_CONFIG": mwms_config(ctx.plan.hosts, ctx.plan.current_host, ctx.plan.options["port"])}
+    return {"TF_CONFIG": mwms_config(ctx.plan.hosts, ctx.plan.current_host, port_of(ctx))}
 
 
 class MultiWorkerMirroredAgent(HostAgent):
     wait_for_peers = True
 
     def prepare(self) -> None:
-        check_free(self.ctx.plan.options["port"], "TensorFlow worker", self.host)
+        check_free(port_of(self.ctx), "TensorFlow worker", self.host)
 
     def start(self) -> list[Local]:
-        config = mwms_config(self.ctx.plan.hosts, self.host, self.ctx.plan.options["port"])
+        config = mwms_config(self.ctx.plan.hosts, self.host, port_of(self.ctx))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(config)}
         return [Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir)))]

@@ -14,6 +14,7 @@ import json
 import sys
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.plan import ParameterServerOptions
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -27,8 +28,9 @@ def run(ctx: RunContext) -> Outcome:
 
 def layout_of(ctx: RunContext) -> PsLayout:
     options = ctx.plan.options
-    return PsLayout(hosts=ctx.plan.hosts, naming=options["naming"], num_ps=options["num_ps"],
-                    worker_port=options["worker_port"], ps_port=options["ps_port"])
+    assert isinstance(options, ParameterServerOptions), options
+    return PsLayout(hosts=ctx.plan.hosts, naming=options.naming, num_ps=options.num_ps,
+                    worker_port=options.worker_port, ps_port=options.ps_port)
 
 
 def describe(ctx: RunContext) -> dict:
@@ -51,7 +53,7 @@ class ParameterServerAgent(HostAgent):
         if ps is not None:
             env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
             server = Supervised([sys.executable, "-m", "training_toolkit.ps_server"], env, cwd=str(self.ctx.code_dir))
-            started.append(Local("parameter server", server, primary=False))
+            started.append(Local("parameter server", server, primary=False, program=False))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
         # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
         # until stopped (TF2) or finish its own loop (estimator era): both are fine.

@@ -9,9 +9,8 @@ library) go through the MPI runner instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.plan import TorchDistributedOptions
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -37,10 +36,16 @@ def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: in
     }
 
 
-def describe(ctx: RunContext) -> dict:
+def torch_options(ctx: RunContext) -> TorchDistributedOptions:
     options = ctx.plan.options
-    return {"processes": [process_env(ctx.plan.hosts, ctx.plan.current_host, options["processes_per_host"], i,
-                                      options["master_port"]) for i in range(options["processes_per_host"])]}
+    assert isinstance(options, TorchDistributedOptions), options
+    return options
+
+
+def describe(ctx: RunContext) -> dict:
+    options = torch_options(ctx)
+    return {"processes": [process_env(ctx.plan.hosts, ctx.plan.current_host, options.processes_per_host, i,
+                                      options.master_port) for i in range(options.processes_per_host)]}
 
 
 class TorchDistributedAgent(HostAgent):
@@ -48,14 +53,14 @@ class TorchDistributedAgent(HostAgent):
 
     def prepare(self) -> None:
         if self.is_master:
-            check_free(self.ctx.plan.options["master_port"], "torch.distributed store", self.host)
+            check_free(torch_options(self.ctx).master_port, "torch.distributed store", self.host)
 
     def start(self) -> list[Local]:
-        options: Mapping = self.ctx.plan.options
-        per_host = options["processes_per_host"]
+        options = torch_options(self.ctx)
+        per_host = options.processes_per_host
         started = []
         for local_rank in range(per_host):
-            extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options["master_port"])
+            extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options.master_port)
             child = Supervised(self.ctx.argv, {**self.ctx.script_env, **extra}, cwd=str(self.ctx.code_dir))
-            started.append(Local(f"rank {extra['RANK']}", child))
+            started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
         return started

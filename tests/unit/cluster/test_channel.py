@@ -8,8 +8,8 @@ from queue import Empty, SimpleQueue
 import pytest
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.channel import (ControlClient, ControlServer, PeerDone, PeerFailed, PeerLost,
-                                              Verdict)
+from training_toolkit.cluster.channel import (MAX_REPORT_AGE_S, ControlClient, ControlServer, PeerDone, PeerFailed,
+                                              PeerLost, Verdict, reported_time)
 from training_toolkit.errors import ClusterError, JobFailed
 
 SECRET = b"s" * 32
@@ -82,6 +82,28 @@ def test_failure_during_barrier_is_named(server):
         srv.wait_ready(5)
     assert failed.value.exit_code == 69
     assert get(events) == PeerFailed("w1", "w1: sshd could not listen on port 22", 69)
+
+
+def test_a_failure_report_carries_when_it_happened(server):
+    srv, events = server
+    c1, _ = client(srv, "w1")
+    c1.connect(5)
+    happened = time.time() - 0.3
+    c1.failed("boom", 1, happened)
+    assert get(events).at == happened
+    c1.failed("boom again", 1)  # no time given: now
+    assert abs(get(events).at - time.time()) < 1.0
+
+
+@pytest.mark.parametrize("value, expected", [
+    (95.0, 95.0),
+    (100.0, 100.0),
+    (101.0, 100.0),  # never after its arrival
+    (1.0, 100.0 - MAX_REPORT_AGE_S),  # a clock far behind is believed only so far
+    (None, 100.0), ("95", 100.0), (True, 100.0), (float("nan"), 100.0), (float("-inf"), 100.0),  # no usable time
+])
+def test_reported_time(value, expected):
+    assert reported_time(value, 100.0) == expected
 
 
 def test_wrong_secret_is_refused_both_ways(server):

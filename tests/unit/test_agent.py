@@ -1,0 +1,164 @@
+"""HostAgent's shell in a fake job: its seat is a fake (no sockets, no root); its processes are real and short."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from training_toolkit import settings
+from training_toolkit.agent import HostAgent, Local, fail_job
+from training_toolkit.cluster.channel import PeerFailed, Verdict
+from training_toolkit.errors import ClusterError, CodeError
+from training_toolkit.hardware import Hardware
+from training_toolkit.job import build_job
+from training_toolkit.paths import Paths
+from training_toolkit.plan import LaunchPlan
+from training_toolkit.process import Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runners.base import RunContext
+
+HOSTS = ("algo-1", "algo-2", "algo-3")
+
+
+class FakeSeat:
+    """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
+
+    def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
+                 fail_barrier=None):
+        self.hosts, self.current, self.events = tuple(hosts), current, events
+        self.is_master = current == self.hosts[0]
+        self.job_id = "fake-job"
+        self.introductions = {}
+        self.told: list = []
+        self._answer = answer  # what the first host answers a report with
+        self._fail_barrier = fail_barrier
+
+    def open(self):
+        self.told.append("open")
+
+    def barrier(self):
+        self.told.append("barrier")
+        if self._fail_barrier:
+            raise self._fail_barrier
+
+    def report_failure(self, reason, exit_code, at=None):
+        self.told.append(("failed", reason, exit_code, at))
+        if self._answer:
+            self.events.put(self._answer)
+
+    def report_done(self, exit_code):
+        self.told.append(("done", exit_code))
+        if self._answer:
+            self.events.put(self._answer)
+
+    def fail(self, reason, exit_code, at=None):
+        self.told.append(("fail", reason, exit_code))
+
+    def announce(self, verdict):
+        self.told.append(("verdict", verdict))
+
+    def close(self):
+        self.told.append("close")
+
+
+def context(tmp_path: Path, current: str) -> RunContext:
+    paths = Paths(tmp_path / "opt_ml")
+    job = build_job(paths, {}, {"current_host": current, "hosts": list(HOSTS)}, {}, {}, Hardware(1, 0, 0))
+    plan = LaunchPlan("multi_worker_mirrored", HOSTS, current)
+    return RunContext(job, plan, settings.parse({}), {}, {}, (), tmp_path, sys.executable)
+
+
+class ScriptAgent(HostAgent):
+    """Runs one python snippet as its script."""
+
+    code = "pass"
+
+    def start(self):
+        return [Local("script", Supervised([sys.executable, "-c", self.code], {}))]
+
+
+def seat_factory(seats: list, **kw):
+    def make(*args):
+        seat = FakeSeat(*args, **kw)
+        seats.append(seat)
+        return seat
+    return make
+
+
+def test_the_first_host_names_an_earlier_failure_that_arrived_later(tmp_path):
+    """Its own script fails first in arrival, but algo-3 reports a failure from before it."""
+    seats: list[FakeSeat] = []
+    earlier = PeerFailed("algo-3", "algo-3: train.py exited with code 7", 7, at=time.time() - 0.2)
+    agent = ScriptAgent(context(tmp_path, "algo-1"), seat_factory(seats))
+    agent.code = "import sys, time; time.sleep(0.3); sys.exit(3)"
+    events = agent.events
+
+    def arrives_late() -> None:
+        time.sleep(0.45)  # after the local failure (0.3 s) was seen, inside the window
+        events.put(earlier)
+
+    threading.Thread(target=arrives_late, daemon=True).start()
+    outcome = agent.run()
+    assert outcome.exit_code == 7 and outcome.reason == "algo-3: train.py exited with code 7"
+    assert seats[0].told == ["open", "barrier", ("verdict", Verdict(7, outcome.reason, "algo-1")), "close"]
+
+
+def test_the_first_host_announces_its_own_success(tmp_path):
+    seats: list[FakeSeat] = []
+    assert ScriptAgent(context(tmp_path, "algo-1"), seat_factory(seats)).run() == Outcome(0)
+    assert seats[0].told == ["open", "barrier", ("verdict", Verdict(0, None, "algo-1")), "close"]
+
+
+def test_another_host_reports_its_failure_with_when_it_happened_and_takes_the_verdict(tmp_path):
+    seats: list[FakeSeat] = []
+    verdict = Verdict(9, "algo-3: earlier", "algo-1")
+    agent = ScriptAgent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict))
+    agent.code = "import sys; sys.stderr.write('ValueError: boom\\n'); sys.exit(2)"
+    before = time.time()
+    assert agent.run() == Outcome(9, "algo-3: earlier")
+    (kind, reason, code, at), = [t for t in seats[0].told if isinstance(t, tuple)]
+    assert (kind, code) == ("failed", 2) and reason.startswith("algo-2: ")
+    assert reason.endswith(" exited with code 2: ValueError: boom")
+    assert before < at < time.time()
+
+
+def test_another_host_reports_done_then_ends_with_the_verdict(tmp_path):
+    seats: list[FakeSeat] = []
+    agent = ScriptAgent(context(tmp_path, "algo-2"), seat_factory(seats, answer=Verdict(0, None, "algo-1")))
+    assert agent.run() == Outcome(0)
+    assert seats[0].told == ["open", "barrier", ("done", 0), "close"]
+
+
+def test_a_failed_barrier_is_told_to_the_job(tmp_path):
+    seats: list[FakeSeat] = []
+    agent = ScriptAgent(context(tmp_path, "algo-2"),
+                        seat_factory(seats, fail_barrier=ClusterError("the first host algo-1 did not start the job")))
+    outcome = agent.run()
+    assert outcome == Outcome(69, "algo-2: the first host algo-1 did not start the job")
+    assert seats[0].told[:2] == ["open", "barrier"] and seats[0].told[-1] == "close"
+    (kind, reason, code, at), = [t for t in seats[0].told if isinstance(t, tuple)]
+    assert (kind, reason, code) == ("failed", outcome.reason, 69) and at is not None
+
+
+def test_fail_job_uses_the_seat_it_is_given(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-1")
+    fail_job(ctx.job, ctx.plan, {}, ctx.settings, CodeError("cannot install"), seat_factory(seats))
+    assert seats[0].told == ["open", ("fail", "algo-1: cannot install", 66), "close"]
+
+
+@pytest.mark.parametrize("rank, program, reason", [
+    (3, True, "algo-2 rank 3: sh exited with code 5"),
+    (None, True, "algo-2: sh exited with code 5"),
+    (None, False, "algo-2: parameter server exited with code 5"),
+])
+def test_failure_of_names_a_process_by_its_data_not_its_name(tmp_path, rank, program, reason):
+    agent = HostAgent(context(tmp_path, "algo-2"), seat_factory([]))
+    child = Supervised(["/bin/sh", "-c", "exit 5"], {})
+    status = child.wait()
+    local = Local("parameter server" if not program else "anything", child, rank=rank, program=program)
+    assert agent.failure_of(local, status).reason == reason
