@@ -211,6 +211,16 @@ def test_late_joiner_gets_the_verdict(server):
 # Without a platform secret: seats by address; introductions; an outsider's attempts --------------------
 
 
+def eventually(condition, timeout_s: float = 3.0) -> bool:
+    """Whether ``condition`` holds within ``timeout_s`` (polled): for what another thread writes."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def table_server(table, lines, **kw):
     """A server without a secret whose host names resolve through ``table``; refusals go to ``lines``."""
     from training_toolkit.cluster.admission import Addresses, Admission
@@ -247,8 +257,9 @@ def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductio
         c1.close()
     finally:
         srv.close()
-    assert "control channel: refused a connection from 127.0.0.1: 'w2' does not resolve to 127.0.0.1" in lines
-    assert "control channel: refused a connection from 127.0.0.1: 'w1' has joined already" in lines
+    # the server logs from its own thread, maybe after the client has read the refusal
+    assert eventually(lambda: "control channel: refused a connection from 127.0.0.1: 'w2' does not resolve to 127.0.0.1" in lines)
+    assert eventually(lambda: "control channel: refused a connection from 127.0.0.1: 'w1' has joined already" in lines)
 
 
 def test_without_a_secret_a_stranger_address_is_dropped_before_any_handshake():
@@ -260,7 +271,7 @@ def test_without_a_secret_a_stranger_address_is_dropped_before_any_handshake():
         raw.close()
     finally:
         srv.close()
-    assert lines == ["control channel: refused a connection from 127.0.0.1: not an address of this job's hosts"]
+    assert eventually(lambda: lines == ["control channel: refused a connection from 127.0.0.1: not an address of this job's hosts"])
 
 
 def test_a_secret_and_no_secret_do_not_mix(server):
@@ -299,6 +310,7 @@ def test_garbage_is_refused_with_one_line_and_the_job_goes_on(payload):
         good.close()
     finally:
         srv.close()
+    eventually(lambda: any("refused" in line for line in lines))
     refusals = [line for line in lines if "refused" in line]
     assert len(refusals) == 1 and "\n" not in refusals[0], lines
 
@@ -315,7 +327,7 @@ def test_a_silent_connection_is_dropped_at_the_handshake_deadline():
         raw.close()
     finally:
         srv.close()
-    assert lines == ["control channel: refused a connection from 127.0.0.1: no complete join within 1 s"]
+    assert eventually(lambda: lines == ["control channel: refused a connection from 127.0.0.1: no complete join within 1 s"])
 
 
 def test_a_replayed_hello_is_refused(server):
