@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from training_toolkit.local import artifacts, engine
 from training_toolkit.local.containers import ContainerJob, container_job, host_opt_ml, new_job_id
-from training_toolkit.local.job import HostResult, LocalJob, host_tree, read_result
+from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix
 from training_toolkit.log import log
 
@@ -45,9 +45,13 @@ class ContainerRun:
 
 def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, timeout_s: float = 3600,
                    out: BinaryIO | None = None, stop_grace_s: float = 10.0, gpus: bool = False,
-                   client: Any = None, job_id: str | None = None,
-                   on_start: Callable[[Mapping[str, Any]], None] | None = None) -> ContainerRun:
+                   client: Any = None, job_id: str | None = None, interface: str | None = INTERFACE,
+                   abort_on_exit: bool = False, on_start: Callable[[Mapping[str, Any]], None] | None = None) -> ContainerRun:
     """Run ``job`` in one container of ``image`` per host; nothing labelled with the job survives the call.
+
+    ``interface`` None writes resourceconfig.json without an interface name, and ``abort_on_exit``
+    stops every container once one has exited, as SageMaker's local mode (docker-compose
+    ``--abort-on-container-exit``) does: the image must work under both.
 
     Raises ``engine.EngineError`` (one line) when the job cannot start: no engine, no image, a
     name taken, a container that will not start; nothing is left then either.
@@ -62,7 +66,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     job_id = job_id or new_job_id()
     workdir.mkdir(parents=True, exist_ok=True)
     for host in job.hosts:
-        host_tree(host_opt_ml(workdir, host), job, host, copy_channels=False)
+        host_tree(host_opt_ml(workdir, host), job, host, copy_channels=False, interface=interface)
     spec = container_job(job, image=image, workdir=workdir.resolve(), source=source.resolve(), job_id=job_id,
                          secret=secrets.token_hex(32) if job.platform_secret else None,
                          grace_s=stop_grace_s, gpus=gpus)
@@ -71,7 +75,8 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda _signum, _frame: stop.set())
-    watch = _Watch(client, spec, out)
+    streams = engine.connect(pool_size=2 * len(job.hosts) + 4, timeout_s=None)
+    watch = _Watch(client, streams, spec, out)
     started_at = None
     try:
         watch.create_and_start(stop)
@@ -80,8 +85,13 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
             on_start(watch.containers)
         deadline = started_at + timeout_s
         while not watch.all_ended.is_set() and not stop.is_set() and time.monotonic() < deadline:
+            if abort_on_exit and watch.ended:
+                break
             watch.all_ended.wait(0.05)
-        if not watch.all_ended.is_set():
+        if abort_on_exit and watch.ended and not watch.all_ended.is_set():
+            log(f"local: {min(watch.ended, key=watch.ended.get)} exited: stopping the others (abort on exit)")
+            watch.stop_all()
+        elif not watch.all_ended.is_set():
             why = "interrupted" if stop.is_set() else f"timed out after {timeout_s:g} s"
             log(f"local: {why}: stopping the containers ({stop_grace_s:g} s grace)")
             watch.stop_all()
@@ -91,6 +101,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         watch.join_pumps(1.0)
+        streams.close()
         if problems:
             log(f"local: removing job {job_id}: {'; '.join(problems)}")
     left = tuple(engine.leftovers(client, job_id))
@@ -103,8 +114,8 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
 class _Watch:
     """The job's containers: started, their output pumped, their exits waited for, stopped on demand."""
 
-    def __init__(self, client: Any, spec: ContainerJob, out: BinaryIO):
-        self._client, self._spec, self._out = client, spec, out
+    def __init__(self, client: Any, streams: Any, spec: ContainerJob, out: BinaryIO):
+        self._client, self._streams, self._spec, self._out = client, streams, spec, out
         self.containers: dict[str, Any] = {}
         self.codes: dict[str, int] = {}
         self.ended: dict[str, float] = {}
@@ -131,11 +142,15 @@ class _Watch:
                 container.start()
             except docker.errors.APIError as exc:
                 raise engine.start_error(name, self._spec.containers[0].image, exc) from None
-            stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
-            self._pumps.append(Pump(stream, LinePrefixer(self._out, host_prefix(name, width), output_lock)))
+            self._pumps.append(Pump(self._logs(container.id),
+                                    LinePrefixer(self._out, host_prefix(name, width), output_lock)))
             waiter = threading.Thread(target=self._wait, args=(name, container), daemon=True)
             waiter.start()
             self._waiters.append(waiter)
+
+    def _logs(self, container_id: str):
+        """The container's output from its start, as it comes (asked for in the pump's thread: it may block)."""
+        yield from self._streams.api.logs(container_id, stream=True, follow=True, stdout=True, stderr=True)
 
     def _wait(self, name: str, container: Any) -> None:
         try:

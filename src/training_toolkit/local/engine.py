@@ -30,8 +30,12 @@ def socket_url() -> str:
     return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
 
-def connect(pool_size: int = 16) -> Any:
-    """A ``docker.DockerClient`` on the engine named by ``DOCKER_HOST`` (or the default socket), checked with a ping."""
+def connect(pool_size: int = 16, timeout_s: float | None = API_TIMEOUT_S) -> Any:
+    """A ``docker.DockerClient`` on the engine named by ``DOCKER_HOST`` (or the default socket), checked with a ping.
+
+    ``timeout_s`` None: no read timeout, for log streams (podman's service sends a followed log's
+    headers only with its first line, which may come minutes after the start).
+    """
     try:
         import docker
     except ImportError:
@@ -39,7 +43,7 @@ def connect(pool_size: int = 16) -> Any:
                           "needs the docker SDK: pip install 'training-toolkit[containers]'") from None
     url = socket_url()
     try:
-        client = docker.DockerClient(base_url=url, timeout=API_TIMEOUT_S, max_pool_size=pool_size)
+        client = docker.DockerClient(base_url=url, timeout=timeout_s, max_pool_size=pool_size)
         client.ping()
     except Exception as exc:  # connection refused, no such file, bad URL, not an engine
         raise EngineError(f"no container engine at {url} ({_connect_cause(exc)}): start one there (`dockerd -H {url}`, or "

@@ -70,16 +70,18 @@ def input_data_config(channels: Sequence[str]) -> dict:
                    "RecordWrapperType": "None"} for name in channels}
 
 
-def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = True) -> None:
+def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = True,
+              interface: str | None = INTERFACE) -> None:
     """Lay out one host's /opt/ml (config, data) as a platform would.
 
     ``copy_channels`` False leaves ``input/data/NAME`` empty: the container launcher mounts the
-    channel's directory there instead of copying it.
+    channel's directory there instead of copying it.  ``interface`` None writes no interface name
+    in resourceconfig.json, as SageMaker's local mode does.
     """
     config = opt_ml / "input" / "config"
     config.mkdir(parents=True, exist_ok=True)
     (config / "hyperparameters.json").write_text(json.dumps(dict(job.hyperparameters)))
-    (config / "resourceconfig.json").write_text(json.dumps(resource_config(job, host)))
+    (config / "resourceconfig.json").write_text(json.dumps(resource_config(job, host, interface)))
     (config / "inputdataconfig.json").write_text(json.dumps(input_data_config(list(job.channels))))
     for name, source in job.channels.items():
         target = opt_ml / "input" / "data" / name
