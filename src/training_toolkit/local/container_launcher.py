@@ -39,6 +39,7 @@ class ContainerRun:
     results: list[HostResult]
     model_tar: Path | None
     output_tar: Path | None
+    starting_at: float | None  # time.monotonic() just before the first container was started
     started_at: float | None  # time.monotonic() once every container was started
     leftovers: tuple[str, ...]  # what the engine still held of the job after teardown (should be nothing)
 
@@ -108,7 +109,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     results = [read_result(host, host_opt_ml(workdir, host), watch.codes.get(host), watch.ended.get(host))
                for host in job.hosts]
     model_tar, output_tar = artifacts.collect([r.opt_ml for r in results], workdir)
-    return ContainerRun(job_id, results, model_tar, output_tar, started_at, left)
+    return ContainerRun(job_id, results, model_tar, output_tar, watch.starting_at, started_at, left)
 
 
 class _Watch:
@@ -120,6 +121,7 @@ class _Watch:
         self.codes: dict[str, int] = {}
         self.ended: dict[str, float] = {}
         self.all_ended = threading.Event()
+        self.starting_at: float | None = None
         self._lock = threading.Lock()
         self._pumps: list[Pump] = []
         self._waiters: list[threading.Thread] = []
@@ -135,6 +137,7 @@ class _Watch:
                 raise engine.start_error(c.name, c.image, exc) from None
         width = max(len(c.name) for c in self._spec.containers)
         output_lock = threading.Lock()
+        self.starting_at = time.monotonic()
         for name, container in self.containers.items():
             if stop.is_set():
                 return
