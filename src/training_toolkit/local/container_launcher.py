@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,23 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     return ContainerRun(job_id, results, model_tar, output_tar, watch.starting_at, started_at, left)
 
 
+def _all_at_once(calls: list[Callable[[], Any]], specs: list) -> list:
+    """Run the engine calls in parallel; the first failure (in host order) becomes the one-line error."""
+    import docker.errors
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    results = []
+    for future, spec in zip(futures, specs):
+        exc = future.exception()
+        if isinstance(exc, docker.errors.APIError):
+            raise engine.start_error(spec.name, spec.image, exc) from None
+        if exc is not None:
+            raise exc
+        results.append(future.result())
+    return results
+
+
 class _Watch:
     """The job's containers: started, their output pumped, their exits waited for, stopped on demand."""
 
@@ -127,24 +145,18 @@ class _Watch:
         self._waiters: list[threading.Thread] = []
 
     def create_and_start(self, stop: threading.Event) -> None:
-        import docker.errors
-
+        """The network, then every container created, then every container started: each step for all hosts at once."""
         self._client.networks.create(**self._spec.network_kwargs())
-        for c in self._spec.containers:
-            try:
-                self.containers[c.name] = self._client.containers.create(**c.create_kwargs())
-            except docker.errors.APIError as exc:
-                raise engine.start_error(c.name, c.image, exc) from None
-        width = max(len(c.name) for c in self._spec.containers)
+        specs = list(self._spec.containers)
+        created = _all_at_once([lambda c=c: self._client.containers.create(**c.create_kwargs()) for c in specs], specs)
+        self.containers = {c.name: container for c, container in zip(specs, created)}
+        if stop.is_set():
+            return
+        width = max(len(c.name) for c in specs)
         output_lock = threading.Lock()
         self.starting_at = time.monotonic()
+        _all_at_once([container.start for container in created], specs)
         for name, container in self.containers.items():
-            if stop.is_set():
-                return
-            try:
-                container.start()
-            except docker.errors.APIError as exc:
-                raise engine.start_error(name, self._spec.containers[0].image, exc) from None
             self._pumps.append(Pump(self._logs(container.id),
                                     LinePrefixer(self._out, host_prefix(name, width), output_lock)))
             waiter = threading.Thread(target=self._wait, args=(name, container), daemon=True)
