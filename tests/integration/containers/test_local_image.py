@@ -166,7 +166,8 @@ def test_a_rank_that_raises_ends_every_container_within_seconds(tmp_path, client
     second = run_.results[1].host
     for r in run_.results:
         assert r.failure and second in r.failure and "rank 3" in r.failure, (r.host, r.failure)
-    assert "RuntimeError: rank 3 gives up" in text
+    # Open MPI's --tag-output may split a line of the traceback ("RuntimeError[1,3]<stderr>:: ..."): no exact line.
+    assert "RuntimeError" in text and "rank 3 gives up" in text
 
 
 SIGTERM = """\
