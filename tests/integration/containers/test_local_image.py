@@ -266,3 +266,17 @@ def test_a_name_clash_is_one_line_and_the_existing_container_is_untouched(tmp_pa
         assert not any(c.name == f"algo-1-{tail}" for c in client.containers.list(all=True))
     finally:
         existing.remove(force=True)
+
+
+def test_the_timeout_stops_every_container_with_its_grace(tmp_path, client, nothing_left):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "term.py").write_text(SIGTERM)
+    run_, text, wall = run(job(src, "term.py", 2, sagemaker_mpi_enabled=True, sagemaker_mpi_num_of_processes_per_host=2),
+                           tmp_path, src, client, timeout_s=25, stop_grace_s=20)
+    assert all(r.exit_code not in (0, None) for r in run_.results), [r.exit_code for r in run_.results]
+    started = sorted(p.name for r in run_.results for p in r.model_dir.glob("started-*"))
+    graceful = sorted(p.name for r in run_.results for p in r.model_dir.glob("term-*"))
+    assert started == ["started-0", "started-1", "started-2", "started-3"], text
+    assert graceful == ["term-0", "term-1", "term-2", "term-3"], text
+    assert wall < 25 + 20, f"{wall:.0f} s"
