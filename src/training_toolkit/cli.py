@@ -63,7 +63,7 @@ def build_parser():
     plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
     _add_job_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
-    sub.add_parser("local", help="run a job on N local hosts (network namespaces; needs root); see `local --help`")
+    sub.add_parser("local", help="run a job on N local hosts (network namespaces, needs root; or containers with --image); see `local --help`")
     return parser
 
 

@@ -22,3 +22,5 @@ TOOLKIT_PYTHON = REPO / ".venv" / "bin" / "python"
 def ruff() -> str | None:
     """The ruff next to this python (the test extra installs it), else one on PATH."""
     return shutil.which("ruff", path=str(BIN)) or shutil.which("ruff")
+#: The image the container tests run (scripts/containers-ci.sh builds it from this checkout).
+IMAGE = os.environ.get("TT_IMAGE", "localhost/training-toolkit:cpu")

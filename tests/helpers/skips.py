@@ -69,6 +69,30 @@ def _horovod_tensorflow_python() -> str | None:
     return f"horovod.tensorflow does not import in {TF_PYTHON} (set TT_TF_PYTHON): {last}"
 
 
+def _containers() -> str | None:
+    """A container engine at DOCKER_HOST (the docker SDK), holding the image under test (helpers.paths.IMAGE)."""
+    from helpers.paths import IMAGE
+
+    try:
+        import docker
+    except ImportError:
+        return "needs the docker SDK (pip install -e '.[containers]')"
+    url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = docker.DockerClient(base_url=url, timeout=10)
+        client.ping()
+    except Exception as exc:
+        return (f"no container engine at {url} (set DOCKER_HOST; scripts/containers-ci.sh starts podman's): "
+                f"{type(exc).__name__}")
+    try:
+        client.images.get(IMAGE)
+    except Exception:
+        return f"image {IMAGE} is not at {url} (set TT_IMAGE; scripts/verify-image.sh base build makes it)"
+    finally:
+        client.close()
+    return None
+
+
 def _reference() -> str | None:
     from helpers.reference import SKIP_REASON, reference_train
 
@@ -95,6 +119,8 @@ REQUIREMENTS = {r.marker: r for r in (
     Requirement("ruff", "needs ruff", _ruff),
     Requirement("kubernetes_validate", "needs kubernetes-validate (offline schemas of Kubernetes' core kinds)",
                 _module("kubernetes_validate", "pip install kubernetes-validate")),
+    Requirement("containers", "needs a container engine at DOCKER_HOST holding the image $TT_IMAGE "
+                "(default localhost/training-toolkit:cpu)", _containers),
 )}
 
 

@@ -1,4 +1,4 @@
-"""``training-toolkit local``: run a job on N hosts of this machine (network namespaces; needs root)."""
+"""``training-toolkit local``: run a job on N hosts of this machine: network namespaces (root), or containers (``--image``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import json
 import sys
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from training_toolkit import names
 from training_toolkit.errors import EXIT_USAGE, ToolkitError
+from training_toolkit.local.containers import CODE_DIR, host_names
+from training_toolkit.local.job import job_exit_code, summary_lines
 from training_toolkit.log import log
 
 NONE = "none"
@@ -18,7 +20,7 @@ NONE = "none"
 DISTRIBUTIONS = {d.name: d for d in names.DISTRIBUTIONS if d.runner}
 
 
-def job_hyperparameters(entry_point: str, source: Path, distribution: str,
+def job_hyperparameters(entry_point: str, source: Path | PurePosixPath, distribution: str,
                         processes_per_host: int | None) -> dict[str, str]:
     """hyperparameters.json's raw strings for a job run with ``--distribution`` (pure).
 
@@ -69,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment for every host")
     parser.add_argument("--workdir", type=Path, help="where the hosts' /opt/ml trees are kept (default: a new temp dir)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is stopped (default 3600)")
+    parser.add_argument("--host-suffix", metavar="SUFFIX",
+                        help="name the hosts algo-1-SUFFIX .. (as SageMaker's local mode does), so that jobs' "
+                        "container names never clash")
+    images = parser.add_argument_group(
+        "containers", "with --image, each host is a container of IMAGE on a network of its own, through the "
+        "engine that DOCKER_HOST (or /var/run/docker.sock) names: dockerd or `podman system service` "
+        "(needs the docker SDK: pip install 'training-toolkit[containers]'); the code is mounted read-only at "
+        "/opt/code, each channel read-only at /opt/ml/input/data/NAME")
+    images.add_argument("--image", help="run each host in a container of this image (its `train` is run)")
+    images.add_argument("--gpus", choices=("auto", "all", "none"), default="auto",
+                        help="give the containers the machine's GPUs (a device request for all of them): "
+                        "auto (default) when this machine has NVIDIA GPUs, all, or none")
+    images.add_argument("--stop-grace", type=float, default=10.0,
+                        help="seconds a stopped job's ranks get between SIGTERM and SIGKILL (default 10)")
     return parser
 
 
@@ -90,6 +106,9 @@ def main(argv: Sequence[str]) -> int:
     if args.hosts < 1:
         log("local: --hosts must be at least 1")
         return EXIT_USAGE
+    if args.stop_grace < 0:
+        log("local: --stop-grace must be at least 0")
+        return EXIT_USAGE
     source = args.source.resolve()
     if not (source / args.entry_point).exists():
         log(f"local: {args.entry_point} not found in {source}")
@@ -97,8 +116,9 @@ def main(argv: Sequence[str]) -> int:
     if args.processes_per_host is not None and args.processes_per_host < 1:
         print("training-toolkit local: --processes-per-host must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    submit = PurePosixPath(CODE_DIR) if args.image else source
     try:
-        hps = job_hyperparameters(args.entry_point, source, args.distribution, args.processes_per_host)
+        hps = job_hyperparameters(args.entry_point, submit, args.distribution, args.processes_per_host)
     except ValueError as exc:
         print(f"training-toolkit local: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -109,19 +129,31 @@ def main(argv: Sequence[str]) -> int:
             log(f"local: channel {name}: {path} is not a directory")
             return EXIT_USAGE
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="training-toolkit-local-"))
-    job = LocalJob(hosts=tuple(f"algo-{i}" for i in range(1, args.hosts + 1)), hyperparameters=hps,
+    job = LocalJob(hosts=host_names(args.hosts, args.host_suffix), hyperparameters=hps,
                    channels=channels, env=_pairs(args.env, "--env"))
     try:
-        results = run_local(job, workdir, timeout_s=args.timeout)
-    except ToolkitError as exc:  # the cluster could not start (not root, no `ip`, ...)
+        if args.image:
+            results = _run_in_containers(job, workdir, args, source)
+        else:
+            results = run_local(job, workdir, timeout_s=args.timeout)
+    except ToolkitError as exc:  # the hosts could not start (not root, no engine, no image, ...)
         log(f"local: {exc}")
         return exc.exit_code
     print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
-    for r in results:
-        verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]
-        code = "did not end" if r.exit_code is None else f"exit {r.exit_code}"
-        print(f"  {r.host}: {code}: {verdict}", file=sys.stderr)
-    codes = {r.exit_code for r in results}
-    if len(codes) == 1 and None not in codes:
-        return codes.pop()
-    return 1
+    for line in summary_lines(results):
+        print(line, file=sys.stderr)
+    return job_exit_code(results)
+
+
+def _run_in_containers(job, workdir: Path, args: argparse.Namespace, source: Path) -> list:
+    from training_toolkit import hardware
+    from training_toolkit.local.container_launcher import run_containers
+
+    gpus = args.gpus == "all" or (args.gpus == "auto" and hardware.probe().num_gpus > 0)
+    run = run_containers(job, workdir, image=args.image, source=source, timeout_s=args.timeout,
+                         stop_grace_s=args.stop_grace, gpus=gpus)
+    print(f"\nartifacts: {run.model_tar} and {run.output_tar} (merged from every host, as SageMaker's local mode "
+          f"leaves them)", file=sys.stderr)
+    if run.leftovers:
+        log(f"local: left at the engine: {', '.join(run.leftovers)}")
+    return run.results

@@ -10,109 +10,25 @@ when the job fails or the launcher is interrupted.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 from training_toolkit import procfs
+from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.netns import NamespaceCluster
+from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.settings import JOB_SECRET
 from training_toolkit.stopping import stop_processes
 
-INTERFACE = "eth0"
-
-
-@dataclass(frozen=True)
-class LocalJob:
-    """A job to run on local hosts.  ``hyperparameters`` are the raw strings of hyperparameters.json."""
-
-    hosts: Sequence[str]
-    hyperparameters: Mapping[str, str]
-    channels: Mapping[str, Path] = field(default_factory=dict)  # channel -> directory copied to every host
-    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every host's train
-    host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per host, on top of env
-    instance_groups: Sequence[Mapping] = ()
-    start_hosts: Sequence[str] | None = None  # hosts whose train starts (default: all)
-    train: Sequence[str] = ()  # the command each host runs (default: our train)
-    platform_secret: bool = True  # give every host a fresh job secret, as a platform may (SageMaker does not)
-    outsiders: Sequence[str] = ()  # namespaces on the job's network that are not hosts of the job (for tests)
-
-
-@dataclass(frozen=True)
-class HostResult:
-    host: str
-    exit_code: int | None  # None: still running at the timeout, or never started
-    success: bool
-    failure: str | None
-    opt_ml: Path
-    ended_at: float | None  # time.monotonic() when its train ended
-    survivors: tuple[str, ...] = ()  # processes still in the host once its train ended (should be none)
-
-    @property
-    def model_dir(self) -> Path:
-        return self.opt_ml / "model"
-
-
-def host_tree(opt_ml: Path, job: LocalJob, host: str) -> None:
-    """Lay out one host's /opt/ml (config, data) as a platform would."""
-    config = opt_ml / "input" / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    resource = {"current_host": host, "hosts": list(job.hosts), "network_interface_name": INTERFACE}
-    if job.instance_groups:
-        resource["instance_groups"] = [dict(g) for g in job.instance_groups]
-        group = next(g for g in job.instance_groups if host in g["hosts"])
-        resource["current_group_name"] = group["instance_group_name"]
-        resource["current_instance_type"] = group["instance_type"]
-    (config / "hyperparameters.json").write_text(json.dumps(dict(job.hyperparameters)))
-    (config / "resourceconfig.json").write_text(json.dumps(resource))
-    data_config = {name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
-                          "RecordWrapperType": "None"} for name in job.channels}
-    (config / "inputdataconfig.json").write_text(json.dumps(data_config))
-    for name, source in job.channels.items():
-        shutil.copytree(source, opt_ml / "input" / "data" / name, dirs_exist_ok=True)
-    for sub in ("model", "output/data", "code"):
-        (opt_ml / sub).mkdir(parents=True, exist_ok=True)
-
-
-class _Prefixer:
-    """Copies a host's stream to ours line by line, each line prefixed; partial lines wait for their end."""
-
-    def __init__(self, source: BinaryIO, sink: BinaryIO, prefix: bytes, lock: threading.Lock):
-        self._source, self._sink, self._prefix, self._lock = source, sink, prefix, lock
-        self.thread = threading.Thread(target=self._pump, daemon=True)
-        self.thread.start()
-
-    def _pump(self) -> None:
-        pending = b""
-        while True:
-            chunk = os.read(self._source.fileno(), 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            if lines:
-                self._emit(b"".join(self._prefix + line + b"\n" for line in lines))
-        if pending:
-            self._emit(self._prefix + pending + b"\n")
-        self._source.close()
-
-    def _emit(self, data: bytes) -> None:
-        with self._lock:
-            try:
-                self._sink.write(data)
-                self._sink.flush()
-            except (OSError, ValueError):
-                pass
+__all__ = ["INTERFACE", "HostResult", "LocalJob", "default_train", "host_tree", "run_local"]
 
 
 def default_train() -> list[str]:
@@ -160,8 +76,8 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
                 proc = cluster.popen(name, list(job.train or default_train()), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
                 procs[name] = proc
-                prefix = f"[{name.ljust(width)}] ".encode()
-                pumps += [_Prefixer(proc.stdout, out, prefix, lock), _Prefixer(proc.stderr, out, prefix, lock)]
+                prefix = host_prefix(name, width)
+                pumps += [Pump(read_chunks(stream), LinePrefixer(out, prefix, lock)) for stream in (proc.stdout, proc.stderr)]
             if on_start is not None:
                 on_start(procs)
             deadline = time.monotonic() + timeout_s
@@ -184,17 +100,9 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
         pump.thread.join(timeout=2)
     results = []
     for host in job.hosts:
-        opt_ml = workdir / host / "opt" / "ml"  # NamespaceCluster keeps each host's tree there
-        failure_file = opt_ml / "output" / "failure"
-        results.append(HostResult(
-            host=host,
-            exit_code=codes.get(host) if host in ended else None,
-            success=(opt_ml / "output" / "success").exists(),
-            failure=failure_file.read_text(errors="replace") if failure_file.exists() else None,
-            opt_ml=opt_ml,
-            ended_at=ended.get(host),
-            survivors=tuple(survivors.get(host, ())),
-        ))
+        # NamespaceCluster keeps each host's tree under workdir/HOST/opt/ml
+        results.append(read_result(host, workdir / host / "opt" / "ml", codes.get(host) if host in ended else None,
+                                   ended.get(host), survivors.get(host, ())))
     return results
 
 

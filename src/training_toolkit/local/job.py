@@ -1,0 +1,126 @@
+"""What both local launchers share: the job, each host's ``/opt/ml`` tree, and each host's result.
+
+The namespace launcher (``launcher.py``) and the container launcher
+(``container_launcher.py``) differ only in how a host is made; the job they run,
+the tree a host's ``train`` reads and what is reported back are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The interface the hosts' resourceconfig names: a namespace's veth, a container's first interface.
+INTERFACE = "eth0"
+
+#: The directories a host's tree has before its ``train`` starts, as a platform creates them.
+TREE_DIRS = ("model", "output/data", "code")
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """A job to run on local hosts.  ``hyperparameters`` are the raw strings of hyperparameters.json."""
+
+    hosts: Sequence[str]
+    hyperparameters: Mapping[str, str]
+    channels: Mapping[str, Path] = field(default_factory=dict)  # channel -> local directory
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for every host's train
+    host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per host, on top of env
+    instance_groups: Sequence[Mapping] = ()
+    start_hosts: Sequence[str] | None = None  # hosts whose train starts (default: all)
+    train: Sequence[str] = ()  # the command each host runs (default: our train)
+    platform_secret: bool = True  # give every host a fresh job secret, as a platform may (SageMaker does not)
+    outsiders: Sequence[str] = ()  # namespaces on the job's network that are not hosts of the job (for tests)
+
+
+@dataclass(frozen=True)
+class HostResult:
+    host: str
+    exit_code: int | None  # None: still running at the timeout, or never started
+    success: bool
+    failure: str | None
+    opt_ml: Path
+    ended_at: float | None  # time.monotonic() when its train ended
+    survivors: tuple[str, ...] = ()  # processes still in the host once its train ended (should be none)
+
+    @property
+    def model_dir(self) -> Path:
+        return self.opt_ml / "model"
+
+
+def resource_config(job: LocalJob, host: str, interface: str | None = INTERFACE) -> dict:
+    """resourceconfig.json of ``host`` (pure); ``interface`` None leaves the name out, as SageMaker's local mode does."""
+    resource: dict = {"current_host": host, "hosts": list(job.hosts)}
+    if interface is not None:
+        resource["network_interface_name"] = interface
+    if job.instance_groups:
+        resource["instance_groups"] = [dict(g) for g in job.instance_groups]
+        group = next(g for g in job.instance_groups if host in g["hosts"])
+        resource["current_group_name"] = group["instance_group_name"]
+        resource["current_instance_type"] = group["instance_type"]
+    return resource
+
+
+def input_data_config(channels: Sequence[str]) -> dict:
+    """inputdataconfig.json for local channels (pure): every channel a File-mode, replicated one."""
+    return {name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
+                   "RecordWrapperType": "None"} for name in channels}
+
+
+def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = True,
+              interface: str | None = INTERFACE) -> None:
+    """Lay out one host's /opt/ml (config, data) as a platform would.
+
+    ``copy_channels`` False leaves ``input/data/NAME`` empty: the container launcher mounts the
+    channel's directory there instead of copying it.  ``interface`` None writes no interface name
+    in resourceconfig.json, as SageMaker's local mode does.
+    """
+    config = opt_ml / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "hyperparameters.json").write_text(json.dumps(dict(job.hyperparameters)))
+    (config / "resourceconfig.json").write_text(json.dumps(resource_config(job, host, interface)))
+    (config / "inputdataconfig.json").write_text(json.dumps(input_data_config(list(job.channels))))
+    for name, source in job.channels.items():
+        target = opt_ml / "input" / "data" / name
+        if copy_channels:
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+    for sub in TREE_DIRS:
+        (opt_ml / sub).mkdir(parents=True, exist_ok=True)
+
+
+def read_result(host: str, opt_ml: Path, exit_code: int | None, ended_at: float | None,
+                survivors: Sequence[str] = ()) -> HostResult:
+    """A host's result from its exit and the verdict files its ``train`` left in ``opt_ml``."""
+    failure_file = opt_ml / "output" / "failure"
+    return HostResult(
+        host=host,
+        exit_code=exit_code,
+        success=(opt_ml / "output" / "success").exists(),
+        failure=failure_file.read_text(errors="replace") if failure_file.exists() else None,
+        opt_ml=opt_ml,
+        ended_at=ended_at,
+        survivors=tuple(survivors),
+    )
+
+
+def job_exit_code(results: Sequence[HostResult]) -> int:
+    """The job's verdict as one exit code: the hosts' common code, else 1 (some host did not end, or they differ)."""
+    codes = {r.exit_code for r in results}
+    if len(codes) == 1 and None not in codes:
+        return codes.pop()  # type: ignore[return-value]
+    return 1
+
+
+def summary_lines(results: Sequence[HostResult]) -> list[str]:
+    """One line per host: its exit and the first line of its verdict."""
+    lines = []
+    for r in results:
+        verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]
+        code = "did not end" if r.exit_code is None else f"exit {r.exit_code}"
+        lines.append(f"  {r.host}: {code}: {verdict}")
+    return lines
