@@ -1,0 +1,174 @@
+"""The control channel's other hosts: join the first host, report, hear the verdict."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from queue import SimpleQueue
+
+from training_toolkit.cluster import wire
+from training_toolkit.cluster.events import PeerLost, Verdict
+from training_toolkit.cluster.link import Link, Refused, start_thread
+from training_toolkit.cluster.timing import HEARTBEAT_S, TIMEOUT_S
+from training_toolkit.errors import ClusterError, JobFailed
+
+
+class ControlClient:
+    """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
+
+    After ``connect``: ``job_id`` and the first host's ``introduction`` are
+    what its welcome carried.
+    """
+
+    def __init__(
+        self,
+        secret: bytes | None,
+        host: str,
+        master: str,
+        port: int,
+        events: SimpleQueue,
+        *,
+        introduction: Mapping[str, str] | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        timeout_s: float = TIMEOUT_S,
+    ):
+        self._secret = secret
+        self.host = host
+        self.master = master
+        self.port = port
+        self._introduction = dict(introduction or {})
+        self._events = events
+        self._heartbeat_s = heartbeat_s
+        self._timeout_s = timeout_s
+        self._link: Link | None = None
+        self.job_id = ""
+        self.introduction: dict[str, str] = {}
+        self._go = threading.Event()
+        self._ended: Verdict | str | None = None
+        self._state = threading.Condition()
+        self._closed = threading.Event()
+
+    def connect(self, deadline_s: float) -> None:
+        """Join, retrying until the deadline: the first host may start after us."""
+        end = time.monotonic() + deadline_s
+        delay = 0.05
+        last = "no attempt"
+        while True:
+            try:
+                self._join(min(5.0, max(0.5, end - time.monotonic())))
+                return
+            except Refused as exc:
+                raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
+            except (OSError, ValueError, ConnectionError) as exc:
+                last = str(exc) or type(exc).__name__
+            if time.monotonic() + delay >= end:
+                raise ClusterError(
+                    f"could not reach the control channel on {self.master}:{self.port} within {deadline_s:g} s: {last}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        sock = socket.create_connection((self.master, self.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        link = Link(sock, self.master)
+        try:
+            challenge = link.recv_raw(deadline)
+            server_nonce = challenge.get("nonce")
+            if challenge.get("t") != "challenge" or challenge.get("v") != wire.PROTOCOL or not wire.is_nonce(server_nonce):
+                raise Refused(f"not a training-toolkit control channel of protocol {wire.PROTOCOL}")
+            exchange, client_nonce = wire.KeyExchange(), wire.nonce()
+            keys = exchange.keys(challenge.get("kx"), self._secret,
+                                 wire.transcript(server_nonce, client_nonce, str(challenge.get("kx")), exchange.public, self.host))
+            link.send_raw({"t": "hello", "host": self.host, "nonce": client_nonce, "kx": exchange.public,
+                           "intro": self._introduction,
+                           "mac": wire.mac(keys.auth, "hello", wire.canonical(self._introduction))})
+            answer = link.recv_raw(deadline)
+            if answer.get("t") == "reject":
+                raise Refused(wire.text(answer, "reason", optional=True) or "rejected")
+            job_id = wire.text(answer, "job", limit=64) if answer.get("t") == "welcome" else ""
+            introduction = wire.introduction(answer)
+            if answer.get("t") != "welcome" or not wire.verify(keys.auth, answer.get("mac"), "welcome", job_id or "",
+                                                               wire.canonical(introduction)):
+                raise Refused("the first host failed authentication (a different job secret?)")
+        except BaseException:
+            link.close()
+            raise
+        link.key = keys.session
+        self.job_id, self.introduction = job_id or "", introduction
+        sock.settimeout(self._timeout_s)
+        self._link = link
+        start_thread(self._read_loop, "control-read")
+        start_thread(self._heartbeat_loop, "control-heartbeat")
+
+    def _read_loop(self) -> None:
+        assert self._link is not None
+        try:
+            while True:
+                message = self._link.recv()
+                kind = message.get("t")
+                if kind == "go":
+                    self._go.set()
+                    with self._state:
+                        self._state.notify_all()
+                elif kind == "verdict":
+                    verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
+                                      wire.text(message, "host", limit=255, optional=True))
+                    self._end(verdict)
+                    return
+        except (OSError, ValueError, ConnectionError) as exc:
+            if not self._closed.is_set():
+                reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
+                self._end(f"lost the first host {self.master} ({reason})")
+
+    def _end(self, ending: Verdict | str) -> None:
+        with self._state:
+            if self._ended is not None:
+                return
+            self._ended = ending
+            self._state.notify_all()
+        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.master, ending, time.time()))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._closed.wait(self._heartbeat_s):
+            self._send("ping")
+
+    def _send(self, kind: str, **fields) -> None:
+        if self._link is None:
+            return
+        try:
+            self._link.send(kind, **fields)
+        except OSError:
+            pass
+
+    def ready(self) -> None:
+        self._send("ready")
+
+    def failed(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        """Report this host's failure, and when it happened (wall clock; None: now)."""
+        self._send("failed", reason=reason, code=exit_code, at=time.time() if at is None else at)
+
+    def done(self, exit_code: int) -> None:
+        self._send("done", code=exit_code)
+
+    def wait_go(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        with self._state:
+            while not self._go.is_set():
+                if isinstance(self._ended, Verdict):
+                    verdict = self._ended
+                    raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)
+                if isinstance(self._ended, str):
+                    raise ClusterError(self._ended)
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(f"the first host {self.master} did not start the job within {deadline_s:g} s")
+                self._state.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._link is not None:
+            self._link.close()

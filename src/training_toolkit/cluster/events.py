@@ -1,0 +1,55 @@
+"""What the control channel tells the runner: events posted to its queue, and the verdict.
+
+``at``: the wall clock (time.time()) when it happened, as the failed host says (a failure), or
+when this host learnt of it; it orders failures (decisions.root_cause), it is not the event's identity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# A failure report's own time is believed within this much before its arrival (clocks differ; a report
+# is sent within a second of the failure), and never after its arrival.
+MAX_REPORT_AGE_S = 10.0
+
+
+@dataclass(frozen=True)
+class PeerFailed:
+    host: str
+    reason: str
+    exit_code: int
+    at: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class PeerDone:
+    host: str
+    exit_code: int
+    at: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class PeerLost:
+    host: str
+    reason: str
+    at: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The job's end, as decided by the first host."""
+
+    exit_code: int
+    reason: str | None = None
+    host: str | None = None
+
+
+def reported_time(value: object, received: float) -> float:
+    """When a reported failure happened: the report's own time, within ``MAX_REPORT_AGE_S`` before its arrival.
+
+    A report without a usable time (another toolkit version) counts as happening when it arrived.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return received
+    return min(received, max(float(value), received - MAX_REPORT_AGE_S))

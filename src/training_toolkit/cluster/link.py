@@ -1,0 +1,84 @@
+"""One control-channel connection, and the small socket helpers both ends share."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from training_toolkit.cluster import wire
+
+
+class Link:
+    """One connection: raw frames during the join, then signed, sequenced frames in both directions."""
+
+    def __init__(self, sock: socket.socket, peer: str):
+        self.sock = sock
+        self.peer = peer
+        self.key = b""
+        self._buffer = b""
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._send_lock = threading.Lock()
+
+    def send_raw(self, message: dict) -> None:
+        with self._send_lock:
+            self.sock.sendall(wire.encode(message))
+
+    def recv_raw(self, deadline: float | None = None) -> dict:
+        """The next frame; by ``deadline`` (monotonic) if given, else within the socket's own timeout."""
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > wire.MAX_FRAME:
+                raise wire.FrameError(f"frame longer than {wire.MAX_FRAME} bytes")
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout("timed out")
+                self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed" + (" mid-frame" if self._buffer else ""))
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return wire.decode(line + b"\n")
+
+    def send(self, kind: str, **fields) -> None:
+        with self._send_lock:
+            self._send_seq += 1
+            self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields))
+
+    def recv(self) -> dict:
+        message = wire.open_signed(self.key, self._recv_seq + 1, self.recv_raw())
+        self._recv_seq += 1
+        return message
+
+    def close(self) -> None:
+        for closer in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                closer()
+            except OSError:
+                pass
+
+
+class Refused(Exception):
+    """The join was refused; the message says why (one line)."""
+
+
+def reject(link: Link, reason: str) -> None:
+    try:
+        link.send_raw({"t": "reject", "reason": reason})
+    except OSError:
+        pass
+
+
+def close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def start_thread(target, name: str, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, args=args, daemon=True)
+    thread.start()
+    return thread

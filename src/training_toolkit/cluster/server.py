@@ -1,0 +1,271 @@
+"""The control channel's first host: admits the others, runs the barrier, hears reports, sends the verdict."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from queue import SimpleQueue
+
+from training_toolkit.cluster import wire
+from training_toolkit.cluster.admission import Admission, RefusalLog
+from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict, reported_time
+from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
+from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
+from training_toolkit.log import log as log_line
+
+
+class ControlServer:
+    """Serves the channel on the first host; ``expected`` are the other hosts.
+
+    ``secret`` is the platform's job secret, or None: then seats are admitted
+    by address (``admission``).  ``job_id`` and ``introduction`` go to every
+    host in its welcome; each host's own introduction is kept in ``introductions``.
+    """
+
+    def __init__(
+        self,
+        secret: bytes | None,
+        expected: Sequence[str],
+        port: int,
+        events: SimpleQueue,
+        *,
+        job_id: str = "",
+        introduction: Mapping[str, str] | None = None,
+        bind: str = "",
+        heartbeat_s: float = HEARTBEAT_S,
+        timeout_s: float = TIMEOUT_S,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        admission: Admission | None = None,
+        log: Callable[[str], None] = log_line,
+    ):
+        self._secret = secret
+        self.expected = tuple(expected)
+        self.port = port
+        self.job_id = job_id
+        self._introduction = dict(introduction or {})
+        self._events = events
+        self._bind = bind
+        self._heartbeat_s = heartbeat_s
+        self._timeout_s = timeout_s
+        self._handshake_timeout_s = handshake_timeout_s
+        self._admission = admission or Admission(self.expected, by_address=secret is None)
+        self._refusals = RefusalLog(log)
+        self.introductions: dict[str, dict[str, str]] = {}
+        self._links: dict[str, Link] = {}
+        self._joining: set[str] = set()  # in the handshake: the seat is taken, the link cannot sign yet
+        self._joined: set[str] = set()  # every host that ever joined (lost ones included)
+        self._verdict: Verdict | None = None
+        self._ready: set[str] = set()
+        self._failure: JobFailed | None = None
+        self._state = threading.Condition()
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._bind, self.port))
+        except OSError as exc:
+            sock.close()
+            raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
+        sock.listen(max(128, len(self.expected) * 2))
+        self._sock = sock
+        start_thread(self._accept_loop, "control-accept")
+        start_thread(self._heartbeat_loop, "control-heartbeat")
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._closed.is_set():
+            try:
+                conn, addr = self._sock.accept()
+            except OSError:
+                if self._closed.is_set():
+                    return
+                time.sleep(0.01)  # out of file descriptors under a flood: let some close
+                continue
+            address = str(addr[0])
+            refusal = self._admission.enter(address)
+            if refusal is not None:
+                self._refusals.refused(address, refusal)
+                close_quietly(conn)
+                continue
+            try:
+                start_thread(self._serve, f"control-{address}", conn, address)
+            except RuntimeError:  # no thread to be had: drop this one, the others go on
+                self._admission.done(address)
+                close_quietly(conn)
+
+    def _serve(self, conn: socket.socket, address: str) -> None:
+        link = Link(conn, address)
+        try:
+            host = self._admit(link, address)
+        finally:
+            self._admission.done(address)
+        if host is None:
+            link.close()
+            return
+        conn.settimeout(self._timeout_s)
+        try:
+            while not self._closed.is_set():
+                self._on_message(host, link.recv())
+        except (OSError, ValueError, ConnectionError) as exc:
+            if not self._closed.is_set():
+                reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
+                self._lost(host, link, reason)
+
+    def _admit(self, link: Link, address: str) -> str | None:
+        """The host that joined on ``link``, or None (refused, with one log line)."""
+        try:
+            refusal = self._admission.check_peer(address)
+            if refusal is not None:
+                raise Refused(refusal)
+            link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return self._handshake(link, address, time.monotonic() + self._handshake_timeout_s)
+        except Refused as exc:
+            self._refusals.refused(address, str(exc))
+        except socket.timeout:
+            self._refusals.refused(address, f"no complete join within {self._handshake_timeout_s:g} s")
+        except (OSError, ValueError, ConnectionError) as exc:
+            self._refusals.refused(address, str(exc) or type(exc).__name__)
+        return None
+
+    def _handshake(self, link: Link, address: str, deadline: float) -> str:
+        exchange, server_nonce = wire.KeyExchange(), wire.nonce()
+        link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
+        hello = link.recv_raw(deadline)
+        if hello.get("t") != "hello":
+            raise wire.FrameError("expected a hello")
+        host = wire.text(hello, "host", limit=255)
+        client_nonce = hello.get("nonce")
+        if not wire.is_nonce(client_nonce):
+            raise wire.FrameError("field 'nonce' is not a nonce")
+        introduction = wire.introduction(hello)
+        keys = exchange.keys(hello.get("kx"), self._secret,
+                             wire.transcript(server_nonce, client_nonce, exchange.public, str(hello.get("kx")), host))
+        if not wire.verify(keys.auth, hello.get("mac"), "hello", wire.canonical(introduction)):
+            reject(link, "authentication failed")
+            raise Refused(f"{host!r} failed authentication" + (" (a different job secret?)" if self._secret else ""))
+        with self._state:
+            reason = self._admission.seat(host, address, seated=[*self._links, *self._joining])
+            if reason is None:
+                self._joining.add(host)
+        if reason is not None:
+            reject(link, reason)
+            raise Refused(reason)
+        try:
+            link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
+                           "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})
+            link.key = keys.session
+        finally:
+            # Seated only once it can sign: a broadcast never reaches a half-joined link.
+            with self._state:
+                self._joining.discard(host)
+                self._links[host] = link
+                self.introductions[host] = introduction
+                verdict = self._verdict
+        if verdict is not None:  # a late joiner learns at once that the job is over
+            link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+        with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
+            self._joined.add(host)
+            self._state.notify_all()
+        return host
+
+    def _on_message(self, host: str, message: dict) -> None:
+        kind = message["t"]
+        if kind == "ready":
+            with self._state:
+                self._ready.add(host)
+                self._state.notify_all()
+        elif kind == "failed":
+            reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
+            at = reported_time(message.get("at"), time.time())
+            named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
+            with self._state:
+                self._failure = self._failure or JobFailed(named, code)
+                self._state.notify_all()
+            self._events.put(PeerFailed(host, reason, code, at))
+        elif kind == "done":
+            self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
+
+    def _lost(self, host: str, link: Link, reason: str) -> None:
+        link.close()
+        with self._state:
+            if self._links.get(host) is link:
+                del self._links[host]
+            self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
+            self._state.notify_all()
+        self._events.put(PeerLost(host, reason, time.time()))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._closed.wait(self._heartbeat_s):
+            with self._state:
+                links = list(self._links.values())
+            for link in links:
+                try:
+                    link.send("ping")
+                except OSError:
+                    pass
+
+    def wait_ready(self, deadline_s: float) -> None:
+        """Block until every expected host is ready; name the ones that are not at the deadline."""
+        end = time.monotonic() + deadline_s
+        with self._state:
+            while True:
+                if self._failure:
+                    raise self._failure
+                missing = [h for h in self.expected if h not in self._ready]
+                if not missing:
+                    return
+                left = end - time.monotonic()
+                if left <= 0:
+                    joined = [h for h in missing if h in self._links]
+                    absent = [h for h in missing if h not in self._links]
+                    parts = []
+                    if absent:
+                        parts.append(f"never joined: {', '.join(absent)}")
+                    if joined:
+                        parts.append(f"joined but never ready: {', '.join(joined)}")
+                    raise ClusterError(f"hosts not ready within {deadline_s:g} s ({'; '.join(parts)})")
+                self._state.wait(min(left, 1.0))
+
+    def release(self) -> None:
+        self._send_all("go")
+
+    def broadcast(self, verdict: Verdict) -> None:
+        with self._state:
+            self._verdict = verdict
+        self._send_all("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+
+    def linger(self, timeout_s: float) -> None:
+        """After the verdict: give hosts that have not joined yet up to ``timeout_s`` to come and hear it."""
+        end = time.monotonic() + timeout_s
+        with self._state:
+            while not set(self.expected) <= self._joined:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._state.wait(min(left, 0.5))
+
+    def _send_all(self, kind: str, **fields) -> None:
+        with self._state:
+            links = list(self._links.values())
+        for link in links:
+            try:
+                link.send(kind, **fields)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._sock is not None:
+            close_quietly(self._sock)
+        with self._state:
+            links = list(self._links.values())
+            self._links.clear()
+        for link in links:
+            link.close()
+        self._refusals.summary()
