@@ -43,7 +43,7 @@ from training_toolkit.runners.tf_config import PsLayout, mwms_config
 
 PS_HOSTS = ("algo-1", "algo-2", "algo-3")
 MWMS_HOSTS = ("algo-1", "algo-2")
-SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
+SCRIPTS = REPO / "test" / "fixtures" / "scripts"
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TIMEOUT_S = 300
 

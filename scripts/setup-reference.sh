@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create a throw-away venv holding the reference implementation, the PyPI package
 # `sagemaker-training` (console script `train`), for side-by-side tests
-# (tests/helpers/reference.py, pytest marker `reference`).
+# (test/helpers/reference.py, pytest marker `reference`).
 #
 #   scripts/setup-reference.sh [VENV_DIR]      # default: <repo>/.venv-ref
 #

@@ -1,7 +1,7 @@
 """The SageMaker contract: JobSpec -> the user script's environment and argv.
 
 Pure functions only.  The output matches ``sagemaker-training`` 5.1.x for the
-same files (tests/integration/test_contract_reference.py compares them), with
+same files (test/integration/test_contract_reference.py compares them), with
 the deliberate differences listed in docs/contract.md.
 """
 

@@ -3,7 +3,7 @@
 What a local exit, a peer's report, a signal or the passing of time means for
 this host, when the job is over and what every host is told, decided here
 without processes, sockets or clocks of its own, so that every rule is a row
-in a table test (tests/unit/test_decisions.py).  ``agent.HostAgent`` is the
+in a table test (test/unit/test_decisions.py).  ``agent.HostAgent`` is the
 shell: it turns what happens into events, feeds them to ``step`` and carries
 out the actions.
 

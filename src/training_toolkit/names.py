@@ -4,7 +4,7 @@ Runner names, the table of distributions (the switch a job sets, the runner
 ``train`` chooses for it, its name for ``training-toolkit local``), default
 ports and the reserved hyperparameters.  ``plan``, ``contract``, ``job``,
 ``local`` and the runners read these; the docs' tables are checked against
-them (tests/unit/test_names.py).  A rule written in two places is a bug
+them (test/unit/test_names.py).  A rule written in two places is a bug
 waiting for the day they differ.
 
 Plain constants and ``NamedTuple``s: imported on every launch, so nothing here

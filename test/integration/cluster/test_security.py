@@ -1,7 +1,7 @@
 """An outsider on a real local cluster: a namespace on the job's bridge that is not one of its hosts.
 
 It knows the job name, the host names, the hyperparameters and the toolkit's code
-(tests/fixtures/scripts/outsider.py).  Every attempt must fail, the job must still
+(test/fixtures/scripts/outsider.py).  Every attempt must fail, the job must still
 succeed, and nothing may be left running.  See docs/security.md.
 """
 
