@@ -72,7 +72,7 @@ class ControlServer:
         except OSError as exc:
             sock.close()
             raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
-        sock.listen(max(128, len(self.expected) * 2))
+        sock.listen(max(1024, len(self.expected) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
         self._sock = sock
         start_thread(self._accept_loop, "control-accept")
         start_thread(self._heartbeat_loop, "control-heartbeat")
