@@ -215,7 +215,7 @@ single() {
             command -v nvcc && fail "nvcc left"
         fi
         # No private key anywhere in the image (text files; /proc, /sys, /dev are not the image).
-        keys=$(grep -rlIs --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e "PRIVATE KEY-----" / || true)
+        keys=$(grep -rlIsE --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e "^-----BEGIN ([A-Z0-9]+ )*PRIVATE KEY-----\s*$" / || true)
         [ -z "$keys" ] || fail "private keys in the image: $keys"
         echo "PATH=$PATH PYTHONUNBUFFERED=$PYTHONUNBUFFERED"
         horovodrun --check-build | sed -n "/Available Frameworks/,/Available Tensor/p"
