@@ -58,8 +58,8 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir "$@
 #     installed with pip --target outside the venv, and CUDA 13.0's cudart linked statically
 #     (Horovod's default). Consequences: GPUs of compute capability 7.5 or newer (CUDA 13 has no
 #     sm_70) and an NVIDIA driver for CUDA 13.0 (R580 or newer). TensorFlow keeps its CUDA 12.
-#   CUDA_HOME is assembled from links to the wheels' directories (bin, include, lib64, nvvm), as
-#   CMake's FindCUDAToolkit and nvcc.profile expect, and the whole lot is removed after the build.
+#   CUDA_HOME is the wheels' tree, with a lib64 link as CMake's FindCUDAToolkit and nvcc.profile
+#   expect, and an unversioned libnccl.so link for find_library; all removed after the build.
 CUDA_BUILD_DIR=/tmp/cuda-build
 CUDA_BUILD_WHEELS=${CUDA_BUILD_WHEELS:-nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85}
 gpu_build_env() {
@@ -82,21 +82,27 @@ gpu_build_env() {
         pip install -q nvidia-nccl-cu12
     fi
     [[ -e $nccl/lib/libnccl.so.2 && -e $nccl/include/nccl.h ]] || die "no libnccl.so.2 / nccl.h in $nccl"
-    wheels=$CUDA_BUILD_DIR/wheels home=$CUDA_BUILD_DIR/cuda
+    wheels=$CUDA_BUILD_DIR/wheels
     log "pip --target $wheels: $CUDA_BUILD_WHEELS"
     # shellcheck disable=SC2086
     pip install -q --target "$wheels" $CUDA_BUILD_WHEELS
-    [[ -x $wheels/nvidia/cu13/bin/nvcc ]] || die "no nvcc in $wheels/nvidia/cu13/bin"
-    mkdir -p "$home/lib64"
-    ln -s "$wheels/nvidia/cu13/bin" "$home/bin"
-    ln -s "$wheels/nvidia/cu13/include" "$home/include"
-    ln -s "$wheels/nvidia/cu13/nvvm" "$home/nvvm"
-    for f in "$wheels"/nvidia/cu13/lib/*; do ln -s "$f" "$home/lib64/"; done
-    # find_library(nccl) wants the unversioned name; the wheel has only libnccl.so.2.
-    mkdir -p "$CUDA_BUILD_DIR/nccl-lib"
-    ln -s "$nccl/lib/libnccl.so.2" "$CUDA_BUILD_DIR/nccl-lib/libnccl.so"
+    # The CUDA 13 wheels share one tree (bin, include, lib, nvvm); nvcc.profile and CMake want
+    # lib64 beside bin. nvcc finds the rest from its own directory (bin/..), so the home is that
+    # tree itself: a CUDA_HOME made of links elsewhere would have nvcc resolve bin/.. to the wheel
+    # tree anyway.
+    home=$wheels/nvidia/cu13
+    [[ -x $home/bin/nvcc ]] || die "no nvcc in $home/bin"
+    [[ -e $home/lib/libcudart_static.a ]] || die "no libcudart_static.a in $home/lib"
+    ln -s lib "$home/lib64"
+    # FindCUDAToolkit wants the unversioned libcudart.so as well (Horovod links cudart_static).
+    ln -s "$(basename "$home"/lib/libcudart.so.[0-9]*)" "$home/lib/libcudart.so"
+    # find_library(nccl) wants the unversioned name; the wheel has only libnccl.so.2. The link goes
+    # beside it (removed after the build), not in a directory of its own: CMake puts the library's
+    # directory in Horovod's RUNPATH, which must name no directory that is gone (or under /tmp).
+    ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
+    NCCL_DEV_LINK=$nccl/lib/libnccl.so
     export HOROVOD_CUDA_HOME=$home HOROVOD_NCCL_INCLUDE=$nccl/include \
-        HOROVOD_NCCL_LIB=$CUDA_BUILD_DIR/nccl-lib HOROVOD_NCCL_LINK=SHARED \
+        HOROVOD_NCCL_LIB=$nccl/lib HOROVOD_NCCL_LINK=SHARED \
         LDFLAGS="${LDFLAGS:+$LDFLAGS }-Wl,-rpath,$nccl/lib"
     log "CUDA from wheels: $("$home/bin/nvcc" --version | tail -1); NCCL $nccl (shared, RPATH)"
 }
@@ -139,7 +145,7 @@ EOF
     fi
 
     # The CUDA toolkit assembled from wheels (GPU, no devel base) was for the build only.
-    rm -rf "$CUDA_BUILD_DIR"
+    rm -rf "$CUDA_BUILD_DIR" ${NCCL_DEV_LINK:+"$NCCL_DEV_LINK"}
 
     # What must still work without the build tools.
     TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -c 'import tensorflow, horovod.tensorflow, mpi4py.MPI' \
