@@ -14,7 +14,7 @@
 #   HOROVOD_CUDA_HOME        GPU only: a CUDA toolkit with bin/nvcc (a CUDA devel base image has
 #                            /usr/local/cuda, used when this is empty). Where there is none, the
 #                            toolkit is assembled from PyPI wheels (CUDA_BUILD_WHEELS) for the
-#                            Horovod build only and removed after it (see cuda_from_wheels below)
+#                            Horovod build only and removed after it (see gpu_build_env below)
 #   CUDA_BUILD_WHEELS        the wheels that make that toolkit (default: CUDA 13.0's nvcc, nvvm,
 #                            crt, runtime and cccl; no CUDA 12 wheel on PyPI has nvcc itself)
 #   KEEP_BUILD_TOOLS=1       keep cmake, g++ and make after the Horovod build (default: remove
