@@ -44,6 +44,36 @@ edits = [
     ("horovod/torch/CMakeLists.txt", "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"),
     ("horovod/tensorflow/CMakeLists.txt",
      'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n', ""),
+    # GPU builds only (the code is under HAVE_GPU): TensorFlow 2.21 has neither
+    # stream_executor::gpu::AsGpuStreamValue (a stream's handle is platform_specific_handle(), as
+    # in TensorFlow's own gpu_kernel_helper.h) nor tensorflow_gpu_device_info().
+    ("horovod/tensorflow/mpi_ops.cc",
+     """// Forward declaration of AsGpuStreamValue
+namespace stream_executor {
+namespace gpu {
+GpuStreamHandle AsGpuStreamValue(Stream* stream);
+} // namespace stream_executor
+} // namespace gpu
+#if TENSORFLOW_VERSION >= 2011000000
+#include "tensorflow/compiler/xla/stream_executor/stream.h"
+#else
+#include "tensorflow/stream_executor/stream.h"
+#endif // TENSORFLOW_VERSION >= 2011000000
+""",
+     """#include "tensorflow/compiler/xla/stream_executor/stream.h"
+namespace stream_executor {
+namespace gpu {
+inline GpuStreamHandle AsGpuStreamValue(Stream* stream) {
+  return reinterpret_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);
+}
+} // namespace gpu
+} // namespace stream_executor
+"""),
+    ("horovod/tensorflow/mpi_ops.cc",
+     """context->device()->tensorflow_gpu_device_info() != nullptr) {
+    device = context->device()->tensorflow_gpu_device_info()->gpu_id;""",
+     """context->device()->tensorflow_accelerator_device_info() != nullptr) {
+    device = context->device()->tensorflow_accelerator_device_info()->gpu_id;"""),
 ]
 for name, old, new in edits:
     path = src / name

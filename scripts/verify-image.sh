@@ -13,15 +13,23 @@
 #   scripts/verify-image.sh horovod [IMAGE] the same 2 containers, a horovod.tensorflow allreduce and
 #                                          a DistributedGradientTape step
 #   scripts/verify-image.sh clean          remove what `single`/`mpi` may have left (containers, network, trees)
+#   scripts/verify-image.sh gpu-build      podman build -f Dockerfile.gpu -t $GPU_IMAGE (base: $BASE_IMAGE)
+#   scripts/verify-image.sh gpu [IMAGE]    the GPU image without a GPU: TensorFlow built with CUDA, Horovod
+#                                          with NCCL (and its libnccl found), no compiler or private key
+#                                          anywhere in it, then `single` (one host, on the CPU)
+#   scripts/verify-image.sh gpu-all        gpu-build + gpu
 #
 # ENGINE=docker runs `single`, `mpi` and `horovod` with docker instead (buildspec.yml does).
-# ALLOW_BUILD_TOOLS=1: `single` accepts g++/cmake in the image (a CUDA devel base has its own).
+# ALLOW_BUILD_TOOLS=1: `single` and `gpu` accept g++/cmake/nvcc in the image (a CUDA devel base
+# has its own). HOROVOD_BUILD_CUDA_CC_LIST, if set, is passed to the GPU build (default: the
+# Dockerfile's list).
 # Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENGINE=${ENGINE:-podman}
 IMAGE=${IMAGE:-localhost/training-toolkit:cpu}
+GPU_IMAGE=${GPU_IMAGE:-localhost/training-toolkit:gpu}
 BASE_IMAGE=${BASE_IMAGE:-localhost/bookworm-minbase}
 NETWORK=${NETWORK:-tt-verify}
 WORK=${WORK:-/tmp/tt-verify}
@@ -90,21 +98,64 @@ base() {
     log "base done in $((SECONDS - start)) s"
 }
 
+# build [DOCKERFILE IMAGE [BUILD-ARG...]]
 build() {
-    local start=$SECONDS ca extra=()
+    local dockerfile=${1:-Dockerfile.cpu} image=${2:-$IMAGE} start=$SECONDS ca extra=()
+    shift 2 || true
+    extra=("$@")
     # Where pip on this machine must trust a TLS-intercepting proxy's CA, the build must too: the
     # bundle is mounted for the build (BUILD_CA_BUNDLE), never copied into the image. Under /dev,
     # a tmpfs during RUN steps, so that not even an empty mount point stays in a layer.
     ca=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
     if [[ -n $ca && -r $ca ]]; then
-        extra=(-v "$ca:/dev/build-ca.pem:ro" --build-arg BUILD_CA_BUNDLE=/dev/build-ca.pem)
+        extra+=(-v "$ca:/dev/build-ca.pem:ro" --build-arg BUILD_CA_BUNDLE=/dev/build-ca.pem)
     fi
-    log "podman build ${extra[*]} --build-arg BASE_IMAGE=$BASE_IMAGE -f Dockerfile.cpu -t $IMAGE ."
-    podman build "${extra[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" -f Dockerfile.cpu -t "$IMAGE" . 2>&1 \
-        | tee "$WORK.build.log"
+    log "podman build ${extra[*]} --build-arg BASE_IMAGE=$BASE_IMAGE -f $dockerfile -t $image ."
+    podman build "${extra[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" -f "$dockerfile" -t "$image" . 2>&1 \
+        | tee "$WORK.build-${dockerfile#Dockerfile.}.log"
     log "build done in $((SECONDS - start)) s"
-    podman image ls "$IMAGE"
-    podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "verify-image: image size %.0f MB\n", $1 / 1e6}'
+    podman image ls "$image"
+    podman image inspect --format '{{.Size}}' "$image" | awk '{printf "verify-image: image size %.0f MB\n", $1 / 1e6}'
+    # Layer by layer (the stack step is the big one).
+    podman history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | cut -c1-110 | head -8
+}
+
+gpu_build() {
+    local args=()
+    [[ -z ${HOROVOD_BUILD_CUDA_CC_LIST:-} ]] || args=(--build-arg "HOROVOD_BUILD_CUDA_CC_LIST=$HOROVOD_BUILD_CUDA_CC_LIST")
+    build Dockerfile.gpu "$GPU_IMAGE" "${args[@]}"
+}
+
+# The GPU image on a machine without a GPU: what can be checked without one.
+gpu() {
+    local image=${1:-$GPU_IMAGE}
+    log "== GPU image $image, without a GPU"
+    "$ENGINE" run --rm -e TF_CPP_MIN_LOG_LEVEL=2 -e ALLOW_BUILD_TOOLS="${ALLOW_BUILD_TOOLS:-}" --entrypoint sh "$image" -c '
+        set -e
+        fail() { echo "$*" >&2; exit 1; }
+        python -c "
+import tensorflow as tf
+info = tf.sysconfig.get_build_info()
+assert tf.test.is_built_with_cuda(), \"TensorFlow not built with CUDA\"
+print(\"tensorflow\", tf.__version__, \"is_built_with_cuda True, CUDA\", info.get(\"cuda_version\"), \"cuDNN\", info.get(\"cudnn_version\"), \"GPUs here:\", tf.config.list_physical_devices(\"GPU\"))
+"
+        horovodrun --check-build | tee /tmp/check-build
+        sed -n "/Available Tensor Operations/,\$p" /tmp/check-build | grep -q "\[X\] NCCL" || fail "horovod not built with NCCL"
+        python -c "import horovod.tensorflow as hvd; assert hvd.nccl_built(), \"nccl_built() is false\"; print(\"horovod.tensorflow imports, nccl_built() True\")"
+        # libtensorflow_*.so.2 are found at run time (TensorFlow loads them before Horovod).
+        lib=$(find /opt/venv -path "*horovod/tensorflow/mpi_lib*.so" | head -1)
+        ldd "$lib" | grep -E "nccl|cudart|not found" || true
+        ldd "$lib" | grep -v libtensorflow | grep -q "not found" && fail "$lib: a library is not found"
+        ldd "$lib" | grep -q "libnccl.so.2 => /opt/venv/" || fail "$lib: libnccl.so.2 not from the venv"
+        if [ -z "$ALLOW_BUILD_TOOLS" ]; then
+            found=$(find / -xdev \( -type f -o -type l \) \( -name nvcc -o -name cicc -o -name cc1plus -o -name "*g++*" -o -name cmake -o -name "cudafe++" \) 2>/dev/null || true)
+            [ -z "$found" ] || fail "build tools left: $found"
+            echo "no nvcc, cicc, cudafe++, cc1plus, g++ or cmake anywhere"
+        fi
+        du -sh /opt/venv /opt/venv/lib/python3*/site-packages/nvidia 2>/dev/null' \
+        || die "GPU image checks"
+    log "GPU image: OK (TensorFlow built with CUDA, Horovod with NCCL, libnccl resolved, no build tools)"
+    single "$image"
 }
 
 # job_tree DIR HOST HOSTS_JSON HYPERPARAMETERS_JSON: one host's /opt/ml, as a platform lays it out.
@@ -162,13 +213,17 @@ single() {
         if [ -z "$ALLOW_BUILD_TOOLS" ]; then
             command -v g++ && fail "g++ left"
             command -v cmake && fail "cmake left"
+            command -v nvcc && fail "nvcc left"
         fi
+        # No private key anywhere in the image (text files; /proc, /sys, /dev are not the image).
+        keys=$(grep -rlIsE --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e "^-----BEGIN ([A-Z0-9]+ )*PRIVATE KEY-----\s*$" / || true)
+        [ -z "$keys" ] || fail "private keys in the image: $keys"
         echo "PATH=$PATH PYTHONUNBUFFERED=$PYTHONUNBUFFERED"
         horovodrun --check-build | sed -n "/Available Frameworks/,/Available Tensor/p"
         python -c "import tensorflow as tf, horovod, mpi4py; print(\"tensorflow\", tf.__version__, \"horovod\", horovod.__version__, \"mpi4py\", mpi4py.__version__)"
         mpirun --version | head -1; ssh -V' \
         || die "image hygiene"
-    log "image hygiene: OK (no host keys, no client keys, /opt/ml, non-editable install, no g++/cmake)"
+    log "image hygiene: OK (no host keys, no client keys, no private key anywhere, /opt/ml, non-editable install, no g++/cmake/nvcc)"
 }
 
 # mpi_job LABEL CODE_DIR PROGRAM: algo-1 and algo-2 on a network, 2 processes per host, the code
@@ -270,10 +325,13 @@ case ${1:-all} in
     setup) setup ;;
     base) base ;;
     build) build ;;
+    gpu-build) gpu_build ;;
+    gpu) gpu "${2:-}" ;;
+    gpu-all) gpu_build; gpu ;;
     single) single "${2:-}" ;;
     mpi) mpi "${2:-}" ;;
     horovod) horovod "${2:-}" ;;
     clean) clean ;;
     all) setup; base; build; single; mpi; horovod ;;
-    *) die "usage: $0 [all|setup|base|build|single [IMAGE]|mpi [IMAGE]|horovod [IMAGE]|clean]" ;;
+    *) die "usage: $0 [all|setup|base|build|single [IMAGE]|mpi [IMAGE]|horovod [IMAGE]|gpu-build|gpu [IMAGE]|gpu-all|clean]" ;;
 esac
