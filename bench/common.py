@@ -93,3 +93,41 @@ class LocalRun:
     @property
     def last_exit(self) -> float:
         return max(r.ended_at for r in self.results)
+
+
+# What a job's script does first, for figures that end when the script starts (start to barrier):
+# write time.monotonic() (CLOCK_MONOTONIC is system-wide) as SM_MODEL_DIR/started-RANK.
+STAMP = """\
+import os, time
+started = time.monotonic()
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "started-%s" % os.environ.get("RANK", "0")), "w") as f:
+    f.write(repr(started))
+"""
+
+
+def stamps(results) -> list[float]:
+    """Every process's start time that STAMP wrote, on every host."""
+    return [float(f.read_text()) for r in results for f in r.model_dir.glob("started-*")]
+
+
+# Run inside each prepared host of a bare mpirun: its ssh files written by the toolkit's own code, with
+# one pair of keys made for the run (argv: KEYS_JSON DIR client|server HOSTS-or-ADDRESSES...).
+WRITE_SSH_DIR = """\
+import json, sys
+from pathlib import Path
+from training_toolkit.cluster import ssh
+keys = json.load(open(sys.argv[1]))
+client = ssh.KeyPair(keys["client"][0].encode(), keys["client"][1])
+host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
+if sys.argv[3] == "client":
+    ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
+else:
+    ssh.write_server_side(Path(sys.argv[2]), host_key=host, client_public=client.public, allowed_from=sys.argv[4:],
+                          port=22, user="root")
+"""
+WAIT_FOR_SSH = """\
+import sys
+from pathlib import Path
+from training_toolkit.cluster import ssh
+ssh.wait_for_ssh(ssh.SshLayout(Path(sys.argv[1]), 22), sys.argv[2:], deadline_s=30)
+"""

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import STAMP, WAIT_FOR_SSH, WRITE_SSH_DIR, stamps
+
 from training_toolkit.cluster.ssh import generate_keypair
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
@@ -43,33 +45,7 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 assert comm.allreduce(comm.Get_rank() + 1) == comm.Get_size() * (comm.Get_size() + 1) // 2
 """
-STAMP = """\
-import os, time
-started = time.monotonic()
-with open(os.path.join(os.environ["SM_MODEL_DIR"], "started"), "w") as f:
-    f.write(repr(started))
-"""
 SSH_DIR = "/run/bench-ssh"
-WRITE_SSH_DIR = """\
-import json, sys
-from pathlib import Path
-from training_toolkit.cluster import ssh
-keys = json.load(open(sys.argv[1]))
-client = ssh.KeyPair(keys["client"][0].encode(), keys["client"][1])
-host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
-if sys.argv[3] == "client":
-    ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
-else:
-    ssh.write_server_side(Path(sys.argv[2]), host_key=host, client_public=client.public, allowed_from=sys.argv[4:],
-                          port=22, user="root")
-"""
-WAIT_FOR_SSH = """\
-import sys
-from pathlib import Path
-from training_toolkit.cluster import ssh
-ssh.wait_for_ssh(ssh.SshLayout(Path(sys.argv[1]), 22), sys.argv[2:], deadline_s=30)
-"""
-
 
 def mpi_job(hosts) -> LocalJob:
     return LocalJob(hosts=hosts, env=QUIET, hyperparameters={
@@ -143,7 +119,7 @@ def barrier(client, src: Path, workdir: Path) -> float:
     if [r.exit_code for r in run.results] != [0] * 4 or run.leftovers:
         sys.stdout.buffer.write(out.getvalue())
         raise SystemExit(f"barrier job: exit codes {[r.exit_code for r in run.results]}, left {run.leftovers}")
-    return max(float((r.model_dir / "started").read_text()) for r in run.results) - run.starting_at
+    return max(stamps(run.results)) - run.starting_at
 
 
 def stats(samples: list[float]) -> str:

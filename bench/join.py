@@ -29,18 +29,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, LocalRun
+from common import REPO, STAMP, LocalRun, stamps
 
 from training_toolkit.local.launcher import LocalJob
 from training_toolkit.local.netns import leftovers
 
 HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
-STAMP = """\
-import os, time
-started = time.monotonic()
-with open(os.path.join(os.environ["SM_MODEL_DIR"], "started-%s" % os.environ.get("RANK", "0")), "w") as f:
-    f.write(repr(started))
-"""
 FLOOD = """\
 import socket, sys, time
 master, count, report = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -80,7 +74,7 @@ def job(src: Path, *, secret: bool, env: dict | None = None, outsiders=(), until
 
 
 def barrier_s(run: LocalRun) -> float:
-    starts = [float(f.read_text()) for r in run.results for f in r.model_dir.glob("started-*")]
+    starts = stamps(run.results)
     if len(starts) != len(HOSTS):
         raise SystemExit(f"expected {len(HOSTS)} processes to start, saw {len(starts)}")
     return max(starts) - run.hosts_up
@@ -99,7 +93,7 @@ def flooded(src: Path, workdir: Path, tags: list[str]) -> tuple[float, int, floa
     proc["p"].wait(timeout=60)
     run.check("flood")
     opened, first, _ = report.read_text().split()
-    starts = [float(f.read_text()) for r in run.results for f in r.model_dir.glob("started-*")]
+    starts = stamps(run.results)
     return barrier_s(run), int(opened), max(starts) - float(first)
 
 

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PYTHON, LocalRun
+from common import PYTHON, WAIT_FOR_SSH, WRITE_SSH_DIR, LocalRun
 
 from training_toolkit.local.launcher import INTERFACE, LocalJob
 from training_toolkit.local.netns import NamespaceCluster, leftovers
@@ -61,30 +61,8 @@ comm.Barrier()  # the others wait for a rank that never comes
 # tears down the surviving ranks: (3) is measured once more under the bare mpirun with it at 0.
 FAST_KILL = ("--mca", "odls_base_sigkill_timeout", "0")
 
-# Run inside each prepared host: the job's ssh files at the same path on every host (/run is a
-# per-host tmpfs), written by the toolkit's own code, with one pair of keys made for this run.
+# The job's ssh files at the same path on every prepared host (/run is a per-host tmpfs).
 SSH_DIR = "/run/bench-mpi-ssh"
-WRITE_SSH_DIR = """\
-import json, sys
-from pathlib import Path
-from training_toolkit.cluster import ssh
-keys = json.load(open(sys.argv[1]))
-client = ssh.KeyPair(keys["client"][0].encode(), keys["client"][1])
-host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
-if sys.argv[3] == "client":
-    ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
-else:
-    ssh.write_server_side(Path(sys.argv[2]), host_key=host, client_public=client.public, allowed_from=sys.argv[4:],
-                          port=22, user="root")
-"""
-WAIT_FOR_SSH = """\
-import sys
-from pathlib import Path
-from training_toolkit.cluster import ssh
-ssh.wait_for_ssh(ssh.SshLayout(Path(sys.argv[1]), 22), sys.argv[2:], deadline_s=30)
-"""
-
-
 def base_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root")}
 

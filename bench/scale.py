@@ -21,19 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import LocalRun
+from common import STAMP, LocalRun, stamps
 from mpi_job import ALLREDUCE, bare, prepare
 
 from training_toolkit.local.launcher import LocalJob
 from training_toolkit.local.netns import NamespaceCluster, leftovers
-
-STAMP = """\
-import os, time
-started = time.monotonic()
-with open(os.path.join(os.environ["SM_MODEL_DIR"], "started"), "w") as f:
-    f.write(repr(started))
-"""
-
 
 def hosts(n: int) -> tuple[str, ...]:
     return tuple(f"algo-{i}" for i in range(1, n + 1))
@@ -64,7 +56,7 @@ def main() -> None:
         for n in sizes:
             run = LocalRun(launcher_job(src, n), Path(tmp) / f"launcher-{n}", tags, timeout_s=600)
             run.check(f"launcher on {n} hosts")
-            starts = [float((r.model_dir / "started").read_text()) for r in run.results]
+            starts = stamps(run.results)
             barrier = max(starts) - run.hosts_up
             verdict = run.last_exit - max(starts)
             mpi = LocalRun(mpi_job(src, n), Path(tmp) / f"mpi-{n}", tags, timeout_s=600)
