@@ -168,7 +168,7 @@ def describe(ctx: RunContext) -> dict:
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
-    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}XXXXXXXX", ctx.settings.ssh_port)
+    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
     env = {**ctx.script_env, **smddp_env(ctx)}
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
