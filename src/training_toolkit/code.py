@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from training_toolkit.errors import CodeError
 from training_toolkit.job import JobSpec
+from training_toolkit.settings import without_secrets
 
 
 class EntryCommand(NamedTuple):
@@ -147,7 +148,7 @@ def install(job: JobSpec, code_dir: Path, command: EntryCommand, environ: Mappin
         steps.append(["."])
     for step in steps:
         argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *step]
-        child = Supervised(argv, env=environ, cwd=str(code_dir), stdout=2)
+        child = Supervised(argv, env=without_secrets(environ), cwd=str(code_dir), stdout=2)
         status = child.wait()
         child.finish(linger_s=1.0)
         if status is None or not status.ok:

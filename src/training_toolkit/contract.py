@@ -14,10 +14,10 @@ from typing import Any
 
 from training_toolkit import names
 from training_toolkit.job import JobSpec
-from training_toolkit.settings import JOB_SECRET as SECRET_VAR
+from training_toolkit.settings import SECRET_VARIABLES, without_secrets
 
 # The toolkit's own secrets: never in the script's environment.
-HIDDEN_VARIABLES = (SECRET_VAR,)
+HIDDEN_VARIABLES = SECRET_VARIABLES
 
 
 def to_arg(value: Any) -> str:
@@ -203,7 +203,7 @@ def script_environment(
     The platform variables the reference exports for itself (job name, current
     host, region) are set the same way; ``PYTHONPATH`` starts with the code dir.
     """
-    env = {k: v for k, v in environ.items() if k not in HIDDEN_VARIABLES}
+    env = without_secrets(environ)
     env["SAGEMAKER_JOB_NAME"] = str(job.reserved.get(names.JOB_NAME, "") or "")
     env["CURRENT_HOST"] = job.resource.current_host
     env["SAGEMAKER_REGION"] = job.region or ""

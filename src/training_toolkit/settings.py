@@ -26,6 +26,14 @@ from training_toolkit import names
 from training_toolkit.errors import ConfigError
 
 JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
+SECRET_VARIABLES = (JOB_SECRET,)  # never passed to a child: the script, pip, mpirun, ssh
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a child process: the toolkit's secrets left out."""
+    return {k: v for k, v in environ.items() if k not in SECRET_VARIABLES}
+
+
 MIN_SECRET_BYTES = 16  # shorter secrets could be searched for offline by anyone who saw one join
 # Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
 SUPERVISOR_VAR = "TRAINING_TOOLKIT_SUPERVISOR"  # marks every descendant of a supervised child (process.py)

@@ -41,14 +41,17 @@ class Addresses:
         self._lock = threading.Lock()
 
     def of(self, host: str) -> frozenset[str]:
+        """The addresses ``host`` resolved to, pinned once found; a name not found yet is looked up at most once a second."""
         with self._lock:
+            if host in self._known:
+                return self._known[host]
             now = self._clock()
             last = self._looked.get(host)
             if last is None or now - last >= RESOLVE_EVERY_S:
-                found = self._resolver(host)
-                if found:  # a failed lookup keeps what resolved before
-                    self._known[host] = found
                 self._looked[host] = now
+                found = self._resolver(host)
+                if found:
+                    self._known[host] = found
             return self._known.get(host, frozenset())
 
     def holds(self, address: str) -> bool:

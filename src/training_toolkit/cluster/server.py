@@ -119,12 +119,13 @@ class ControlServer:
 
     def _admit(self, link: Link, address: str) -> str | None:
         """The host that joined on ``link``, or None (refused, with one log line)."""
+        deadline = time.monotonic() + self._handshake_timeout_s  # from accept, the address check included
         try:
             refusal = self._admission.check_peer(address)
             if refusal is not None:
                 raise Refused(refusal)
             link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return self._handshake(link, address, time.monotonic() + self._handshake_timeout_s)
+            return self._handshake(link, address, deadline)
         except Refused as exc:
             self._refusals.refused(address, str(exc))
         except socket.timeout:
@@ -148,9 +149,11 @@ class ControlServer:
                              wire.transcript(server_nonce, client_nonce, exchange.public, str(hello.get("kx")), host))
         if not wire.verify(keys.auth, hello.get("mac"), "hello", wire.canonical(introduction)):
             reject(link, "authentication failed")
-            raise Refused(f"{host!r} failed authentication" + (" (a different job secret?)" if self._secret else ""))
+            # The reason leaves out the name the peer sent: refusals are logged once per (address, reason).
+            raise Refused("failed authentication" + (" (a different job secret?)" if self._secret else ""))
         with self._state:
-            reason = self._admission.seat(host, address, seated=[*self._links, *self._joining])
+            reason = "the job is over" if self._closed.is_set() else \
+                self._admission.seat(host, address, seated=[*self._links, *self._joining])
             if reason is None:
                 self._joining.add(host)
         if reason is not None:
@@ -159,14 +162,17 @@ class ControlServer:
         try:
             link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
                            "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})
-            link.key = keys.session
-        finally:
-            # Seated only once it can sign: a broadcast never reaches a half-joined link.
-            with self._state:
+        except BaseException:
+            with self._state:  # not seated: the host may try again
                 self._joining.discard(host)
-                self._links[host] = link
-                self.introductions[host] = introduction
-                verdict = self._verdict
+            raise
+        link.key = keys.session
+        # Seated only once it can sign: a broadcast never reaches a half-joined link.
+        with self._state:
+            self._joining.discard(host)
+            self._links[host] = link
+            self.introductions[host] = introduction
+            verdict = self._verdict
         if verdict is not None:  # a late joiner learns at once that the job is over
             link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
@@ -262,6 +268,10 @@ class ControlServer:
     def close(self) -> None:
         self._closed.set()
         if self._sock is not None:
+            try:  # wakes the accept loop: closing alone leaves it blocked, still accepting, on Linux
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             close_quietly(self._sock)
         with self._state:
             links = list(self._links.values())

@@ -29,6 +29,7 @@ from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
+from training_toolkit.settings import without_secrets
 from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
 from training_toolkit.stopping import stop_processes
 
@@ -211,7 +212,8 @@ def mpi_flavor(configured: str | None, environ) -> str:
     if configured:
         return configured
     try:
-        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20, env=dict(environ))
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20,
+                             env=without_secrets(environ))
     except FileNotFoundError:
         raise ClusterError("mpirun not found on PATH (install Open MPI)") from None
     except subprocess.TimeoutExpired:
@@ -227,7 +229,8 @@ def has_mpi4py(python: str, ask: bool = True) -> bool:
     if not ask:
         return True
     try:
-        return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30,
+                              env=without_secrets(os.environ)).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 

@@ -43,6 +43,10 @@ def test_a_name_that_resolves_late_is_looked_up_again_at_most_once_a_second():
     now[0] = 1.0
     assert addresses.of("algo-2") == frozenset({"192.0.2.12"})
     assert len(calls) == 2
+    now[0] = 5.0
+    table["algo-2"] = frozenset({"192.0.2.99"})
+    assert addresses.of("algo-2") == frozenset({"192.0.2.12"})  # pinned once found: never looked up again
+    assert len(calls) == 2
 
 
 def test_handshakes_at_once_are_bounded_per_address_and_in_all():

@@ -370,3 +370,27 @@ def test_a_flood_of_connections_does_not_stall_the_barrier():
         srv.close()
     assert sum("more than 4 joins at once from one address" in line for line in lines) == 1
     assert any(line.startswith("control channel: refused ") and "more connection(s) from 127.0.0.1" in line for line in lines)
+
+
+def test_a_made_up_name_in_a_failed_join_does_not_make_a_new_log_line_each_time(server):
+    """With a secret, failed joins from one address are one line, whatever host names they claim."""
+    srv, _ = server
+    lines = []
+    srv._refusals._log = lines.append
+    for name in ("x1", "x2", "x3"):
+        bad = ControlClient(b"x" * 32, name, "127.0.0.1", srv.port, SimpleQueue())
+        with pytest.raises(ClusterError, match="authentication failed"):
+            bad.connect(2)
+    assert eventually(lambda: len(lines) == 1)
+    srv.close()
+    assert lines == ["control channel: refused a connection from 127.0.0.1: failed authentication (a different job secret?)",
+                     "control channel: refused 2 more connection(s) from 127.0.0.1"]
+
+
+def test_a_closed_server_accepts_no_more_connections():
+    srv = ControlServer(SECRET, ["w1"], free_port(), SimpleQueue(), bind="127.0.0.1")
+    srv.start()
+    srv.close()
+    time.sleep(0.1)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()

@@ -105,7 +105,9 @@ def test_render_sshd_config_exact():
         "PermitUserRC no\n"
         "PermitUserEnvironment no\n"
         "MaxAuthTries 2\n"
-        "LoginGraceTime 20\n"
+        "LoginGraceTime 10\n"
+        "PerSourceMaxStartups 4\n"
+        "MaxStartups 64:30:128\n"
         "LogLevel ERROR\n"
     )
 

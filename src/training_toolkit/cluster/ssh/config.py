@@ -64,7 +64,11 @@ def render_sshd_config(
         "PermitUserRC no",
         "PermitUserEnvironment no",
         "MaxAuthTries 2",
-        "LoginGraceTime 20",
+        "LoginGraceTime 10",
+        # unauthenticated connections: 4 at a time from one address, and the rest refused past 64
+        # (OpenSSH's default lets one address hold 100 open and so lock the job's own login out)
+        "PerSourceMaxStartups 4",
+        "MaxStartups 64:30:128",
         "LogLevel ERROR",
     ]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from training_toolkit.cluster.ssh.errors import SshUnreachable
 from training_toolkit.cluster.ssh.layout import SshLayout, ssh_command
+from training_toolkit.settings import without_secrets
 
 def wait_for_ssh(
     layout: SshLayout,
@@ -77,6 +78,7 @@ def _probe_once(prefix: Sequence[str], host: str, timeout_s: float) -> tuple[str
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            env=without_secrets(os.environ),
         )
     except OSError as exc:
         return f"cannot run {argv[0]}: {exc.strerror or exc}", False
