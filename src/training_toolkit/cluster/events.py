@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 # A failure report's own time is believed within this much before its arrival (clocks differ; a report
 # is sent within a second of the failure), and never after its arrival.
-MAX_REPORT_AGE_S = 10.0
+MAX_REPORT_AGE_S = 2.0
 
 
 @dataclass(frozen=True)
