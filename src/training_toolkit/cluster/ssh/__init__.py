@@ -20,7 +20,6 @@ Modules: ``keys`` (key pairs), ``config`` (exact file texts), ``layout``
 (waiting for peers), ``errors``.
 """
 
-from training_toolkit.cluster.ssh.config import DEFAULT_SSH_PORT
 from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshdError, SshError, SshLayoutError, SshUnreachable
 from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair, MountedKeys, generate_keypair, load_keys
 from training_toolkit.cluster.ssh.layout import (
@@ -35,7 +34,7 @@ from training_toolkit.cluster.ssh.probe import wait_for_ssh
 from training_toolkit.cluster.ssh.sshd import Sshd
 
 __all__ = [
-    "DEFAULT_SSH_PORT", "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
+    "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
     "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
     "SshLayout", "end_connections", "new_ssh_dir", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
 ]

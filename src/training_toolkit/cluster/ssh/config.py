@@ -14,7 +14,7 @@ from pathlib import Path
 
 from training_toolkit.cluster.ssh.errors import SshLayoutError
 
-DEFAULT_SSH_PORT = 22
+STANDARD_PORT = 22  # OpenSSH's own: known_hosts names a host bare on it, as [name]:port elsewhere
 CONTROL_PERSIST_S = 60  # an idle shared connection lives this long (the job's end closes it sooner)
 
 
@@ -154,7 +154,7 @@ def render_known_hosts(host_keys: Mapping[str, str], *, port: int, aliases: Mapp
         names = list(dict.fromkeys([host, *extra.get(host, ())]))
         for name in names:
             check_host_name(name)
-        patterns = names if port == DEFAULT_SSH_PORT else [f"[{name}]:{port}" for name in names]
+        patterns = names if port == STANDARD_PORT else [f"[{name}]:{port}" for name in names]
         lines.append(f"{','.join(patterns)} {key}")
     return "\n".join(lines) + "\n"
 
