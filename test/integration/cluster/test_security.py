@@ -17,7 +17,8 @@ import time
 import pytest
 
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, run, source_dir
-from training_toolkit.cluster.ssh import MOUNTED_FILES, generate_keypair
+from helpers.keys import mount_keys
+from training_toolkit.cluster.ssh import generate_keypair
 from training_toolkit.local.launcher import LocalJob, run_local
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
@@ -75,11 +76,7 @@ def test_an_outsider_gets_nowhere_and_the_job_still_succeeds(tmp_path, platform_
 def test_mounted_keys_at_0644_without_a_secret(tmp_path):
     """A Kubernetes-style secret volume of keys: world-readable files, used as they are."""
     client, host = generate_keypair("client"), generate_keypair("host")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    for name, content in zip(MOUNTED_FILES, (client.private, client.public.encode(), host.private, host.public.encode())):
-        (keys / name).write_bytes(content)
-        (keys / name).chmod(0o644)
+    keys = mount_keys(tmp_path / "keys", client, host)
     src = source_dir(tmp_path, "mpi_allreduce.py")
     job = LocalJob(hosts=HOSTS[:2], hyperparameters=hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
                                                         sagemaker_mpi_num_of_processes_per_host=1),

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers.keys import mount_keys
 from training_toolkit.cluster.ssh import (
-    MOUNTED_FILES,
     KeyPair,
     Sshd,
     SshdError,
@@ -139,12 +139,7 @@ def test_wait_for_ssh_returns_once_every_name_answers(tmp_path):
 
 def test_mounted_world_readable_keys_are_usable(tmp_path):
     client, host = generate_keypair("c"), generate_keypair("h")
-    mounted = tmp_path / "secret-volume"
-    mounted.mkdir()
-    for name, content in zip(MOUNTED_FILES, (client.private, client.public.encode(), host.private, host.public.encode())):
-        (mounted / name).write_bytes(content)
-        (mounted / name).chmod(0o644)
-    keys = load_keys(mounted)
+    keys = load_keys(mount_keys(tmp_path / "secret-volume", client, host))
     pair = setup(tmp_path, free_port(), client_key=keys.client, host_key=keys.host)
     with Sshd(pair.server):
         result = run_ssh(pair.client, HOST, "true")

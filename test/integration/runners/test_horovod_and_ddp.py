@@ -17,7 +17,6 @@ ENV = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}
 @pytest.mark.horovod
 @pytest.mark.mpi
 @pytest.mark.sshd
-@pytest.mark.horovod
 def test_horovod_tensorflow_on_2_hosts_x_2(tmp_path):
     src = source_dir(tmp_path, "horovod_tf_train.py")
     job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("horovod_tf_train.py", src, sagemaker_mpi_enabled=True,

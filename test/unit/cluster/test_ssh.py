@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from helpers.keys import mount_keys
 from training_toolkit.cluster.ssh import (
     MOUNTED_FILES,
     KeyMaterialError,
-    KeyPair,
     SshError,
     SshLayout,
     SshLayoutError,
@@ -276,40 +276,29 @@ def test_ssh_command_uses_our_config_only(tmp_path):
 # --------------------------------------------------------------------------- mounted keys
 
 
-def mount(directory: Path, client: KeyPair, host: KeyPair, file_mode: int = 0o644) -> Path:
-    """Write keys the way a Kubernetes secret volume does: world-readable."""
-    directory.mkdir()
-    contents = (client.private, client.public + "\n", host.private, host.public + "\n")
-    for name, content in zip(MOUNTED_FILES, contents):
-        path = directory / name
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
-        path.chmod(file_mode)
-    return directory
-
-
 def test_load_keys_reads_world_readable_mounted_keys(tmp_path):
     client, host = generate_keypair("c"), generate_keypair("h")
-    loaded = load_keys(mount(tmp_path / "mounted", client, host))
+    loaded = load_keys(mount_keys(tmp_path / "mounted", client, host))
     assert (loaded.client, loaded.host) == (client, host)
 
 
 @pytest.mark.parametrize("missing", MOUNTED_FILES)
 def test_load_keys_names_the_missing_file(tmp_path, missing):
-    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
+    mounted = mount_keys(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / missing).unlink()
     with pytest.raises(KeyMaterialError, match=f"{mounted / missing}: missing"):
         load_keys(mounted)
 
 
 def test_load_keys_refuses_a_public_key_that_does_not_match(tmp_path):
-    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
+    mounted = mount_keys(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / "id_ed25519.pub").write_text(generate_keypair("x").public + "\n")
     with pytest.raises(KeyMaterialError, match="id_ed25519.pub: does not match"):
         load_keys(mounted)
 
 
 def test_load_keys_refuses_garbage(tmp_path):
-    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
+    mounted = mount_keys(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / "ssh_host_ed25519_key").write_bytes(b"hello\n")
     with pytest.raises(KeyMaterialError, match="ssh_host_ed25519_key: not a PEM or OpenSSH private key"):
         load_keys(mounted)
@@ -323,7 +312,7 @@ def test_load_keys_accepts_other_key_types_and_crlf(tmp_path):
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     )
     public = rsa_key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
-    mounted = mount(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
+    mounted = mount_keys(tmp_path / "mounted", generate_keypair("c"), generate_keypair("h"))
     (mounted / "id_ed25519").write_bytes(private.replace(b"\n", b"\r\n"))
     (mounted / "id_ed25519.pub").write_text(public + " someone@laptop\r\n")
     assert load_keys(mounted).client.private == private
