@@ -1,15 +1,15 @@
 """What this host has: CPUs, GPUs, Neuron devices.  Probed once per run.
 
-Probing reads ``/proc`` and ``/dev`` rather than spawning ``nvidia-smi``: it is
-cheap enough to stay out of the launch overhead, and the result is passed
-around as a value, never probed again.
+Probing reads ``/proc`` and ``/dev`` and runs no program (not ``nvidia-smi``):
+it is cheap enough to stay out of the launch overhead, ``plan`` may call it
+(it promises to run nothing), and the result is passed around as a value,
+never probed again.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+import re
 from typing import NamedTuple
 from pathlib import Path
 
@@ -26,18 +26,23 @@ def probe(num_gpus: int | None = None, root: Path = Path("/")) -> Hardware:
     return Hardware(num_cpus=os.cpu_count() or 1, num_gpus=gpus, num_neurons=_count_neurons(root))
 
 
+_GPU_DEVICE = re.compile(r"nvidia\d+")
+
+
 def _count_gpus(root: Path) -> int:
+    """The driver's one directory per GPU; else the device nodes a container is given (``/dev/nvidiaN``).
+
+    The NVIDIA container runtime mounts only the visible GPUs' entries in both places.
+    """
     proc = root / "proc/driver/nvidia/gpus"
-    if proc.is_dir():
-        return sum(1 for _ in proc.iterdir())
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
     try:
-        out = subprocess.run([smi, "--list-gpus"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return sum(1 for _ in proc.iterdir())
+    except OSError:
+        pass
+    try:
+        return sum(1 for p in (root / "dev").iterdir() if _GPU_DEVICE.fullmatch(p.name))
+    except OSError:
         return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def _count_neurons(root: Path) -> int:
