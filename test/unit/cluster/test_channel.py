@@ -381,7 +381,8 @@ def test_a_made_up_name_in_a_failed_join_does_not_make_a_new_log_line_each_time(
         bad = ControlClient(b"x" * 32, name, "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="authentication failed"):
             bad.connect(2)
-    assert eventually(lambda: len(lines) == 1)
+    # the server's thread records a refusal after the client has read it: wait for all three
+    assert eventually(lambda: len(lines) == 1 and srv._refusals._repeats["127.0.0.1"] == 2)
     srv.close()
     assert lines == ["control channel: refused a connection from 127.0.0.1: failed authentication (a different job secret?)",
                      "control channel: refused 2 more connection(s) from 127.0.0.1"]
