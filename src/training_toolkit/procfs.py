@@ -13,6 +13,7 @@ Every function reads the table as it is now and answers "gone" (None, False,
 from __future__ import annotations
 
 import os
+import time
 from typing import NamedTuple
 
 #: How a namespace is identified: (st_dev, st_ino) of its nsfs file.
@@ -73,13 +74,37 @@ def descendants(root: int, table: dict[int, Proc] | None = None) -> list[Proc]:
     return found
 
 
+#: A process in the middle of ``execve`` reads as an empty environment for a moment (the new
+#: image's is not laid out yet): measured here in most of the forks a reader catches.  An empty
+#: read of a live process is tried again for this long before it counts as "no marker".
+EXEC_WINDOW_S = 0.05
+_PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (its environment is always empty)
+
+
 def has_marker(pid: int, marker: bytes) -> bool:
     """Whether ``marker`` (``NAME=value``) is one of the process's environment entries."""
+    deadline = None
+    while True:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            return False
+        if environ or not _may_be_in_exec(pid):
+            return marker in environ.split(b"\0")
+        deadline = deadline or time.monotonic() + EXEC_WINDOW_S
+        if time.monotonic() >= deadline:
+            return False  # a process whose environment is really empty
+        time.sleep(0.001)
+
+
+def _may_be_in_exec(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
-    except OSError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return False
+    return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
 
 
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:

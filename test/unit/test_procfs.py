@@ -62,3 +62,37 @@ def test_processes_are_found_by_network_namespace():
     assert procfs.in_network_namespaces({own})[os.getpid()] == own
     assert procfs.in_network_namespaces(set()) == {}
     assert procfs.namespace_id("/nonexistent") is None
+
+
+def test_a_process_caught_in_the_middle_of_exec_still_shows_its_marker():
+    # execve empties /proc/PID/environ for a moment (the new image's is not laid out yet); a
+    # reader that catches it there must not take the process for one without the marker, or a
+    # stop routine that looks for marked processes misses it.  The child execs twice (sh, then
+    # sleep), with the marker from the first; every read once it runs sh must find the marker.
+    misses = reads = 0
+    for _ in range(30):
+        pid = os.fork()
+        if pid == 0:
+            os.execve("/bin/sh", ["sh", "-c", "exec /bin/sleep 0.2"], {"PROCFS_EXEC": "yes"})
+        try:
+            deadline = time.monotonic() + 5
+            while procfs.comm(pid) not in ("sh", "sleep"):
+                assert time.monotonic() < deadline
+            while procfs.comm(pid) == "sh" or reads % 20:
+                reads += 1
+                misses += not procfs.has_marker(pid, b"PROCFS_EXEC=yes")
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert reads >= 30 and misses == 0
+
+
+def test_an_empty_environment_is_no_marker_and_costs_a_bounded_wait():
+    proc = subprocess.Popen(["/bin/sleep", "10"], env={})
+    try:
+        began = time.monotonic()
+        assert not procfs.has_marker(proc.pid, b"X=1")
+        assert time.monotonic() - began < procfs.EXEC_WINDOW_S + 1
+    finally:
+        proc.kill()
+        proc.wait()
