@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.names import MPI_BTL_PORT_MIN, MPI_BTL_PORT_RANGE, OPENMPI4, OPENMPI5
 from training_toolkit.settings import JOB_SECRET, SUPERVISOR_VAR
 
 # Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
@@ -56,6 +56,11 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
             "--mca", f"{rsh}_no_tree_spawn", "1",
             "--bind-to", "none", "--map-by", "slot",
             "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else "^openib"]
+    # the BTL binds every address whatever btl_tcp_if_include says: its ports in a known range, so that
+    # the listener guard (cluster/guard.py) filters them and nothing else the script opens
+    for family in ("v4", "v6"):
+        cmd += ["--mca", f"btl_tcp_port_min_{family}", str(MPI_BTL_PORT_MIN),
+                "--mca", f"btl_tcp_port_range_{family}", str(MPI_BTL_PORT_RANGE)]
     if flavor == OPENMPI4:
         # abort the job when a rank fails, and kill the other ranks at once (not 1 s later):
         # a failed job's survivors have nothing to save, and stopping signals reach the ranks

@@ -8,6 +8,10 @@ JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, 
              forward_env=("PATH", "SM_HOSTS"), rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
              custom_options=("-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
 
+# the BTL's listeners in the range the listener guard filters (cluster/guard.py), whatever the flavour
+BTL_PORTS = ("--mca", "btl_tcp_port_min_v4", "31000", "--mca", "btl_tcp_port_range_v4", "1000",
+             "--mca", "btl_tcp_port_min_v6", "31000", "--mca", "btl_tcp_port_range_v6", "1000")
+
 
 def test_openmpi4_command_exactly():
     assert mpirun_command(JOB, "openmpi4") == [
@@ -15,6 +19,7 @@ def test_openmpi4_command_exactly():
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_rsh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+        *BTL_PORTS,
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
         "-x", "NCCL_SOCKET_IFNAME=eth0", "-x", "PATH", "-x", "SM_HOSTS",
         "-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024",
@@ -29,6 +34,7 @@ def test_openmpi5_command_exactly():
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_ssh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_ssh_no_tree_spawn", "1",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
+        *BTL_PORTS,
         "-x", "NCCL_SOCKET_IFNAME=eth0",
         "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
     ]

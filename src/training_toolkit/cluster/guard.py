@@ -1,0 +1,168 @@
+"""Keep outsiders off the listeners of Open MPI: a socket filter on each, attached from outside.
+
+mpirun and orted (prterun and prted in Open MPI 5) listen on every address
+and trust whoever connects, and so does every rank's BTL, whose handshake
+read blocks the rank's progress until the peer sends it all (docs/security.md,
+"Every port a job opens").  On each host, while the job runs, a thread looks
+at this host's processes of the runtime (descendants of ``train`` with those
+names) and at their descendants, the ranks, every ``interval_s``: every
+listener of the runtime, and every listener of a rank on a port of
+``rank_ports`` (the BTL's range, so a script's own server is left alone).
+For each new listening socket it takes a duplicate of the descriptor
+(``listeners.take``) and attaches ``sockfilter.admit_only(job addresses)``:
+from then on only the job's hosts and loopback complete a connection.  A
+connection accepted from an outsider before that (the listener is seconds
+old at most) is shut down, which is what the daemon's own blocking read
+needs to return; each outsider address is logged once.
+
+Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, or a seccomp
+profile without it), the guard says so once and stops: the job runs as Open
+MPI alone would, and only the platform's network protects these ports.
+
+``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Container, Mapping
+from dataclasses import dataclass, field
+
+from training_toolkit import procfs
+from training_toolkit.cluster import listeners, netaddr, sockfilter
+from training_toolkit.cluster.listeners import ESTABLISHED, LISTEN, TcpSocket
+from training_toolkit.log import log
+
+#: The names (``/proc/PID/comm``) of Open MPI's runtime processes, 4.x and 5.x.
+RUNTIME = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "prte"})
+
+
+@dataclass(frozen=True)
+class Attach:
+    pid: int
+    fd: int
+    inode: int
+    port: int
+
+
+@dataclass(frozen=True)
+class Cut:
+    pid: int
+    fd: int
+    inode: int
+    port: int
+    peer: str
+
+
+def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, int], guarded: Collection[int],
+                  allowed: Collection[str], ports: Container[int] | None = None) -> list[Attach | Cut]:
+    """What to do about one process's sockets: filter its new listeners, cut outsiders' accepted connections.
+
+    ``fds``: the process's socket descriptors (inode -> fd); ``sockets``: its
+    namespace's TCP table (inode -> row); ``guarded``: inodes already filtered;
+    ``ports``: the listeners' ports to guard (None: all).  An accepted
+    connection is one on the local port of a guarded listener; the process's
+    own outgoing connections are never touched.
+    """
+    actions: list[Attach | Cut] = []
+    mine = {inode: sockets[inode] for inode in fds if inode in sockets}
+    ports = {row.local[1] for row in mine.values() if row.state == LISTEN and (ports is None or row.local[1] in ports)}
+    for inode, row in sorted(mine.items()):
+        if row.state == LISTEN and row.local[1] in ports and inode not in guarded:
+            actions.append(Attach(pid, fds[inode], inode, row.local[1]))
+        elif (row.state == ESTABLISHED and row.local[1] in ports and inode not in guarded
+              and not netaddr.is_loopback(row.remote[0]) and row.remote[0] not in allowed):
+            actions.append(Cut(pid, fds[inode], inode, row.local[1], row.remote[0]))
+    return actions
+
+
+@dataclass
+class ListenerGuard:
+    """Filters the runtime's listeners on this host until ``stop()``; ``start()`` runs it in a thread.
+
+    ``root``: the process whose descendants are watched (``train``);
+    ``allowed``: the job's hosts' addresses; ``rank_ports``: the ranks'
+    listeners to guard.
+    """
+
+    root: int
+    allowed: frozenset[str]
+    rank_ports: range = range(0)
+    interval_s: float = 0.02
+    names: frozenset[str] = RUNTIME
+    say: Callable[[str], None] = log
+    guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
+    filtered: int = 0
+    unavailable: str | None = None  # why the kernel refused, once it did
+    _told: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._program = sockfilter.admit_only(sorted(self.allowed))  # ValueError: a bad address, before anything
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="listener-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while self.unavailable is None and not self._stop.is_set():
+            self.sweep()
+            self._stop.wait(self.interval_s)
+
+    def sweep(self) -> None:
+        """One look at every runtime process below ``root`` and at its ranks: filter, cut, log."""
+        runtime: set[int] = set()
+        under: set[int] = set()  # below a runtime process: ranks, and what they started
+        for proc in procfs.descendants(self.root):  # parents first: a rank's daemon is known before it
+            if proc.zombie:
+                continue
+            if procfs.comm(proc.pid) in self.names:
+                runtime.add(proc.pid)
+                ports = None
+            elif proc.ppid in runtime or proc.ppid in under:
+                under.add(proc.pid)
+                ports = self.rank_ports
+            else:
+                continue
+            fds = listeners.socket_fds(proc.pid)
+            if not fds or all(inode in self.guarded for inode in fds):
+                continue
+            sockets = listeners.tcp_sockets(proc.pid)
+            for action in sweep_actions(proc.pid, sockets, fds, self.guarded, self.allowed, ports):
+                self._carry_out(action)
+                if self.unavailable is not None:
+                    return
+
+    def _carry_out(self, action: Attach | Cut) -> None:
+        try:
+            sock = listeners.take(action.pid, action.fd)
+        except ProcessLookupError:
+            return  # it ended meanwhile
+        except OSError as exc:
+            if exc.errno in (9,):  # EBADF: the descriptor closed meanwhile
+                return
+            self.unavailable = f"cannot reach Open MPI's sockets ({exc.strerror or exc}): its ports stay open " \
+                               f"to the whole network (docs/security.md)"
+            self.say(f"listener guard: {self.unavailable}")
+            return
+        try:
+            if isinstance(action, Attach):
+                sockfilter.attach(sock, self._program)
+                self.filtered += 1
+            else:
+                sock.shutdown(2)  # SHUT_RDWR: the daemon's read returns, it drops the connection
+                if action.peer not in self._told:
+                    self._told.add(action.peer)
+                    self.say(f"listener guard: cut a connection from {action.peer} to port {action.port} of "
+                             f"{procfs.comm(action.pid)} (not a host of the job)")
+        except OSError:
+            pass  # closed under us
+        finally:
+            sock.close()
+        self.guarded.add(action.inode)

@@ -1,0 +1,63 @@
+"""Reading /proc's TCP tables, and the guard's decision over them (pure, exact)."""
+
+import socket
+import sys
+
+from training_toolkit.cluster import listeners
+from training_toolkit.cluster.guard import Attach, Cut, sweep_actions
+from training_toolkit.cluster.listeners import TcpSocket
+
+LITTLE = sys.byteorder == "little"
+
+
+def test_addresses_as_the_kernel_prints_them():
+    assert listeners.parse_address("0100007F:1F90" if LITTLE else "7F000001:1F90") == ("127.0.0.1", 8080)
+    assert listeners.parse_address("0C0200C0:0016" if LITTLE else "C000020C:0016") == ("192.0.2.12", 22)
+    v6_loopback = "00000000000000000000000001000000" if LITTLE else "00000000000000000000000000000001"
+    assert listeners.parse_address(f"{v6_loopback}:0050") == ("::1", 80)
+    mapped = "0000000000000000FFFF00000C0200C0" if LITTLE else "00000000000000000000FFFFC000020C"
+    assert listeners.parse_address(f"{mapped}:7A69") == ("192.0.2.12", 31337)
+
+
+def test_this_process_listener_is_found_by_inode_and_fd():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        import os
+
+        fds = listeners.socket_fds(os.getpid())
+        rows = listeners.tcp_sockets(os.getpid())
+        mine = [inode for inode, fd in fds.items() if fd == server.fileno()]
+        assert len(mine) == 1 and rows[mine[0]] == TcpSocket(mine[0], "0A", ("127.0.0.1", port), ("0.0.0.0", 0))
+        with listeners.take(os.getpid(), server.fileno()) as copy:
+            assert copy.getsockname() == ("127.0.0.1", port)
+    assert listeners.tcp_sockets(2**22 + 1) == {} and listeners.socket_fds(2**22 + 1) == {}  # no such process
+
+
+def row(inode, state, local, remote=("0.0.0.0", 0)):
+    return TcpSocket(inode, state, local, remote)
+
+
+SOCKETS = {
+    10: row(10, "0A", ("0.0.0.0", 40000)),  # the daemon's listener
+    11: row(11, "0A", ("::", 40001)),  # its IPv6 one
+    12: row(12, "01", ("192.0.2.11", 40000), ("192.0.2.12", 5555)),  # a job host, accepted
+    13: row(13, "01", ("192.0.2.11", 40000), ("192.0.2.99", 6666)),  # an outsider, accepted
+    14: row(14, "01", ("192.0.2.11", 50000), ("192.0.2.99", 443)),  # its own outgoing connection
+    15: row(15, "01", ("127.0.0.1", 40000), ("127.0.0.1", 7777)),  # loopback, accepted
+    16: row(16, "0A", ("0.0.0.0", 8080)),  # a listener of another process
+}
+FDS = {10: 3, 11: 4, 12: 5, 13: 6, 14: 7, 15: 8}
+ALLOWED = {"192.0.2.11", "192.0.2.12"}
+
+
+def test_the_guard_filters_new_listeners_and_cuts_only_outsiders_accepted_connections():
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED) == [
+        Attach(42, 3, 10, 40000), Attach(42, 4, 11, 40001), Cut(42, 6, 13, 40000, "192.0.2.99")]
+    assert sweep_actions(42, SOCKETS, FDS, {10, 11, 13}, ALLOWED) == []
+
+
+def test_a_rank_has_only_its_listeners_in_the_given_ports_guarded():
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(40001, 40002)) == [Attach(42, 4, 11, 40001)]
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(0)) == []
