@@ -127,11 +127,11 @@ class ControlServer:
             link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return self._handshake(link, address, deadline)
         except Refused as exc:
-            self._refusals.refused(address, str(exc))
+            self._refusals.refused(address, str(exc), exc.kind)
         except socket.timeout:
             self._refusals.refused(address, f"no complete join within {self._handshake_timeout_s:g} s")
-        except (OSError, ValueError, ConnectionError) as exc:
-            self._refusals.refused(address, str(exc) or type(exc).__name__)
+        except (OSError, ValueError, ConnectionError) as exc:  # the text may quote what the peer sent
+            self._refusals.refused(address, str(exc) or type(exc).__name__, type(exc).__name__)
         return None
 
     def _handshake(self, link: Link, address: str, deadline: float) -> str:
@@ -157,8 +157,8 @@ class ControlServer:
             if reason is None:
                 self._joining.add(host)
         if reason is not None:
-            reject(link, reason)
-            raise Refused(reason)
+            reject(link, reason)  # the peer is told the name it claimed; the log counts it once per address
+            raise Refused(reason, kind=reason.replace(repr(host), "<the name it claimed>"))
         try:
             link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
                            "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})
