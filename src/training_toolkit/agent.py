@@ -18,6 +18,7 @@ test can seat an agent in a fake job.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
 from training_toolkit import decisions
+from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
+from training_toolkit.cluster.netaddr import job_addresses
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
                                         Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
@@ -111,6 +114,10 @@ class HostAgent:
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
 
+    def guard_spec(self) -> GuardSpec | None:
+        """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
+        return None
+
     def signal_job(self, signum: int) -> None:
         """Pass a signal ``train`` received to this host's part of the job.
 
@@ -132,6 +139,7 @@ class HostAgent:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.ctx.plan.hosts, self.host,
                                                                 self.settings, self.events, introduction)
+        guard: ListenerGuard | None = None
         try:
             with SignalForwarder(self._on_signal):
                 try:
@@ -142,6 +150,7 @@ class HostAgent:
                     membership.barrier()
                     if self.is_master:
                         self.after_barrier()
+                    guard = self._start_guard()  # before the processes: their listeners are filtered within ms
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
@@ -157,6 +166,8 @@ class HostAgent:
                     outcome = self._carry_out(self._step(self._next_event()))
         finally:
             self._stop_locals(FAILURE_GRACE_S)
+            if guard is not None:
+                guard.stop()
             self.cleanup()
             membership.close()
             ended = end_descendants()
@@ -165,6 +176,14 @@ class HostAgent:
         return outcome
 
     # The shell --------------------------------------------------------------------------------
+
+    def _start_guard(self) -> ListenerGuard | None:
+        spec = self.guard_spec()
+        if spec is None:
+            return None
+        guard = ListenerGuard(os.getpid(), frozenset(job_addresses(self.ctx.plan.hosts)), spec)
+        guard.start()
+        return guard
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
         self.state, actions = decisions.step(self.state, event, time.monotonic())

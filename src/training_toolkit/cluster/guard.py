@@ -1,14 +1,16 @@
-"""Keep outsiders off the listeners of Open MPI: a socket filter on each, attached from outside.
+"""Keep outsiders off the job's listeners: a socket filter on each, attached from outside the program.
 
-mpirun and orted (prterun and prted in Open MPI 5) listen on every address
-and trust whoever connects, and so does every rank's BTL, whose handshake
-read blocks the rank's progress until the peer sends it all (docs/security.md,
-"Every port a job opens").  On each host, while the job runs, a thread looks
-at this host's processes of the runtime (descendants of ``train`` with those
-names) and at their descendants, the ranks, every ``interval_s``: every
-listener of the runtime, and every listener of a rank on a port of
-``rank_ports`` (the BTL's range, so a script's own server is left alone).
-For each new listening socket it takes a duplicate of the descriptor
+Open MPI's runtime (mpirun and orted; prterun and prted in Open MPI 5) listens
+on every address and trusts whoever connects, and so does every rank's BTL,
+whose handshake read blocks the rank's progress until the peer sends it all;
+TensorFlow's gRPC servers and torch's store listen on every address too, and
+none of them authenticates a peer (docs/security.md, "Every port a job
+opens").  No parameter binds them elsewhere (measured).  On each host, while
+the job runs, a thread looks at this host's processes below ``train`` every
+``interval_s``: every listener of a process named in ``every_port_of`` (the
+MPI runtime), and every listener on a port of ``ports`` (the BTL's range, the
+frameworks' ports) of any other, so a script's own servers elsewhere are left
+alone.  For each new listening socket it takes a duplicate of the descriptor
 (``listeners.take``) and attaches ``sockfilter.admit_only(job addresses)``:
 from then on only the job's hosts and loopback complete a connection.  A
 connection accepted from an outsider before that (the listener is seconds
@@ -16,8 +18,8 @@ old at most) is shut down, which is what the daemon's own blocking read
 needs to return; each outsider address is logged once.
 
 Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, or a seccomp
-profile without it), the guard says so once and stops: the job runs as Open
-MPI alone would, and only the platform's network protects these ports.
+profile without it), the guard says so once and stops: the job runs without
+it, and only the platform's network protects these ports.
 
 ``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
 """
@@ -76,20 +78,26 @@ def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, 
     return actions
 
 
+@dataclass(frozen=True)
+class GuardSpec:
+    """Which listeners of a job's processes a runner has guarded (``HostAgent.guard_spec``)."""
+
+    ports: Container[int] = ()  # on any process below train
+    every_port_of: frozenset[str] = frozenset()  # every listener of processes with these names
+
+
 @dataclass
 class ListenerGuard:
-    """Filters the runtime's listeners on this host until ``stop()``; ``start()`` runs it in a thread.
+    """Filters the selected listeners on this host until ``stop()``; ``start()`` runs it in a thread.
 
     ``root``: the process whose descendants are watched (``train``);
-    ``allowed``: the job's hosts' addresses; ``rank_ports``: the ranks'
-    listeners to guard.
+    ``allowed``: the job's hosts' addresses.
     """
 
     root: int
     allowed: frozenset[str]
-    rank_ports: range = range(0)
+    spec: GuardSpec
     interval_s: float = 0.02
-    names: frozenset[str] = RUNTIME
     say: Callable[[str], None] = log
     guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
     filtered: int = 0
@@ -116,20 +124,11 @@ class ListenerGuard:
             self._stop.wait(self.interval_s)
 
     def sweep(self) -> None:
-        """One look at every runtime process below ``root`` and at its ranks: filter, cut, log."""
-        runtime: set[int] = set()
-        under: set[int] = set()  # below a runtime process: ranks, and what they started
-        for proc in procfs.descendants(self.root):  # parents first: a rank's daemon is known before it
+        """One look at every process below ``root``: filter, cut, log."""
+        for proc in procfs.descendants(self.root):
             if proc.zombie:
                 continue
-            if procfs.comm(proc.pid) in self.names:
-                runtime.add(proc.pid)
-                ports = None
-            elif proc.ppid in runtime or proc.ppid in under:
-                under.add(proc.pid)
-                ports = self.rank_ports
-            else:
-                continue
+            ports = None if procfs.comm(proc.pid) in self.spec.every_port_of else self.spec.ports
             fds = listeners.socket_fds(proc.pid)
             if not fds or all(inode in self.guarded for inode in fds):
                 continue
@@ -147,8 +146,8 @@ class ListenerGuard:
         except OSError as exc:
             if exc.errno in (9,):  # EBADF: the descriptor closed meanwhile
                 return
-            self.unavailable = f"cannot reach Open MPI's sockets ({exc.strerror or exc}): its ports stay open " \
-                               f"to the whole network (docs/security.md)"
+            self.unavailable = f"cannot reach the job's listening sockets ({exc.strerror or exc}): they stay " \
+                               f"open to the whole network (docs/security.md)"
             self.say(f"listener guard: {self.unavailable}")
             return
         try:

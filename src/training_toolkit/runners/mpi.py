@@ -23,7 +23,7 @@ from pathlib import Path
 from training_toolkit import names, procfs, settings
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
-from training_toolkit.cluster.guard import ListenerGuard
+from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
@@ -79,7 +79,6 @@ class MpiAgent(HostAgent):
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
-        self.guard: ListenerGuard | None = None  # keeps outsiders off Open MPI's listeners on this host
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
@@ -117,11 +116,12 @@ class MpiAgent(HostAgent):
                                             port=self.ssh_port)
         ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
 
+    def guard_spec(self) -> GuardSpec:
+        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
+        return GuardSpec(ports=range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE),
+                         every_port_of=RUNTIME)
+
     def start(self) -> list[Local]:
-        # before mpirun starts: its listeners and the orted's are filtered within interval_s of opening
-        self.guard = ListenerGuard(os.getpid(), frozenset(job_addresses(self.ctx.plan.hosts)),
-                                   rank_ports=range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE))
-        self.guard.start()
         if not self.is_master:
             return []
         assert self.layout is not None
@@ -156,8 +156,6 @@ class MpiAgent(HostAgent):
         return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
 
     def cleanup(self) -> None:
-        if self.guard is not None:
-            self.guard.stop()
         if self.layout is not None and self.is_master:
             ssh.end_connections(self.layout)
         if self.sshd is not None:
@@ -193,12 +191,7 @@ def _introduced(introductions, host: str, key: str) -> str:
     return ssh.keys.check_public_line(line, f"{key.replace('_', ' ')} of {host}")
 
 
-def job_addresses(hosts: Sequence[str]) -> list[str]:
-    """Every address of the job's hosts: the only ones sshd admits the client key from."""
-    found = sorted({address for host in hosts for address in netaddr.resolve(host)})
-    if not found:
-        raise ClusterError(f"none of the job's hosts resolves to an address: {', '.join(hosts)}")
-    return found
+job_addresses = netaddr.job_addresses
 
 
 def listen_addresses(interface: str, host: str) -> list[str]:

@@ -10,6 +10,7 @@ library) go through the MPI runner instead.
 from __future__ import annotations
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import TorchDistributedOptions
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
@@ -50,6 +51,10 @@ def describe(ctx: RunContext) -> dict:
 
 class TorchDistributedAgent(HostAgent):
     wait_for_peers = True
+
+    def guard_spec(self) -> GuardSpec:
+        """torch's TCPStore on the first host: anyone who reaches it can read and write the rendezvous."""
+        return GuardSpec(ports=frozenset({torch_options(self.ctx).master_port}))
 
     def prepare(self) -> None:
         if self.is_master:
