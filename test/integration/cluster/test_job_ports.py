@@ -1,13 +1,13 @@
-"""An outsider against every port a running MPI job opens, on a real 3-host local cluster (issue 17).
+"""An outsider against every port a running job opens, on a real local cluster (issue 17).
 
-While the ranks run, the test lists every TCP listener of each host that is
-not on loopback (``ss`` inside the host: mpirun, orted, the ranks' BTL, sshd,
-the control channel) and the outsider, a namespace on the job's bridge, holds
-a connection to each and sends garbage to each, over IPv4 and over IPv6
-link-local.  Then the ranks exit while it still holds them.  Open MPI's own
-listeners must be unreachable (the listener guard's filter drops the SYN), the
-job must succeed, and every host must end within a second or so of the last
-rank, not when the outsider lets go.
+While the job's processes run, the test lists every TCP listener of each host
+that is not on loopback (``ss`` inside the host: mpirun, orted, the ranks' BTL,
+sshd, the control channel; torch's store and gloo) and the outsider, a
+namespace on the job's bridge, holds a connection to each and sends garbage to
+each, over IPv4 and over IPv6 link-local.  Then the processes end while it
+still holds them.  The guarded listeners (cluster/guard.py) must be
+unreachable (the filter drops the SYN), the job must succeed, and every host
+must end within a second or so of the last process, not when the outsider lets go.
 """
 
 from __future__ import annotations
@@ -54,13 +54,17 @@ def link_local(cluster, host: str) -> str | None:
     return f"{match.group(2)}%eth0" if match else None
 
 
-def targets(cluster, with_ranks: bool) -> list[list] | None:
-    """Every (address, port, owner) to attack once each host shows the runtime's (and the ranks') listeners."""
+def mpi_host_ready(ports, with_ranks: bool) -> bool:
+    programs = {program for _, _, program in ports}
+    return bool(programs & set(RUNTIME)) and (not with_ranks or "python" in programs)
+
+
+def targets(cluster, hosts, ready) -> list[list] | None:
+    """Every (address, port, owner) to attack, once ``ready(host's listeners)`` holds for every host."""
     found = []
-    for host in HOSTS:
+    for host in hosts:
         ports = listeners(cluster, host)
-        programs = {program for _, _, program in ports}
-        if not programs & set(RUNTIME) or (with_ranks and not programs & {"python", "hold_until"}):
+        if not ready(ports):
             return None
         v4, v6 = cluster.host(host).address, link_local(cluster, host)
         for port in sorted({(port, program) for _, port, program in ports}):
@@ -91,22 +95,19 @@ def ompi5_job(tmp_path, until) -> LocalJob:
                     outsiders=("stranger",))
 
 
-@pytest.mark.parametrize("flavor", ["openmpi4", pytest.param("openmpi5", marks=pytest.mark.openmpi5)])
-def test_an_outsider_holding_or_garbling_every_port_neither_reaches_open_mpi_nor_delays_the_end(tmp_path, flavor):
-    results_file = tmp_path / "outsider.json"
-    job = (ompi4_job if flavor == "openmpi4" else ompi5_job)(tmp_path, results_file)
+def attack_while_running(job, tmp_path, results_file, ready):
+    """Run ``job`` while the outsider attacks every listener once ``ready(cluster)`` lists them; (results, log)."""
     attack: dict = {}
 
     def start_attack(cluster) -> None:
         def run() -> None:
             deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and (found := targets(cluster, flavor == "openmpi4")) is None:
+            while time.monotonic() < deadline and (found := ready(cluster)) is None:
                 time.sleep(0.3)
             if found is None:
-                attack["error"] = f"the job's listeners never all appeared: {[listeners(cluster, h) for h in HOSTS]}"
-                results_file.write_text("{}")  # let the ranks go
+                attack["error"] = f"the job's listeners never all appeared: {[listeners(cluster, h) for h in job.hosts]}"
+                results_file.write_text("{}")  # let the job go
                 return
-            attack["targets"] = found
             (tmp_path / "targets.json").write_text(json.dumps(found))
             env = {"PATH": os.environ["PATH"]}
             attack["proc"] = cluster.popen("stranger", [sys.executable, str(FIXTURES / "port_outsider.py"),
@@ -124,25 +125,74 @@ def test_an_outsider_holding_or_garbling_every_port_neither_reaches_open_mpi_nor
             attack["proc"].wait()
     log = out.getvalue().decode(errors="replace")
     assert "error" not in attack, attack.get("error")
-    assert [r.exit_code for r in results] == [0, 0, 0], (log[-3000:], [r.failure for r in results])
-    tried = json.loads(results_file.read_text())
+    assert all(r.exit_code == 0 for r in results), (log[-3000:], [r.failure for r in results])
+    return results, log
+
+
+def split(tried: dict, guarded_port) -> tuple[dict, dict]:
+    """The outsider's attempts on guarded ports, and on the others."""
     attempts = {key: value for key, value in tried.items() if key != "finished_at"}
-    guarded = {key: value for key, value in attempts.items() if value["owner"].split()[1] in RUNTIME
-               or int(key.rsplit(":", 1)[1]) in BTL_PORTS}
+    guarded = {key: value for key, value in attempts.items()
+               if guarded_port(value["owner"].split()[1], int(key.rsplit(":", 1)[1]))}
+    return guarded, {key: value for key, value in attempts.items() if key not in guarded}
+
+
+def ended_soon_after(results) -> float:
+    """Seconds from the last process's stamp to the last host's end."""
+    ranks = rank_files(results)
+    assert all(info["waited"] for info in ranks.values()), ranks
+    return max(r.ended_at for r in results) - max(info["exited_at"] for info in ranks.values())
+
+
+@pytest.mark.parametrize("flavor", ["openmpi4", pytest.param("openmpi5", marks=pytest.mark.openmpi5)])
+def test_an_outsider_holding_or_garbling_every_port_neither_reaches_open_mpi_nor_delays_the_end(tmp_path, flavor):
+    results_file = tmp_path / "outsider.json"
+    job = (ompi4_job if flavor == "openmpi4" else ompi5_job)(tmp_path, results_file)
+    results, log = attack_while_running(job, tmp_path, results_file,
+                                        lambda c: targets(c, HOSTS, lambda ports: mpi_host_ready(ports, flavor == "openmpi4")))
+    tried = json.loads(results_file.read_text())
+    guarded, others = split(tried, lambda owner, port: owner in RUNTIME or port in BTL_PORTS)
     assert {value["owner"].split()[1] for value in guarded.values()} >= {"mpirun" if flavor == "openmpi4" else "prterun"}
     assert len({value["owner"].split()[0] for value in guarded.values()}) == len(HOSTS), guarded  # every host's
     if flavor == "openmpi4":
         assert any(int(key.rsplit(":", 1)[1]) in BTL_PORTS for key in guarded), guarded  # the ranks' BTL too
     for key, value in guarded.items():
         assert value["hold"].startswith("failed") and value["garbage"].startswith("failed"), (key, value)
-    others = {key: value for key, value in attempts.items() if key not in guarded}
     assert any(value["hold"] == "held" for value in others.values()), others  # the outsider's connections do work
-    ranks = rank_files(results)
-    assert sorted(ranks) == [0, 1, 2] and all(info["waited"] for info in ranks.values()), ranks
-    last_rank = max(info["exited_at"] for info in ranks.values())
-    late = max(r.ended_at for r in results) - last_rank
+    assert sorted(rank_files(results)) == [0, 1, 2]
+    late = ended_soon_after(results)
     print(f"{flavor}: last rank to last host's end {late:.2f} s; {len(guarded)} guarded ports unreachable, "
           f"{sum(v['hold'] == 'held' for v in others.values())} other ports held")
-    assert late < 3.0, f"the last host ended {late:.2f} s after the last rank (target 1 s; the outsider held {HOLD_S} s)"
+    # the stamp is written before MPI_Finalize and the interpreter's exit: generous on a loaded machine, far
+    # below the outsider's hold (bench/mpi_job.py measures the end against the job's own, with no stamp)
+    assert late < 5.0, f"the last host ended {late:.2f} s after the last rank (the outsider held {HOLD_S} s)"
+    assert "Traceback" not in log
+    assert not ours_running()
+
+
+@pytest.mark.torch
+def test_torch_store_is_unreachable_to_an_outsider_and_nothing_held_delays_the_end(tmp_path):
+    results_file = tmp_path / "outsider.json"
+    src = source_dir(tmp_path, "torch_hold.py")
+    hosts = HOSTS[:2]
+    job = LocalJob(hosts=hosts, hyperparameters=hps("torch_hold.py", src, sagemaker_torch_distributed_enabled=True,
+                                                    until=str(results_file)),
+                   env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}, outsiders=("stranger",))
+
+    def ready(ports) -> bool:  # the store on the first host, gloo's listeners on both
+        return any(program == "python" and port != names.TORCH_MASTER_PORT for _, port, program in ports)
+
+    results, log = attack_while_running(job, tmp_path, results_file, lambda c: targets(c, hosts, ready))
+    tried = json.loads(results_file.read_text())
+    guarded, others = split(tried, lambda owner, port: port == names.TORCH_MASTER_PORT)
+    assert any(value["owner"].startswith("algo-1 python") for value in guarded.values()), tried  # the store was found
+    for key, value in guarded.items():
+        assert value["hold"].startswith("failed") and value["garbage"].startswith("failed"), (key, value)
+    # gloo's listeners (its data plane) are reachable: the platform's network must isolate them
+    assert any(value["hold"] == "held" and "python" in value["owner"] for value in others.values()), others
+    late = ended_soon_after(results)
+    print(f"torch: last process to last host's end {late:.2f} s; {len(guarded)} guarded ports unreachable")
+    # the stamp is written before the interpreter unloads torch (seconds on a loaded machine)
+    assert late < HOLD_S / 2, f"the last host ended {late:.2f} s after the last process (the outsider held {HOLD_S} s)"
     assert "Traceback" not in log
     assert not ours_running()
