@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from helpers.capture import BridgeCapture
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import names
@@ -196,3 +197,51 @@ def test_torch_store_is_unreachable_to_an_outsider_and_nothing_held_delays_the_e
     assert late < HOLD_S / 2, f"the last host ended {late:.2f} s after the last process (the outsider held {HOLD_S} s)"
     assert "Traceback" not in log
     assert not ours_running()
+
+
+def test_a_daemon_connect_read_off_the_bridge_and_replayed_by_an_outsider_does_nothing(tmp_path):
+    """The issue's attack: algo-2's orted's first bytes to mpirun, resent from the outsider's address.
+
+    Before the guard, mpirun took it for its daemon 1 and every host exited 205 0.7 s later.
+    """
+    results_file = tmp_path / "outsider.json"
+    job = ompi4_job(tmp_path, results_file)
+    attack: dict = {}
+
+    def replay(cluster) -> None:
+        capture = attack["capture"] = BridgeCapture(cluster, tmp_path / "bridge.jsonl").start()
+        master, worker = cluster.host("algo-1").address, cluster.host("algo-2").address
+
+        def run() -> None:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                ports = {port for _, port, program in listeners(cluster, "algo-1") if program == "mpirun"}
+                sent = [s for s in capture.segments() if s["src"] == worker and s["dst"] == master and s["dport"] in ports]
+                if sent:
+                    attack["payload"] = sent[0]
+                    env = {"PATH": os.environ["PATH"]}
+                    attack["proc"] = cluster.popen("stranger", [sys.executable, str(FIXTURES / "replay.py"), master,
+                                                                str(sent[0]["dport"]), sent[0]["payload"].hex(),
+                                                                str(results_file)], env=env)
+                    return
+                time.sleep(0.2)
+            results_file.write_text("{}")  # let the job go; the test fails below
+
+        threading.Thread(target=run, daemon=True).start()
+
+    out = io.BytesIO()
+    try:
+        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out, before_start=replay)
+    finally:
+        if "capture" in attack:
+            attack["capture"].stop()
+        if "proc" in attack:
+            attack["proc"].kill()
+            attack["proc"].wait()
+    log = out.getvalue().decode(errors="replace")
+    assert "payload" in attack, "no bytes from algo-2 to mpirun's port were read off the bridge"
+    assert len(attack["payload"]["payload"]) >= 16  # the daemon's identification, in clear
+    tried = json.loads(results_file.read_text())
+    assert tried["replay"].startswith("failed (TimeoutError"), tried  # the SYN is dropped: mpirun never sees it
+    assert [r.exit_code for r in results] == [0, 0, 0], (log[-3000:], [r.failure for r in results])
+    assert "lost communication" not in log and not ours_running()
