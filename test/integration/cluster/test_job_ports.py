@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import pytest
 
 from helpers.capture import BridgeCapture
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
+from helpers.outsider import RUNTIME, listeners, mpi_host_ready, start_attack, stop_attack
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import names
 from training_toolkit.local.launcher import LocalJob, run_local
@@ -31,50 +31,8 @@ from training_toolkit.local.launcher import LocalJob, run_local
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
-RUNTIME = ("mpirun", "orted", "prterun", "prted")
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
 HOLD_S = 20.0  # the outsider holds its connections this long after the ranks were told to exit
-_LISTEN = re.compile(r'^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s+users:\(\("([^"]+)"')
-
-
-def listeners(cluster, host: str) -> list[tuple[str, int, str]]:
-    """(bound address, port, program) of every TCP listener in ``host`` not bound to loopback."""
-    out = cluster.run(host, ["ss", "-Htlnp"], timeout=10, capture_output=True, text=True).stdout
-    found = []
-    for line in out.splitlines():
-        match = _LISTEN.match(line.strip())
-        if match and match.group(1) not in ("127.0.0.1", "[::1]"):
-            found.append((match.group(1), int(match.group(2)), match.group(3)))
-    return found
-
-
-def link_local(cluster, host: str) -> str | None:
-    out = cluster.run(host, ["ip", "-6", "-o", "addr", "show", "scope", "link"], timeout=10,
-                      capture_output=True, text=True).stdout
-    match = re.search(r"^\d+:\s+(\S+)\s+inet6\s+(fe80::[0-9a-f:]+)/", out, re.M)
-    return f"{match.group(2)}%eth0" if match else None
-
-
-def mpi_host_ready(ports, with_ranks: bool) -> bool:
-    programs = {program for _, _, program in ports}
-    return bool(programs & set(RUNTIME)) and (not with_ranks or "python" in programs)
-
-
-def targets(cluster, hosts, ready) -> list[list] | None:
-    """Every (address, port, owner) to attack, once ``ready(host's listeners)`` holds for every host."""
-    found = []
-    for host in hosts:
-        ports = listeners(cluster, host)
-        if not ready(ports):
-            return None
-        v4, v6 = cluster.host(host).address, link_local(cluster, host)
-        for port in sorted({(port, program) for _, port, program in ports}):
-            found.append([v4, port[0], f"{host} {port[1]}"])
-            if v6:
-                found.append([v6, port[0], f"{host} {port[1]} (IPv6 link-local)"])
-    return found
-
-
 def ompi4_job(tmp_path, until) -> LocalJob:
     src = source_dir(tmp_path, "hold_until.py")
     return LocalJob(hosts=HOSTS, hyperparameters=hps("hold_until.py", src, sagemaker_mpi_enabled=True,
@@ -97,33 +55,15 @@ def ompi5_job(tmp_path, until) -> LocalJob:
 
 
 def attack_while_running(job, tmp_path, results_file, ready):
-    """Run ``job`` while the outsider attacks every listener once ``ready(cluster)`` lists them; (results, log)."""
+    """Run ``job`` while the outsider attacks every listener once ``ready`` holds on every host; (results, log)."""
     attack: dict = {}
-
-    def start_attack(cluster) -> None:
-        def run() -> None:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and (found := ready(cluster)) is None:
-                time.sleep(0.3)
-            if found is None:
-                attack["error"] = f"the job's listeners never all appeared: {[listeners(cluster, h) for h in job.hosts]}"
-                results_file.write_text("{}")  # let the job go
-                return
-            (tmp_path / "targets.json").write_text(json.dumps(found))
-            env = {"PATH": os.environ["PATH"]}
-            attack["proc"] = cluster.popen("stranger", [sys.executable, str(FIXTURES / "port_outsider.py"),
-                                                        str(tmp_path / "targets.json"), str(results_file),
-                                                        str(HOLD_S)], env=env)
-
-        threading.Thread(target=run, daemon=True).start()
-
     out = io.BytesIO()
     try:
-        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out, before_start=start_attack)
+        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out,
+                            before_start=lambda c: start_attack(c, job.hosts, ready, tmp_path, results_file, HOLD_S,
+                                                                attack))
     finally:
-        if "proc" in attack:
-            attack["proc"].kill()
-            attack["proc"].wait()
+        stop_attack(attack)
     log = out.getvalue().decode(errors="replace")
     assert "error" not in attack, attack.get("error")
     assert all(r.exit_code == 0 for r in results), (log[-3000:], [r.failure for r in results])
@@ -150,7 +90,7 @@ def test_an_outsider_holding_or_garbling_every_port_neither_reaches_open_mpi_nor
     results_file = tmp_path / "outsider.json"
     job = (ompi4_job if flavor == "openmpi4" else ompi5_job)(tmp_path, results_file)
     results, log = attack_while_running(job, tmp_path, results_file,
-                                        lambda c: targets(c, HOSTS, lambda ports: mpi_host_ready(ports, flavor == "openmpi4")))
+                                        lambda ports: mpi_host_ready(ports, flavor == "openmpi4"))
     tried = json.loads(results_file.read_text())
     guarded, others = split(tried, lambda owner, port: owner in RUNTIME or port in BTL_PORTS)
     assert {value["owner"].split()[1] for value in guarded.values()} >= {"mpirun" if flavor == "openmpi4" else "prterun"}
@@ -183,7 +123,7 @@ def test_torch_store_is_unreachable_to_an_outsider_and_nothing_held_delays_the_e
     def ready(ports) -> bool:  # the store on the first host, gloo's listeners on both
         return any(program == "python" and port != names.TORCH_MASTER_PORT for _, port, program in ports)
 
-    results, log = attack_while_running(job, tmp_path, results_file, lambda c: targets(c, hosts, ready))
+    results, log = attack_while_running(job, tmp_path, results_file, ready)
     tried = json.loads(results_file.read_text())
     guarded, others = split(tried, lambda owner, port: port == names.TORCH_MASTER_PORT)
     assert any(value["owner"].startswith("algo-1 python") for value in guarded.values()), tried  # the store was found
