@@ -97,12 +97,14 @@ class ListenerGuard:
     root: int
     allowed: frozenset[str]
     spec: GuardSpec
-    interval_s: float = 0.02
+    interval_s: float = 0.02  # between sweeps while something changes (a new process, a new listener)
+    idle_interval_s: float = 0.5  # reached by doubling after quiet sweeps
     say: Callable[[str], None] = log
     guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
     filtered: int = 0
     unavailable: str | None = None  # why the kernel refused, once it did
     _told: set[str] = field(default_factory=set)
+    _last_pids: list[int] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -119,24 +121,34 @@ class ListenerGuard:
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        while self.unavailable is None and not self._stop.is_set():
-            self.sweep()
-            self._stop.wait(self.interval_s)
+        """Sweep every ``interval_s`` while the job's processes change, backing off to ``idle_interval_s``.
 
-    def sweep(self) -> None:
-        """One look at every process below ``root``: filter, cut, log."""
-        for proc in procfs.descendants(self.root):
-            if proc.zombie:
-                continue
-            ports = None if procfs.comm(proc.pid) in self.spec.every_port_of else self.spec.ports
-            fds = listeners.socket_fds(proc.pid)
+        A listener opens when its process starts or soon after (mpirun's at once, a rank's BTL at
+        MPI_Init): the first sweeps after a change come fast, a quiet job costs a look twice a second.
+        """
+        wait = self.interval_s
+        while self.unavailable is None and not self._stop.is_set():
+            changed = self.sweep()
+            wait = self.interval_s if changed else min(wait * 2, self.idle_interval_s)
+            self._stop.wait(wait)
+
+    def sweep(self) -> bool:
+        """One look at every process below ``root``: filter, cut, log.  Whether anything was new."""
+        pids = procfs.tree(self.root)
+        changed = pids != self._last_pids
+        self._last_pids = pids
+        for pid in pids:
+            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+            fds = listeners.socket_fds(pid)
             if not fds or all(inode in self.guarded for inode in fds):
                 continue
-            sockets = listeners.tcp_sockets(proc.pid)
-            for action in sweep_actions(proc.pid, sockets, fds, self.guarded, self.allowed, ports):
+            sockets = listeners.tcp_sockets(pid)
+            for action in sweep_actions(pid, sockets, fds, self.guarded, self.allowed, ports):
+                changed = True
                 self._carry_out(action)
                 if self.unavailable is not None:
-                    return
+                    return changed
+        return changed
 
     def _carry_out(self, action: Attach | Cut) -> None:
         try:
