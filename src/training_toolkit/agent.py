@@ -18,7 +18,6 @@ test can seat an agent in a fake job.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -28,9 +27,8 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
 from training_toolkit import decisions
-from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
-from training_toolkit.cluster.netaddr import job_addresses
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
                                         Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
@@ -150,7 +148,7 @@ class HostAgent:
                     membership.barrier()
                     if self.is_master:
                         self.after_barrier()
-                    guard = self._start_guard()  # before the processes: their listeners are filtered within ms
+                    guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
@@ -176,14 +174,6 @@ class HostAgent:
         return outcome
 
     # The shell --------------------------------------------------------------------------------
-
-    def _start_guard(self) -> ListenerGuard | None:
-        spec = self.guard_spec()
-        if spec is None:
-            return None
-        guard = ListenerGuard(os.getpid(), frozenset(job_addresses(self.ctx.plan.hosts)), spec)
-        guard.start()
-        return guard
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
         self.state, actions = decisions.step(self.state, event, time.monotonic())

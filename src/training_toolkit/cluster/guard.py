@@ -26,8 +26,9 @@ it, and only the platform's network protects these ports.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Collection, Container, Mapping
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from training_toolkit import procfs
@@ -134,6 +135,8 @@ class ListenerGuard:
 
     def sweep(self) -> bool:
         """One look at every process below ``root``: filter, cut, log.  Whether anything was new."""
+        if self.unavailable is not None:
+            return False
         pids = procfs.tree(self.root)
         changed = pids != self._last_pids
         self._last_pids = pids
@@ -177,3 +180,16 @@ class ListenerGuard:
         finally:
             sock.close()
         self.guarded.add(action.inode)
+
+
+def start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard | None:
+    """A running guard over this process's descendants for ``spec`` (None: nothing to guard, or it cannot be)."""
+    if spec is None:
+        return None
+    try:
+        guard = ListenerGuard(os.getpid(), frozenset(netaddr.job_addresses(hosts)), spec)
+    except ValueError as exc:  # more hosts than one filter program holds
+        log(f"listener guard off: {exc}; the job's listeners stay open to the whole network (docs/security.md)")
+        return None
+    guard.start()
+    return guard

@@ -61,3 +61,34 @@ def test_the_guard_filters_new_listeners_and_cuts_only_outsiders_accepted_connec
 def test_a_rank_has_only_its_listeners_in_the_given_ports_guarded():
     assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(40001, 40002)) == [Attach(42, 4, 11, 40001)]
     assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(0)) == []
+
+
+def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch):
+    import errno
+    import subprocess
+
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+
+        def refused(pid, fd):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(guard_module.listeners, "take", refused)
+        said = []
+        import os
+
+        guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.12"}), GuardSpec(ports=frozenset({port})), say=said.append)
+        guard.sweep()
+        guard.sweep()
+        assert guard.unavailable is not None and guard.filtered == 0
+        assert said == ["listener guard: cannot reach the job's listening sockets (Operation not permitted): they stay "
+                        "open to the whole network (docs/security.md)"]
+    finally:
+        child.kill()
+        child.wait()
