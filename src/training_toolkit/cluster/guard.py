@@ -98,14 +98,13 @@ class ListenerGuard:
     root: int
     allowed: frozenset[str]
     spec: GuardSpec
-    interval_s: float = 0.02  # between sweeps while something changes (a new process, a new listener)
-    idle_interval_s: float = 0.5  # reached by doubling after quiet sweeps
+    interval_s: float = 0.02  # between looks at the namespace's listeners (two small reads of /proc)
     say: Callable[[str], None] = log
     guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
     filtered: int = 0
     unavailable: str | None = None  # why the kernel refused, once it did
     _told: set[str] = field(default_factory=set)
-    _last_pids: list[int] = field(default_factory=list)
+    _seen: set[int] = field(default_factory=set)  # listening inodes already looked at, guarded or not
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -122,36 +121,35 @@ class ListenerGuard:
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        """Sweep every ``interval_s`` while the job's processes change, backing off to ``idle_interval_s``.
-
-        A listener opens when its process starts or soon after (mpirun's at once, a rank's BTL at
-        MPI_Init): the first sweeps after a change come fast, a quiet job costs a look twice a second.
-        """
-        wait = self.interval_s
         while self.unavailable is None and not self._stop.is_set():
-            changed = self.sweep()
-            wait = self.interval_s if changed else min(wait * 2, self.idle_interval_s)
-            self._stop.wait(wait)
+            self.sweep()
+            self._stop.wait(self.interval_s)
 
     def sweep(self) -> bool:
-        """One look at every process below ``root``: filter, cut, log.  Whether anything was new."""
+        """One look: filter new listeners of the job's processes, cut outsiders on them.  Whether one was new.
+
+        The namespace's listening sockets (this process's namespace, which the
+        job's processes share) are asked for first: only when one was not seen
+        before are the processes below ``root`` looked at, to find whose it is,
+        and the TCP table read.  A quiet job costs two netlink requests per look.
+        """
         if self.unavailable is not None:
             return False
-        pids = procfs.tree(self.root)
-        changed = pids != self._last_pids
-        self._last_pids = pids
-        for pid in pids:
-            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+        new = listeners.listening_inodes() - self._seen
+        if not new:
+            return False
+        table = listeners.tcp_sockets(self.root)
+        for pid in procfs.tree(self.root):
             fds = listeners.socket_fds(pid)
-            if not fds or all(inode in self.guarded for inode in fds):
+            if new.isdisjoint(fds):
                 continue
-            sockets = listeners.tcp_sockets(pid)
-            for action in sweep_actions(pid, sockets, fds, self.guarded, self.allowed, ports):
-                changed = True
+            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+            for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
                 self._carry_out(action)
                 if self.unavailable is not None:
-                    return changed
-        return changed
+                    return True
+        self._seen |= new
+        return True
 
     def _carry_out(self, action: Attach | Cut) -> None:
         try:

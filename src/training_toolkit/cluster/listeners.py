@@ -16,6 +16,9 @@ import struct
 from dataclasses import dataclass
 
 LISTEN, ESTABLISHED = "0A", "01"  # states in /proc/net/tcp (include/net/tcp_states.h)
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _SYS_PIDFD_GETFD = 438  # the same number on every architecture Linux assigns new calls to (5.6+)
 
 
@@ -51,6 +54,33 @@ def parse_table(text: str) -> list[TcpSocket]:
             continue
         rows.append(TcpSocket(int(fields[9]), fields[3], parse_address(fields[1]), parse_address(fields[2])))
     return rows
+
+
+def listening_inodes() -> set[int]:
+    """The inodes of every listening TCP socket of this process's network namespace (sock_diag netlink).
+
+    A cheap first look, many times a second: the kernel walks only its
+    listening hash, where reading /proc/net/tcp walks the whole established
+    hash (about 15 ms per read on this kernel, whatever the namespace holds).
+    """
+    found: set[int] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            request = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << 10)  # states: TCP_LISTEN
+            header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+            nl.send(header + request)
+            done = False
+            while not done:
+                data = nl.recv(65536)
+                offset = 0
+                while offset + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, offset)
+                    if kind in (_NLMSG_DONE, _NLMSG_ERROR) or length < 16:
+                        done = True
+                        break
+                    found.add(struct.unpack_from("=I", data, offset + 16 + 68)[0])  # inet_diag_msg.idiag_inode
+                    offset += (length + 3) & ~3
+    return found
 
 
 def tcp_sockets(pid: int) -> dict[int, TcpSocket]:

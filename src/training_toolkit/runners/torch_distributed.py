@@ -10,6 +10,7 @@ library) go through the MPI runner instead.
 from __future__ import annotations
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import TorchDistributedOptions
 from training_toolkit.process import Supervised
@@ -35,6 +36,18 @@ def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: in
         "MASTER_ADDR": hosts[0],
         "MASTER_PORT": str(master_port),
     }
+
+
+def interface_env(script_env: dict[str, str], interface: str | None, exists: bool) -> dict[str, str]:
+    """Gloo and NCCL bind their listeners to this interface's address rather than the host name's (pure).
+
+    Their ports are random and unauthenticated, so the guard cannot filter them
+    (docs/security.md): on the job's interface at least they are not on every
+    other network the host is on.  A value the script's environment sets wins.
+    """
+    if not interface or not exists:
+        return {}
+    return {name: interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if name not in script_env}
 
 
 def torch_options(ctx: RunContext) -> TorchDistributedOptions:
@@ -63,9 +76,11 @@ class TorchDistributedAgent(HostAgent):
     def start(self) -> list[Local]:
         options = torch_options(self.ctx)
         per_host = options.processes_per_host
+        interface = self.ctx.job.resource.network_interface_name
+        bind = interface_env(self.ctx.script_env, interface, netaddr.interface_ipv4(interface) is not None)
         started = []
         for local_rank in range(per_host):
             extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options.master_port)
-            child = Supervised(self.ctx.argv, {**self.ctx.script_env, **extra}, cwd=str(self.ctx.code_dir))
+            child = Supervised(self.ctx.argv, {**self.ctx.script_env, **bind, **extra}, cwd=str(self.ctx.code_dir))
             started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
         return started

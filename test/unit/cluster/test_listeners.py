@@ -30,6 +30,7 @@ def test_this_process_listener_is_found_by_inode_and_fd():
         rows = listeners.tcp_sockets(os.getpid())
         mine = [inode for inode, fd in fds.items() if fd == server.fileno()]
         assert len(mine) == 1 and rows[mine[0]] == TcpSocket(mine[0], "0A", ("127.0.0.1", port), ("0.0.0.0", 0))
+        assert mine[0] in listeners.listening_inodes()  # netlink's answer names the same socket
         with listeners.take(os.getpid(), server.fileno()) as copy:
             assert copy.getsockname() == ("127.0.0.1", port)
     assert listeners.tcp_sockets(2**22 + 1) == {} and listeners.socket_fds(2**22 + 1) == {}  # no such process
