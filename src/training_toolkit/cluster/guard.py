@@ -17,15 +17,18 @@ connection accepted from an outsider before that (the listener is seconds
 old at most) is shut down, which is what the daemon's own blocking read
 needs to return; each outsider address is logged once.
 
-Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, or a seccomp
-profile without it), the guard says so once and stops: the job runs without
-it, and only the platform's network protects these ports.
+Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, a seccomp
+profile without it, or, measured on Linux 6.18 with
+``kernel.unprivileged_bpf_disabled`` 2, a container without CAP_NET_ADMIN,
+which Docker's and podman's defaults do not grant), the guard says so once and
+stops: the job runs without it, and only the platform's network protects these ports.
 
 ``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Collection, Container, Mapping, Sequence
@@ -157,15 +160,20 @@ class ListenerGuard:
         except ProcessLookupError:
             return  # it ended meanwhile
         except OSError as exc:
-            if exc.errno in (9,):  # EBADF: the descriptor closed meanwhile
+            if exc.errno == errno.EBADF:  # the descriptor closed meanwhile
                 return
-            self.unavailable = f"cannot reach the job's listening sockets ({exc.strerror or exc}): they stay " \
-                               f"open to the whole network (docs/security.md)"
-            self.say(f"listener guard: {self.unavailable}")
+            self._refused(f"cannot reach the job's listening sockets ({exc.strerror or exc})")
             return
         try:
             if isinstance(action, Attach):
-                sockfilter.attach(sock, self._program)
+                try:
+                    sockfilter.attach(sock, self._program)
+                except OSError as exc:
+                    if exc.errno in (errno.EPERM, errno.EACCES):  # measured: this kernel wants CAP_NET_ADMIN
+                        self._refused(f"cannot attach a socket filter ({exc.strerror}; a container without "
+                                      f"CAP_NET_ADMIN)")
+                        return
+                    raise
                 self.filtered += 1
             else:
                 sock.shutdown(2)  # SHUT_RDWR: the daemon's read returns, it drops the connection
@@ -178,6 +186,11 @@ class ListenerGuard:
         finally:
             sock.close()
         self.guarded.add(action.inode)
+
+
+    def _refused(self, why: str) -> None:
+        self.unavailable = f"{why}: the job's listeners stay open to the whole network (docs/security.md)"
+        self.say(f"listener guard: {self.unavailable}")
 
 
 def start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard | None:

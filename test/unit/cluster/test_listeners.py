@@ -88,8 +88,39 @@ def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch)
         guard.sweep()
         guard.sweep()
         assert guard.unavailable is not None and guard.filtered == 0
-        assert said == ["listener guard: cannot reach the job's listening sockets (Operation not permitted): they stay "
-                        "open to the whole network (docs/security.md)"]
+        assert said == ["listener guard: cannot reach the job's listening sockets (Operation not permitted): the job's "
+                        "listeners stay open to the whole network (docs/security.md)"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_stops(monkeypatch):
+    """As in a container without CAP_NET_ADMIN (measured under podman's defaults on Linux 6.18)."""
+    import errno
+    import os
+    import subprocess
+
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+
+        def refused(sock, program):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(guard_module.sockfilter, "attach", refused)
+        said = []
+        guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.12"}), GuardSpec(ports=frozenset({port})), say=said.append)
+        guard.sweep()
+        guard.sweep()
+        assert guard.unavailable is not None and guard.filtered == 0
+        assert said == ["listener guard: cannot attach a socket filter (Operation not permitted; a container without "
+                        "CAP_NET_ADMIN): the job's listeners stay open to the whole network (docs/security.md)"]
     finally:
         child.kill()
         child.wait()
