@@ -20,8 +20,11 @@ needs to return; each outsider address is logged once.
 Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, a seccomp
 profile without it, or, measured on Linux 6.18 with
 ``kernel.unprivileged_bpf_disabled`` 2, a container without CAP_NET_ADMIN,
-which Docker's and podman's defaults do not grant), the guard says so once and
-stops: the job runs without it, and only the platform's network protects these ports.
+which Docker's and podman's defaults do not grant), the guard says so once.
+Without filters it still cuts: every new connection of a guarded process to
+a guarded port from outside the job is shut down when a look sees it, which
+frees a blocked handshake read, though what was sent has been read.  Without
+``pidfd_getfd`` it stops: only the platform's network protects these ports.
 
 ``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
 """
@@ -106,8 +109,10 @@ class ListenerGuard:
     guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
     filtered: int = 0
     unavailable: str | None = None  # why the kernel refused, once it did
+    cut_only: bool = False  # filters refused (no CAP_NET_ADMIN): outsiders' connections are cut as they are seen
     _told: set[str] = field(default_factory=set)
     _seen: set[int] = field(default_factory=set)  # listening inodes already looked at, guarded or not
+    _watched: dict[int, set[int]] = field(default_factory=dict)  # cut_only: pid -> its socket inodes last seen
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -138,6 +143,8 @@ class ListenerGuard:
         """
         if self.unavailable is not None:
             return False
+        if self.cut_only:
+            self._cut_new_connections()
         new = listeners.listening_inodes() - self._seen
         if not new:
             return False
@@ -166,15 +173,19 @@ class ListenerGuard:
             return
         try:
             if isinstance(action, Attach):
-                try:
-                    sockfilter.attach(sock, self._program)
-                except OSError as exc:
-                    if exc.errno in (errno.EPERM, errno.EACCES):  # measured: this kernel wants CAP_NET_ADMIN
-                        self._refused(f"cannot attach a socket filter ({exc.strerror}; a container without "
-                                      f"CAP_NET_ADMIN)")
-                        return
-                    raise
-                self.filtered += 1
+                if not self.cut_only:
+                    try:
+                        sockfilter.attach(sock, self._program)
+                        self.filtered += 1
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.EACCES):  # measured: it wants CAP_NET_ADMIN
+                            raise
+                        self.cut_only = True
+                        self.say(f"listener guard: cannot attach a socket filter ({exc.strerror}; a container "
+                                 f"without CAP_NET_ADMIN): outsiders' connections to the job's listeners are cut "
+                                 f"as they are seen instead of refused (docs/security.md)")
+                if self.cut_only:
+                    self._watched.setdefault(action.pid, set())
             else:
                 sock.shutdown(2)  # SHUT_RDWR: the daemon's read returns, it drops the connection
                 if action.peer not in self._told:
@@ -187,6 +198,22 @@ class ListenerGuard:
             sock.close()
         self.guarded.add(action.inode)
 
+
+    def _cut_new_connections(self) -> None:
+        """Without filters: a new socket of a watched process is looked at, and cut if an outsider's."""
+        for pid, known in list(self._watched.items()):
+            fds = listeners.socket_fds(pid)
+            if not fds:
+                del self._watched[pid]  # it ended
+                continue
+            if fds.keys() <= known:
+                continue
+            self._watched[pid] = set(fds)
+            table = listeners.tcp_sockets(self.root)
+            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+            for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
+                if isinstance(action, Cut):
+                    self._carry_out(action)
 
     def _refused(self, why: str) -> None:
         self.unavailable = f"{why}: the job's listeners stay open to the whole network (docs/security.md)"

@@ -36,6 +36,8 @@ if sys.argv[4] == "hold":
     try:
         data = s.recv(10)
         print("closed" if not data else "data", round(time.monotonic() - t0, 2), flush=True)
+    except socket.timeout:
+        print("held", flush=True)  # nobody cut it within the timeout
     except OSError as exc:
         print("closed", exc.__class__.__name__, flush=True)
 """
@@ -79,3 +81,36 @@ def test_the_guard_filters_the_daemon_and_the_ranks_btl_and_cuts_an_outsider_tha
         said = [line for line in out.splitlines() if line.startswith("said: ")]
         assert said == [f"said: listener guard: cut a connection from {cluster.host('c').address} to port 7777 of orted "
                         "(not a host of the job)"], out
+
+
+def test_where_filters_are_refused_the_guard_cuts_every_outsider_connection_it_sees():
+    """As in a container without CAP_NET_ADMIN: outsiders connect, and are cut within a look or two."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)}
+    with tempfile.TemporaryDirectory(prefix="guard-") as tmp, NamespaceCluster(["a", "b", "c"], Path(tmp)) as cluster:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        a, b = cluster.host("a").address, cluster.host("b").address
+        host = cluster.popen("a", [sys.executable, str(FIXTURES / "guarded_host.py"), str(work), b, "no-filters"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert host.stdout.readline().strip() == "ready"
+            (work / "go").touch()
+            time.sleep(0.5)  # the guard has seen the listeners
+
+            def hold(name, port):
+                return cluster.popen(name, [sys.executable, "-c", CONNECT, a, str(port), "4", "hold"], env=env,
+                                     stdout=subprocess.PIPE, text=True)
+
+            held = {(name, port): hold(name, port) for name in "bc" for port in (7777, 31000, 8080)}
+            # each prints "connected", then "held" (nobody cut it within 4 s) or "closed"
+            outcomes = {key: proc.communicate(timeout=30)[0].split()[1] for key, proc in held.items()}
+        finally:
+            (work / "stop").touch()
+            out = host.communicate(timeout=30)[0]
+        assert outcomes == {("b", 7777): "held", ("b", 31000): "held", ("b", 8080): "held",
+                            ("c", 7777): "closed", ("c", 31000): "closed", ("c", 8080): "held"}, (outcomes, out)
+        said = [line for line in out.splitlines() if line.startswith("said: ")]
+        assert said[0].startswith("said: listener guard: cannot attach a socket filter"), out
+        assert f"said: listener guard: cut a connection from {cluster.host('c').address} to port 7777 of orted " \
+               "(not a host of the job)" in said, out
+        assert "filtered 0" in out, out

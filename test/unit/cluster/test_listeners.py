@@ -95,7 +95,7 @@ def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch)
         child.wait()
 
 
-def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_stops(monkeypatch):
+def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_only_cuts(monkeypatch):
     """As in a container without CAP_NET_ADMIN (measured under podman's defaults on Linux 6.18)."""
     import errno
     import os
@@ -118,9 +118,11 @@ def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_stops(mo
         guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.12"}), GuardSpec(ports=frozenset({port})), say=said.append)
         guard.sweep()
         guard.sweep()
-        assert guard.unavailable is not None and guard.filtered == 0
+        assert guard.cut_only and guard.unavailable is None and guard.filtered == 0
+        assert list(guard._watched) == [child.pid]  # its new sockets are looked at from now on
         assert said == ["listener guard: cannot attach a socket filter (Operation not permitted; a container without "
-                        "CAP_NET_ADMIN): the job's listeners stay open to the whole network (docs/security.md)"]
+                        "CAP_NET_ADMIN): outsiders' connections to the job's listeners are cut as they are seen "
+                        "instead of refused (docs/security.md)"]
     finally:
         child.kill()
         child.wait()
