@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training_toolkit.local import layout, network
-
 # Run in the bridge's namespace: IPv4 TCP segments with a payload, one JSON line each, until killed.
 _SNIFF = r"""
 import json, socket, struct, sys
@@ -51,16 +49,15 @@ class BridgeCapture:
 
     def __init__(self, cluster, path: Path):
         self.path = Path(path)
-        self._netns = network.NETNS_DIR / layout.bridge_netns(cluster.tag)
+        self._argv = cluster.bridge_command([sys.executable, "-c", _SNIFF, str(self.path)])
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> BridgeCapture:
         self.path.touch()
-        self._proc = subprocess.Popen(["nsenter", f"--net={self._netns}", sys.executable, "-c", _SNIFF, str(self.path)],
-                                      stdout=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen(self._argv, stdout=subprocess.PIPE, text=True)
         if self._proc.stdout is None or self._proc.stdout.readline().strip() != "up":
             self.stop()
-            raise RuntimeError(f"the capture on {self._netns} did not start")
+            raise RuntimeError("the capture in the bridge's namespace did not start")
         return self
 
     def stop(self) -> None:
