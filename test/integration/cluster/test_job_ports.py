@@ -185,3 +185,28 @@ def test_a_daemon_connect_read_off_the_bridge_and_replayed_by_an_outsider_does_n
     assert tried["replay"].startswith("failed (TimeoutError"), tried  # the SYN is dropped: mpirun never sees it
     assert [r.exit_code for r in results] == [0, 0, 0], (log[-3000:], [r.failure for r in results])
     assert "lost communication" not in log and not ours_running()
+
+
+@pytest.mark.tensorflow
+def test_tensorflow_servers_are_unreachable_to_an_outsider_and_nothing_held_delays_the_end(tmp_path):
+    results_file = tmp_path / "outsider.json"
+    src = source_dir(tmp_path, "tf_hold.py")
+    hosts = HOSTS[:2]
+    job = LocalJob(hosts=hosts, hyperparameters=hps("tf_hold.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True,
+                                                    until=str(results_file)),
+                   env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}, outsiders=("stranger",))
+
+    def ready(ports) -> bool:  # each worker's gRPC server
+        return any(port == names.TF_MWMS_PORT for _, port, _ in ports)
+
+    results, log = attack_while_running(job, tmp_path, results_file, ready)
+    tried = json.loads(results_file.read_text())
+    guarded, others = split(tried, lambda owner, port: port == names.TF_MWMS_PORT)
+    assert {value["owner"].split()[0] for value in guarded.values()} == set(hosts), tried  # both servers were found
+    for key, value in guarded.items():
+        assert value["hold"].startswith("failed") and value["garbage"].startswith("failed"), (key, value)
+    late = ended_soon_after(results)
+    print(f"tensorflow: last worker to last host's end {late:.2f} s; {len(guarded)} guarded ports unreachable")
+    # the stamp is written before the interpreter unloads TensorFlow (seconds on a loaded machine)
+    assert late < HOLD_S / 2, f"the last host ended {late:.2f} s after the last worker (the outsider held {HOLD_S} s)"
+    assert not ours_running()
