@@ -1,7 +1,63 @@
-"""Platforms: adapters at the edge that only produce the job's ``/opt/ml`` view and its environment.
+"""Platforms: adapters at the edge, behind one protocol (``view.Platform``), listed once in ``PLATFORMS``.
 
-SageMaker hands ``train`` a finished ``/opt/ml``: nothing to adapt.  Kubernetes
-operators hand each pod other facts (``TF_CONFIG``, ``MASTER_ADDR``/``PET_*``,
-an MPI hostfile, JobSet labels); ``kubernetes.py`` turns them into the same
-``/opt/ml`` view, and the runners never know which platform they are on.
+Each platform turns what it gives a container into one ``JobView``; ``opt_ml.write_view``
+lays it out as ``/opt/ml``.  Detection walks ``PLATFORMS`` in order and takes the first whose
+facts are present; ``TRAINING_TOOLKIT_PLATFORM`` names one instead.  A new platform is one
+module and one line here.  Nothing in the core imports this package.
 """
+
+from __future__ import annotations
+
+from training_toolkit.errors import ConfigError
+from training_toolkit.platforms.indexedjob import IndexedJob
+from training_toolkit.platforms.jobset import JobSet
+from training_toolkit.platforms.mpijob import MPIJob
+from training_toolkit.platforms.pod import Pod
+from training_toolkit.platforms.pytorchjob import PyTorchJob
+from training_toolkit.platforms.sagemaker import SageMaker
+from training_toolkit.platforms.tfjob import TFJob
+from training_toolkit.platforms.view import Facts, Platform
+
+__all__ = ["AUTO", "PLATFORMS", "SageMaker", "choose", "gather", "names"]
+
+AUTO = "auto"
+#: In detection order: the first whose facts a container has is its platform; SageMaker takes the rest.
+PLATFORMS: tuple[Platform, ...] = (MPIJob(), TFJob(), PyTorchJob(), JobSet(), IndexedJob(), Pod(), SageMaker())
+
+
+def names() -> tuple[str, ...]:
+    return (AUTO, *(p.name for p in PLATFORMS))
+
+
+def choose(chosen: str, facts: Facts) -> Platform:
+    """The platform ``chosen`` names, or (``auto``) the first detected; a ConfigError naming the known ones."""
+    if chosen == AUTO:
+        return next(p for p in PLATFORMS if p.detected(facts))
+    for platform in PLATFORMS:
+        if platform.name == chosen:
+            return platform
+    raise ConfigError("environment variable TRAINING_TOOLKIT_PLATFORM", None,
+                      f"expected one of {', '.join(names())}, got {chosen!r}")
+
+
+def gather(environ, paths, config, hardware) -> Facts:
+    """This container's facts, read through the real file system and host name (the one impure step)."""
+    import os
+    import socket
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(path, None, f"cannot be read: {exc}") from None
+
+    def listdir(path: str) -> tuple[str, ...]:
+        try:
+            return tuple(sorted(e.name for e in os.scandir(path) if e.is_dir()))
+        except OSError:
+            return ()
+
+    return Facts(environ, socket.gethostname(), read, listdir, paths, config, hardware)

@@ -66,6 +66,11 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
     # it need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with
     # prefix-by-default) starts the remote prted by absolute path with PRTE_PREFIX/LD_LIBRARY_PATH set,
     # so the install must only sit at the same path on every host.
+    if any("." in host for host in job.hosts):
+        # A pod under JobSet (or a plain indexed Job) resolves only <host>.<subdomain>: without this, Open MPI
+        # cuts every name to its first label and ssh cannot resolve it (mpi-operator sets the same on its launcher).
+        cmd += (["--mca", "orte_keep_fqdn_hostnames", "1"] if flavor == OPENMPI4
+                else ["--prtemca", "prte_keep_fqdn_hostnames", "1"])
     cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
     for name in job.forward_env:
         cmd += ["-x", name]
