@@ -133,7 +133,7 @@ class PodPlatform:
             notes.insert(0, f"{self.name}: this container restarted ({restarts} earlier run(s) in this pod); "
                             "joining the job again")
         return JobView(self.name, hosts, current, INTERFACE, hyperparameters(facts, defaults), channels(facts),
-                       self.overrides(facts), attempt, notes=tuple(notes))
+                       self.overrides(facts), attempt, container_restarts=restarts, notes=tuple(notes))
 
     def overrides(self, facts: Facts) -> Overrides:
         return Overrides(grace_s=GRACE_S)
@@ -146,7 +146,8 @@ class PodPlatform:
         path = facts.settings.termination_log
         try:
             with open(path, "w", encoding="utf-8") as f:
-                f.write(termination_message(exit_code, reason, previous_runs(facts)) + "\n")
+                restarts = view.container_restarts if view is not None else previous_runs(facts)  # not yet recorded
+                f.write(termination_message(exit_code, reason, restarts) + "\n")
         except OSError as exc:
             log(f"warning: cannot write the termination log {path}: {exc.strerror or exc}")
 

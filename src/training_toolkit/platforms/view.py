@@ -45,6 +45,7 @@ class JobView(NamedTuple):
     overrides: Overrides = NO_OVERRIDES
     restart_attempt: int = 0  # what the platform says of restarts (JobSet's restart-attempt label)
     instance_groups: tuple[Mapping[str, Any], ...] = ()  # heterogeneous clusters (local launchers)
+    container_restarts: int = 0  # earlier runs of this container in its pod (Kubernetes restarts it in place)
     given: bool = False  # True: /opt/ml already holds this view (SageMaker); write_view leaves it as it is
     notes: tuple[str, ...] = ()  # what the platform wants logged about the view (a restart, a worker's partial view)
 
