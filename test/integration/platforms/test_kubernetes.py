@@ -143,7 +143,8 @@ def test_jobset_mpi_runs_with_the_names_only_the_subdomain_resolves(tmp_path):
                                            sagemaker_mpi_num_of_processes_per_host=1), timeout_s=180)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     ranks = rank_files(results)
-    assert sorted(ranks) == [0, 1] and {info["total"] for info in ranks.values()} == {3}
+    assert sorted(ranks) == [0, 1] and {info["sum"] for info in ranks.values()} == {3}
+    assert {info["hostname"] for info in ranks.values()} == {p.name for p in pods}
 
 
 @pytest.mark.torch
@@ -207,3 +208,4 @@ def test_sigterm_gives_the_script_its_grace_within_the_pods_termination_grace_pe
     for r, pod in zip(results, pods):
         assert json.loads((r.opt_ml / "checkpoints/saved.json").read_text())["signal"] == signal.SIGTERM
         assert log(tmp_path, pod) == "k8s_view.py exited with code 143\n"
+
