@@ -147,6 +147,29 @@ def test_jobset_mpi_runs_with_the_names_only_the_subdomain_resolves(tmp_path):
     assert {info["hostname"] for info in ranks.values()} == {p.name for p in pods}
 
 
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+@pytest.mark.sshd
+def test_jobset_mpi_under_open_mpi_5_keeps_the_names_whole_too(tmp_path):
+    from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ranks").write_text(f"""#!{TOOLKIT_PYTHON}
+import json, os, socket
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w") as f:
+    json.dump({{"rank": rank, "hostname": socket.gethostname()}}, f)
+""")
+    (src / "ranks").chmod(0o755)
+    pods = k8s.jobset("jsm", "ns1", [("workers", 1, 2)], subdomain="net")
+    results = run_pods(pods, tmp_path, hps("ranks", src, sagemaker_mpi_enabled=True,
+                                           sagemaker_mpi_num_of_processes_per_host=1),
+                       env={"PATH": f"{OMPI5_BIN}:{os.environ.get('PATH', os.defpath)}"}, timeout_s=180)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    assert {i["hostname"] for i in rank_files(results).values()} == {p.name for p in pods}
+
+
 @pytest.mark.torch
 def test_a_failing_rank_ends_every_pod_with_its_cause_in_the_termination_log(tmp_path):
     src = source_dir(tmp_path, "k8s_view.py")

@@ -44,5 +44,6 @@ def test_dotted_host_names_are_kept_whole_by_either_open_mpi():
     four, five = mpirun_command(job, "openmpi4"), mpirun_command(job, "openmpi5")
     assert four[four.index("orte_keep_fqdn_hostnames") - 1:][:3] == ["--mca", "orte_keep_fqdn_hostnames", "1"]
     assert five[five.index("prte_keep_fqdn_hostnames") - 1:][:3] == ["--prtemca", "prte_keep_fqdn_hostnames", "1"]
+    assert four[1:3] == five[1:3] == ["--host", "js-w-0-0:1,js-w-0-1.js:1"]  # mpirun's own host by its host name
     bare = MpiJob(**{**job.__dict__, "hosts": ("algo-1", "algo-2")})
     assert not any("fqdn" in arg for arg in mpirun_command(bare, "openmpi4") + mpirun_command(bare, "openmpi5"))
