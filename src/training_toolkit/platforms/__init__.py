@@ -43,7 +43,6 @@ def choose(chosen: str, facts: Facts) -> Platform:
 def gather(environ, paths, config, hardware) -> Facts:
     """This container's facts, read through the real file system and host name (the one impure step)."""
     import os
-    import socket
 
     def read(path: str) -> str | None:
         try:
@@ -60,4 +59,4 @@ def gather(environ, paths, config, hardware) -> Facts:
         except OSError:
             return ()
 
-    return Facts(environ, socket.gethostname(), read, listdir, paths, config, hardware)
+    return Facts(environ, os.uname().nodename, read, listdir, paths, config, hardware)  # gethostname(), no socket import

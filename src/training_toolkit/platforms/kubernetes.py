@@ -18,15 +18,12 @@ the restarted container joins like any host.
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping
 import json
 from typing import Any, NamedTuple
 
 from training_toolkit import names
-from training_toolkit.cluster import netaddr
 from training_toolkit.errors import ClusterError
 from training_toolkit.job import parse_json_object
 from training_toolkit.log import log
@@ -153,13 +150,18 @@ class PodPlatform:
 
 
 def wait_for_names(hosts: tuple[str, ...], timeout_s: float, poll_s: float = 0.5,
-                   resolve: Callable[[str], list[str]] = netaddr.resolve) -> None:
+                   resolve: Callable[[str], Any] | None = None) -> None:
     """Until every host's name resolves; a ClusterError naming the ones that never did, or one that ended.
 
     A pod's DNS record appears when it starts and vanishes when it ends: a name that resolved and then
     stopped resolving is a peer that failed (or was deleted), and the wait ends at once, naming it,
     instead of waiting out the deadline for a pod that is gone.  SIGTERM ends the wait too.
     """
+    import signal
+    import threading
+
+    if resolve is None:
+        from training_toolkit.cluster.netaddr import resolve  # in a pod only: off the SageMaker launch path
     deadline = time.monotonic() + timeout_s
     seen: set[str] = set()
     missing = [h for h in hosts if not resolve(h)]
