@@ -45,17 +45,6 @@ class ResourceConfig(NamedTuple):
     instance_groups: tuple[InstanceGroup, ...]
     raw: Mapping[str, Any]  # the file as read, for SM_RESOURCE_CONFIG
 
-    @property
-    def host_index(self) -> int:
-        return self.hosts.index(self.current_host)
-
-    @property
-    def current_group_hosts(self) -> tuple[str, ...]:
-        for group in self.instance_groups:
-            if group.name == self.current_group_name:
-                return group.hosts
-        return self.hosts
-
 
 class JobSpec(NamedTuple):
     paths: Paths

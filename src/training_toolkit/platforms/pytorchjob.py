@@ -74,5 +74,5 @@ def cluster_of(environ: Mapping[str, str], hardware: Hardware):
     params: dict = {names.TORCH_PROCESSES_PER_HOST: per_pod}
     if nnodes > 1 or per_pod > 1:
         params[names.distribution("torch_distributed").switch] = True
-        params["sagemaker_distributed_master_port"] = port
+        params[names.TORCH_MASTER_PORT_KEY] = port
     return hosts, hosts[node_rank], MappingProxyType(params)

@@ -86,9 +86,9 @@ def cluster_of(environ: Mapping[str, str]):
     params: dict = {}
     if chiefs and len(hosts) > 1:
         params = {names.distribution("parameter_server").switch: True,
-                  "sagemaker_parameter_server_worker_port": port,
-                  "sagemaker_parameter_server_naming": chiefs[0]}
+                  names.PS_WORKER_PORT_KEY: port,
+                  names.PS_NAMING_KEY: chiefs[0]}
     elif len(hosts) > 1:
         params = {names.distribution("multi_worker_mirrored").switch: True,
-                  "sagemaker_multi_worker_mirrored_strategy_port": port}
+                  names.MWMS_PORT_KEY: port}
     return hosts, hosts[matching[0]], MappingProxyType(params)
