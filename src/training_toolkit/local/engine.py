@@ -10,11 +10,11 @@ so a half-made job is cleaned up as fully as a finished one.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.local.containers import LABEL_JOB
+from training_toolkit.local.containers import LABEL_JOB, LABEL_LAUNCHER
 
 #: The SDK's default when ``DOCKER_HOST`` is unset.
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
@@ -75,6 +75,22 @@ def leftovers(client: Any, job_id: str) -> list[str]:
     selector = {"label": f"{LABEL_JOB}={job_id}"}
     found = [f"container {c.name}" for c in client.containers.list(all=True, filters=selector, ignore_removed=True)]
     found += [f"network {n.name}" for n in client.networks.list(filters=selector)]
+    return found
+
+
+def abandoned_jobs(client: Any, alive: Callable[[str], bool | None]) -> dict[str, str]:
+    """Jobs whose launcher is known to have died (``alive(launcher)`` False), with that launcher: job id -> launcher.
+
+    A job of a launcher on another machine (``alive`` None) or without the label is never listed.
+    """
+    found = {}
+    labelled = [(c.labels, c) for c in client.containers.list(all=True, filters={"label": LABEL_LAUNCHER},
+                                                                 ignore_removed=True)]
+    labelled += [(n.attrs.get("Labels") or {}, n) for n in client.networks.list(filters={"label": LABEL_LAUNCHER})]
+    for labels, _thing in labelled:
+        job, launcher = labels.get(LABEL_JOB), labels.get(LABEL_LAUNCHER)
+        if job and launcher and job not in found and alive(launcher) is False:
+            found[job] = launcher
     return found
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from helpers.jobs import clean_env, toolkit_cmd
 from helpers.multihost import hps, source_dir
 from helpers.paths import IMAGE, REPO
+from training_toolkit import procfs
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names
@@ -280,3 +282,61 @@ def test_the_timeout_stops_every_container_with_its_grace(tmp_path, client, noth
     assert started == ["started-0", "started-1", "started-2", "started-3"], text
     assert graceful == ["term-0", "term-1", "term-2", "term-3"], text
     assert wall < 25 + 20, f"{wall:.0f} s"
+
+
+SPIN = "import time\nopen('/opt/ml/model/started', 'w').close()\nwhile True:\n    time.sleep(1)\n"
+
+
+def start_spinning_job(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    src = tmp_path / f"{name}-src"
+    src.mkdir()
+    (src / "spin.py").write_text(SPIN)
+    work = tmp_path / name
+    proc = subprocess.Popen(
+        toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "2", "--host-suffix", suffix(), "--source", str(src),
+                         "--entry-point", "spin.py", "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=clean_env(DOCKER_HOST=engine.socket_url()))
+    deadline = time.monotonic() + 120
+    while len(list(work.glob("*/opt/ml/model/started"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    return proc, work
+
+
+def reaper_of(local: subprocess.Popen) -> int:
+    (pid,) = [p.pid for p in procfs.descendants(local.pid) if "training_toolkit.local.reaper" in (procfs.cmdline(p.pid) or "")]
+    return pid
+
+
+def test_a_killed_local_leaves_no_container_its_reaper_removes_them(tmp_path, client, nothing_left):
+    before = labelled(client)
+    local, _ = start_spinning_job(tmp_path, "killed")
+    assert len(labelled(client) - before) == 3  # two containers and their network
+    reaper = reaper_of(local)
+    os.killpg(local.pid, signal.SIGKILL)  # the reaper has a session of its own
+    local.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while labelled(client) - before:
+        assert time.monotonic() < deadline, f"left after local was killed: {labelled(client) - before}"
+        time.sleep(0.2)
+    assert not procfs.alive(reaper)
+
+
+def test_what_a_killed_local_and_its_killed_reaper_left_the_next_local_removes(tmp_path, client, nothing_left):
+    before = labelled(client)
+    local, _ = start_spinning_job(tmp_path, "killed")
+    os.kill(reaper_of(local), signal.SIGKILL)
+    os.killpg(local.pid, signal.SIGKILL)
+    local.communicate(timeout=30)
+    left = labelled(client) - before
+    assert len(left) == 3  # nobody removed them: the next launcher on this machine does
+    proc = subprocess.run(
+        toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "1", "--host-suffix", suffix(),
+                         "--source", str(REPO / "examples" / "single" / "code"), "--entry-point", "train.py",
+                         "--channel", f"train={REPO / 'examples' / 'single' / 'data' / 'train'}",
+                         "--workdir", str(tmp_path / "next")],
+        capture_output=True, text=True, timeout=240, env=clean_env(DOCKER_HOST=engine.socket_url()))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"left by a launcher that died (pid {local.pid})" in proc.stderr
+    assert labelled(client) - before == set()
