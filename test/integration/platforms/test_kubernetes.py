@@ -9,6 +9,7 @@ and runs the toolkit's real ``train`` with no ``/opt/ml`` view of its own.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
