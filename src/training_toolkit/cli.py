@@ -145,9 +145,22 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
     if not outcome.ok:
         log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)
+    if found is None:
+        found = _platform_despite_bad_settings(paths, environ)
     if found is not None:
         found[0].report_end(found[1], found[2], outcome.exit_code, outcome.reason)
     return outcome.exit_code
+
+
+def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
+    """A bad setting is a verdict too: the platform (with every other setting at its default) still reports it."""
+    try:
+        config = settings.parse({}, base_dir=str(paths.base))._replace(
+            termination_log=settings.value_of("termination_log", environ))
+        chosen, facts = _platform(paths, config, settings.without_secrets(environ))
+        return chosen, facts, None
+    except Exception:  # noqa: BLE001 - nothing more can be told, and the verdict files are written already
+        return None
 
 
 def _read_bytes(path: str) -> bytes | None:

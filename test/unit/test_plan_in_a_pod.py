@@ -27,3 +27,13 @@ def test_plan_names_a_bad_fact_as_run_would(tmp_path, capsys):
                "TRAINING_TOOLKIT_HYPERPARAMETERS_FILE": str(tmp_path / "none")}
     assert cli.show_plan(None, False, environ) == 78
     assert "PET_NPROC_PER_NODE: expected a number, auto, gpu or cpu, got 'many'" in capsys.readouterr().err
+
+
+def test_a_bad_setting_in_a_pod_reaches_the_termination_log(tmp_path):
+    log_file = tmp_path / "termination-log"
+    environ = {"KUBERNETES_SERVICE_HOST": "192.0.2.1", "SAGEMAKER_BASE_DIR": str(tmp_path / "opt_ml"),
+               "TRAINING_TOOLKIT_JOIN_TIMEOUT": "soon", "TRAINING_TOOLKIT_TERMINATION_LOG": str(log_file)}
+    assert cli.run(None, None, environ) == 78
+    assert log_file.read_text() == ("environment variable TRAINING_TOOLKIT_JOIN_TIMEOUT: expected a positive number "
+                                    "of seconds, got 'soon'\n")
+    assert (tmp_path / "opt_ml/output/failure").read_text().startswith("environment variable")
