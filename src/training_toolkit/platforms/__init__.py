@@ -8,34 +8,62 @@ module and one line here.  Nothing in the core imports this package.
 
 from __future__ import annotations
 
-from training_toolkit.errors import ConfigError
-from training_toolkit.platforms.indexedjob import IndexedJob
-from training_toolkit.platforms.jobset import JobSet
-from training_toolkit.platforms.mpijob import MPIJob
-from training_toolkit.platforms.pod import Pod
-from training_toolkit.platforms.pytorchjob import PyTorchJob
-from training_toolkit.platforms.sagemaker import SageMaker
-from training_toolkit.platforms.tfjob import TFJob
-from training_toolkit.platforms.view import Facts, Platform
+import importlib
+from typing import NamedTuple
 
-__all__ = ["AUTO", "PLATFORMS", "SageMaker", "choose", "gather", "names"]
+from training_toolkit.errors import ConfigError
+from training_toolkit.platforms.view import IN_A_POD, Facts, Platform
+
+__all__ = ["AUTO", "PLATFORMS", "Entry", "choose", "gather", "load", "names"]
 
 AUTO = "auto"
+
+
+class Entry(NamedTuple):
+    """One registry line: a platform's name, where it is, and a variable every one of its containers has.
+
+    Without that variable the platform is not even imported: the launch path on SageMaker pays for
+    SageMaker alone.  The platform's own ``detected`` decides the rest.
+    """
+
+    name: str
+    where: str  # "module:Class" under training_toolkit.platforms
+    requires: str | None = None
+
+
 #: In detection order: the first whose facts a container has is its platform; SageMaker takes the rest.
-PLATFORMS: tuple[Platform, ...] = (MPIJob(), TFJob(), PyTorchJob(), JobSet(), IndexedJob(), Pod(), SageMaker())
+PLATFORMS: tuple[Entry, ...] = (
+    Entry("mpijob", "mpijob:MPIJob", IN_A_POD),
+    Entry("tfjob", "tfjob:TFJob", IN_A_POD),
+    Entry("pytorchjob", "pytorchjob:PyTorchJob", IN_A_POD),
+    Entry("jobset", "jobset:JobSet", IN_A_POD),
+    Entry("job", "indexedjob:IndexedJob", IN_A_POD),
+    Entry("pod", "pod:Pod", IN_A_POD),
+    Entry("sagemaker", "sagemaker:SageMaker"),
+)
 
 
 def names() -> tuple[str, ...]:
-    return (AUTO, *(p.name for p in PLATFORMS))
+    return (AUTO, *(e.name for e in PLATFORMS))
+
+
+def load(entry: Entry) -> Platform:
+    module, _, cls = entry.where.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
 
 
 def choose(chosen: str, facts: Facts) -> Platform:
     """The platform ``chosen`` names, or (``auto``) the first detected; a ConfigError naming the known ones."""
+    for entry in PLATFORMS:
+        if chosen == AUTO:
+            if entry.requires is None or facts.environ.get(entry.requires):
+                platform = load(entry)
+                if platform.detected(facts):
+                    return platform
+        elif entry.name == chosen:
+            return load(entry)
     if chosen == AUTO:
-        return next(p for p in PLATFORMS if p.detected(facts))
-    for platform in PLATFORMS:
-        if platform.name == chosen:
-            return platform
+        raise AssertionError("the registry's last platform is detected always")
     raise ConfigError("environment variable TRAINING_TOOLKIT_PLATFORM", None,
                       f"expected one of {', '.join(names())}, got {chosen!r}")
 

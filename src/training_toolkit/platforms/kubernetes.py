@@ -28,10 +28,9 @@ from training_toolkit.errors import ClusterError
 from training_toolkit.job import parse_json_object
 from training_toolkit.log import log
 from training_toolkit.platforms.opt_ml import FILE_CHANNEL
-from training_toolkit.platforms.view import Facts, JobView
+from training_toolkit.platforms.view import IN_A_POD, Facts, JobView
 from training_toolkit.settings import Overrides, Settings
 
-IN_A_POD = "KUBERNETES_SERVICE_HOST"  # the kubelet gives it to every container
 INTERFACE = "eth0"
 GRACE_S = 25.0  # terminationGracePeriodSeconds defaults to 30: 5 s left for the toolkit's own ending
 TERMINATION_LIMIT = 4096  # bytes of the termination message the kubelet keeps

@@ -19,6 +19,7 @@ from training_toolkit.paths import Paths
 from training_toolkit.settings import NO_OVERRIDES, Overrides, Settings
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+IN_A_POD = "KUBERNETES_SERVICE_HOST"  # the kubelet gives it to every container of every pod
 
 
 class Facts(NamedTuple):

@@ -9,6 +9,7 @@ from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.hardware import Hardware
 from training_toolkit.paths import Paths
 from training_toolkit.platforms import kubernetes, mpijob, opt_ml, pytorchjob, tfjob
+from training_toolkit.platforms.sagemaker import SageMaker
 from training_toolkit.platforms.view import Facts
 from training_toolkit.settings import KeyFiles
 
@@ -192,8 +193,9 @@ def test_detection_walks_the_registry(tmp_path):
     assert f({}, files={**resource, f"{base}/{kubernetes.RUNS_FILE}": "1 attempt=0\n"}) == "pod"  # ours, restarted
     with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_PLATFORM: expected one of auto, mpijob, tfjob"):
         platforms.choose("k8s", facts({}))
-    assert [p.name for p in platforms.PLATFORMS] == ["mpijob", "tfjob", "pytorchjob", "jobset", "job", "pod",
+    assert [e.name for e in platforms.PLATFORMS] == ["mpijob", "tfjob", "pytorchjob", "jobset", "job", "pod",
                                                      "sagemaker"]
+    assert [platforms.load(e).name for e in platforms.PLATFORMS] == [e.name for e in platforms.PLATFORMS]
 
 
 def test_hyperparameters_variable_over_file_and_operator_defaults_only_without_a_switch():
@@ -237,7 +239,7 @@ def test_write_view_lays_out_opt_ml_and_a_given_view_is_left_alone(tmp_path):
         "current_host": "train-0", "hosts": ["train-0"], "network_interface_name": "eth0"}
     assert json.loads((tmp_path / "input/config/inputdataconfig.json").read_text()) == {"train": opt_ml.FILE_CHANNEL}
     assert all((tmp_path / d).is_dir() for d in opt_ml.DIRECTORIES)
-    given = platforms.SageMaker().view(Facts({}, "h", {}.get, lambda p: (), Paths(tmp_path / "sm"), settings.parse({}),
+    given = SageMaker().view(Facts({}, "h", {}.get, lambda p: (), Paths(tmp_path / "sm"), settings.parse({}),
                                              CPU))
     opt_ml.write_view(Paths(tmp_path / "sm"), given)
     assert not (tmp_path / "sm").exists()
