@@ -111,6 +111,6 @@ def test_where_filters_are_refused_the_guard_cuts_every_outsider_connection_it_s
                             ("c", 7777): "closed", ("c", 31000): "closed", ("c", 8080): "held"}, (outcomes, out)
         said = [line for line in out.splitlines() if line.startswith("said: ")]
         assert said[0].startswith("said: listener guard: cannot attach a socket filter"), out
-        assert f"said: listener guard: cut a connection from {cluster.host('c').address} to port 7777 of orted " \
-               "(not a host of the job)" in said, out
+        cuts = [line for line in said if line.startswith("said: listener guard: cut a connection from ")]
+        assert len(cuts) == 1 and f"from {cluster.host('c').address} to port " in cuts[0], out  # once per address
         assert "filtered 0" in out, out
