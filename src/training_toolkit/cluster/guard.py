@@ -224,9 +224,13 @@ def start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard |
     """A running guard over this process's descendants for ``spec`` (None: nothing to guard, or it cannot be)."""
     if spec is None:
         return None
+    resolved = {host: netaddr.resolve(host) for host in hosts}
+    missing = [host for host, addresses in resolved.items() if not addresses]
     try:
-        guard = ListenerGuard(os.getpid(), frozenset(netaddr.job_addresses(hosts)), spec)
-    except ValueError as exc:  # more hosts than one filter program holds
+        if missing:  # a filter without a host's address would cut the job in two
+            raise ValueError(f"{', '.join(missing)} does not resolve here")
+        guard = ListenerGuard(os.getpid(), frozenset().union(*resolved.values()), spec)
+    except ValueError as exc:  # or more hosts than one filter program holds
         log(f"listener guard off: {exc}; the job's listeners stay open to the whole network (docs/security.md)")
         return None
     guard.start()

@@ -126,3 +126,16 @@ def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_only_cut
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_guard_is_off_with_one_line_when_a_host_does_not_resolve(monkeypatch, capsys):
+    """A filter without one host's address would cut the job in two: better no guard, said once."""
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, start_guard
+
+    monkeypatch.setattr(guard_module.netaddr, "resolve",
+                        lambda host: frozenset({"192.0.2.11"}) if host == "algo-1" else frozenset())
+    assert start_guard(GuardSpec(ports=frozenset({2222})), ["algo-1", "algo-2"]) is None
+    assert capsys.readouterr().err == ("training-toolkit: listener guard off: algo-2 does not resolve here; the job's "
+                                       "listeners stay open to the whole network (docs/security.md)\n")
+    assert start_guard(None, ["algo-1"]) is None
