@@ -19,8 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from helpers.paths import FIXTURES
-
-RUNTIME = ("mpirun", "orted", "prterun", "prted")
+from training_toolkit.cluster.guard import RUNTIME
 _LISTEN = re.compile(r'^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s+users:\(\("([^"]+)"')
 
 

@@ -75,11 +75,11 @@ def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, 
     """
     actions: list[Attach | Cut] = []
     mine = {inode: sockets[inode] for inode in fds if inode in sockets}
-    ports = {row.local[1] for row in mine.values() if row.state == LISTEN and (ports is None or row.local[1] in ports)}
+    chosen = {row.local[1] for row in mine.values() if row.state == LISTEN and (ports is None or row.local[1] in ports)}
     for inode, row in sorted(mine.items()):
-        if row.state == LISTEN and row.local[1] in ports and inode not in guarded:
+        if row.state == LISTEN and row.local[1] in chosen and inode not in guarded:
             actions.append(Attach(pid, fds[inode], inode, row.local[1]))
-        elif (row.state == ESTABLISHED and row.local[1] in ports and inode not in guarded
+        elif (row.state == ESTABLISHED and row.local[1] in chosen and inode not in guarded
               and not netaddr.is_loopback(row.remote[0]) and row.remote[0] not in allowed):
             actions.append(Cut(pid, fds[inode], inode, row.local[1], row.remote[0]))
     return actions
