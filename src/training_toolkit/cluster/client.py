@@ -24,7 +24,10 @@ class ControlClient:
     """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
 
     After ``connect``: ``job_id`` and the first host's ``introduction`` are
-    what its welcome carried.
+    what its welcome carried.  ``source`` is the local address to join from
+    (None: the one the route picks); the first host admits by address where
+    there is no secret, so a host with several addresses joins from the one
+    its name resolves to (and a benchmark gives each of its hosts its own).
     """
 
     def __init__(
@@ -38,8 +41,10 @@ class ControlClient:
         introduction: Mapping[str, str] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = TIMEOUT_S,
+        source: str | None = None,
     ):
         self._secret = secret
+        self._source = source
         self.host = host
         self.master = master
         self.port = port
@@ -77,7 +82,8 @@ class ControlClient:
 
     def _join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        sock = socket.create_connection((self.master, self.port), timeout=timeout)
+        sock = socket.create_connection((self.master, self.port), timeout=timeout,
+                                        source_address=(self._source, 0) if self._source else None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link = Link(sock, self.master)
         try:

@@ -12,6 +12,7 @@ from training_toolkit.cluster import wire
 from training_toolkit.cluster.admission import Admission, RefusalLog
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict, reported_time
 from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
+from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
 from training_toolkit.log import log as log_line
@@ -63,6 +64,7 @@ class ControlServer:
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
+        self._reader = LinkReader(self._on_message, self._read_lost, timeout_s)
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -74,6 +76,7 @@ class ControlServer:
             raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
         sock.listen(max(1024, len(self.expected) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
         self._sock = sock
+        self._reader.start()
         start_thread(self._accept_loop, "control-accept")
         start_thread(self._heartbeat_loop, "control-heartbeat")
 
@@ -93,51 +96,49 @@ class ControlServer:
                 self._refusals.refused(address, refusal)
                 close_quietly(conn)
                 continue
-            try:
-                start_thread(self._serve, f"control-{address}", conn, address)
-            except RuntimeError:  # no thread to be had: drop this one, the others go on
-                self._admission.done(address)
-                close_quietly(conn)
+            self._begin(conn, address)
 
-    def _serve(self, conn: socket.socket, address: str) -> None:
+    def _begin(self, conn: socket.socket, address: str) -> None:
+        """On the accept thread: check the address, send the challenge; the reader waits for the hello."""
         link = Link(conn, address)
-        try:
-            host = self._admit(link, address)
-        finally:
-            self._admission.done(address)
-        if host is None:
-            link.close()
-            return
-        conn.settimeout(self._timeout_s)
-        try:
-            while not self._closed.is_set():
-                self._on_message(host, link.recv())
-        except (OSError, ValueError, ConnectionError) as exc:
-            if not self._closed.is_set():
-                reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
-                self._lost(host, link, reason)
-
-    def _admit(self, link: Link, address: str) -> str | None:
-        """The host that joined on ``link``, or None (refused, with one log line)."""
         deadline = time.monotonic() + self._handshake_timeout_s  # from accept, the address check included
         try:
             refusal = self._admission.check_peer(address)
             if refusal is not None:
                 raise Refused(refusal)
-            link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return self._handshake(link, address, deadline)
-        except Refused as exc:
-            self._refusals.refused(address, str(exc))
-        except socket.timeout:
-            self._refusals.refused(address, f"no complete join within {self._handshake_timeout_s:g} s")
-        except (OSError, ValueError, ConnectionError) as exc:
-            self._refusals.refused(address, str(exc) or type(exc).__name__)
-        return None
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._timeout_s)  # bounds a send to a host that stopped reading
+            exchange, server_nonce = wire.KeyExchange(), wire.nonce()
+            link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
+        except (Refused, OSError) as exc:
+            self._join_failed(link, address, str(exc) or type(exc).__name__)
+            return
 
-    def _handshake(self, link: Link, address: str, deadline: float) -> str:
-        exchange, server_nonce = wire.KeyExchange(), wire.nonce()
-        link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
-        hello = link.recv_raw(deadline)
+        def failed(reason: str) -> None:
+            if reason == "deadline":
+                reason = f"no complete join within {self._handshake_timeout_s:g} s"
+            self._join_failed(link, address, reason)
+
+        self._reader.join(link, deadline, lambda hello: self._hello(link, address, exchange, server_nonce, hello),
+                          failed)
+
+    def _join_failed(self, link: Link, address: str, reason: str) -> None:
+        """A join that ends without a seat: one log line (per address and reason), its slot freed, closed."""
+        self._refusals.refused(address, reason)
+        self._admission.done(address)
+        link.close()
+
+    def _hello(self, link: Link, address: str, exchange: wire.KeyExchange, server_nonce: str, hello: dict) -> str | None:
+        """On the reader: the rest of the join; the host now seated on ``link``, or None (refused, closed)."""
+        try:
+            host = self._handshake(link, address, exchange, server_nonce, hello)
+        except (Refused, OSError, ValueError, ConnectionError) as exc:
+            self._join_failed(link, address, str(exc) or type(exc).__name__)
+            return None
+        self._admission.done(address)
+        return host
+
+    def _handshake(self, link: Link, address: str, exchange: wire.KeyExchange, server_nonce: str, hello: dict) -> str:
         if hello.get("t") != "hello":
             raise wire.FrameError("expected a hello")
         host = wire.text(hello, "host", limit=255)
@@ -196,6 +197,10 @@ class ControlServer:
             self._events.put(PeerFailed(host, reason, code, at))
         elif kind == "done":
             self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
+
+    def _read_lost(self, host: str, link: Link, reason: str) -> None:
+        if not self._closed.is_set():
+            self._lost(host, link, reason)
 
     def _lost(self, host: str, link: Link, reason: str) -> None:
         link.close()
@@ -273,6 +278,7 @@ class ControlServer:
             except OSError:
                 pass
             close_quietly(self._sock)
+        self._reader.close()
         with self._state:
             links = list(self._links.values())
             self._links.clear()
