@@ -81,6 +81,7 @@ def stop_processes(
     followed: dict[int, _Process] = {}
     try:
         first = True
+        settled = False
         deadline = time.monotonic() + grace_s
         delay = _FIRST_POLL_S
         while True:
@@ -91,7 +92,13 @@ def stop_processes(
             first = False
             left = [proc for proc in followed.values() if proc.running()]
             if not left:
-                return []
+                if settled:
+                    return []
+                # A target may have forked and ended between the last look and now, its child missed
+                # by that look: one more look, now that every target has ended, finds what they forked.
+                settled = True
+                continue
+            settled = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
