@@ -153,8 +153,9 @@ class ControlServer:
             # The reason leaves out the name the peer sent: refusals are logged once per (address, reason).
             raise Refused("failed authentication" + (" (a different job secret?)" if self._secret else ""))
         with self._state:
-            reason = "the job is over" if self._closed.is_set() else \
-                self._admission.seat(host, address, seated=[*self._links, *self._joining])
+            stale = self._stale_seat(host, address)
+            seated = [h for h in [*self._links, *self._joining] if h != host or stale is None]
+            reason = "the job is over" if self._closed.is_set() else self._admission.seat(host, address, seated=seated)
             if reason is None:
                 self._joining.add(host)
         if reason is not None:
@@ -171,6 +172,7 @@ class ControlServer:
         # Seated only once it can sign: a broadcast never reaches a half-joined link.
         with self._state:
             self._joining.discard(host)
+            stale = self._links.get(host)
             self._links[host] = link
             self.introductions[host] = introduction
             verdict = self._verdict
@@ -179,7 +181,19 @@ class ControlServer:
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
             self._joined.add(host)
             self._state.notify_all()
+        if stale is not None:
+            stale.close()  # the reader hears it end; no loss: it is no longer the host's link
         return host
+
+    def _stale_seat(self, host: str, address: str) -> Link | None:
+        """The seat ``host`` may take again: its link from the same address, before it said ready.
+
+        A host whose welcome came after its own join deadline joins again while its seat is held:
+        refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
+        proof as any join, from the same address, before any message: nothing said is lost.
+        """
+        link = self._links.get(host)
+        return link if link is not None and link.peer == address and host not in self._ready else None
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
@@ -205,8 +219,9 @@ class ControlServer:
     def _lost(self, host: str, link: Link, reason: str) -> None:
         link.close()
         with self._state:
-            if self._links.get(host) is link:
-                del self._links[host]
+            if self._links.get(host) is not link and host in self._links:
+                return  # a seat taken again (_stale_seat): its old link's end is no loss
+            self._links.pop(host, None)
             self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))

@@ -142,10 +142,32 @@ def test_unknown_and_duplicate_hosts_are_refused(server):
         stranger.connect(2)
     c1, _ = client(srv, "w1")
     c1.connect(10)
-    twin, _ = client(srv, "w1")
+    twin, _ = client(srv, "w1", source="127.0.0.2")  # the secret, but not where w1 joined from
     with pytest.raises(ClusterError, match="'w1' has joined already"):
         twin.connect(2)
     c1.close()
+
+
+def test_a_host_that_joins_again_before_it_is_ready_takes_its_seat_back(server):
+    """Its welcome came too late for it (it gave up): the held seat is its own, from the same address."""
+    srv, events = server
+    first, _, welcome = raw_join(srv.port, "w1")
+    assert welcome["t"] == "welcome"
+    again, _ = client(srv, "w1")
+    again.connect(10)
+    first.settimeout(5)
+    while first.recv(4096):  # the server closes the first link (after any heartbeat it sent)
+        pass
+    first.close()
+    other, _ = client(srv, "w2")
+    other.connect(10)
+    again.ready(), other.ready()
+    srv.wait_ready(10)
+    srv.release()
+    again.wait_go(10)
+    with pytest.raises(Empty):  # the first link's end was no loss
+        events.get(timeout=0.5)
+    again.close(), other.close()
 
 
 def test_master_unreachable_within_deadline():
@@ -263,7 +285,9 @@ def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductio
         c2 = ControlClient(None, "w2", "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="'w2' does not resolve to 127.0.0.1"):
             c2.connect(2)
-        # a second claimant of a taken seat
+        # a second claimant of a seat whose host is ready
+        c1.ready()
+        assert eventually(lambda: "w1" in srv._ready)
         twin = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="'w1' has joined already"):
             twin.connect(2)
