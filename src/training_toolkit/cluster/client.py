@@ -11,7 +11,7 @@ from queue import SimpleQueue
 from training_toolkit.cluster import wire
 from training_toolkit.cluster.events import PeerLost, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
-from training_toolkit.cluster.timing import HEARTBEAT_S, TIMEOUT_S
+from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
 from training_toolkit.errors import ClusterError, JobFailed
 
 # Retries while the first host is not listening yet: a refused connection costs nothing, and every host
@@ -67,7 +67,7 @@ class ControlClient:
         last = "no attempt"
         while True:
             try:
-                self._join(min(5.0, max(0.5, end - time.monotonic())))
+                self._join(min(JOIN_ATTEMPT_S, max(0.5, end - time.monotonic())))
                 return
             except Refused as exc:
                 raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
