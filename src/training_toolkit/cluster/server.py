@@ -15,6 +15,7 @@ from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, 
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
+from training_toolkit.limits import open_files_needed, raise_open_files
 from training_toolkit.log import log as log_line
 
 
@@ -53,6 +54,7 @@ class ControlServer:
         self._timeout_s = timeout_s
         self._handshake_timeout_s = handshake_timeout_s
         self._admission = admission or Admission(self.expected, by_address=secret is None)
+        self._log = log
         self._refusals = RefusalLog(log)
         self.introductions: dict[str, dict[str, str]] = {}
         self._links: dict[str, Link] = {}
@@ -64,9 +66,14 @@ class ControlServer:
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
-        self._reader = LinkReader(self._on_message, self._read_lost, timeout_s)
+        self._reader = LinkReader(self._on_message, self._lost, timeout_s)
 
     def start(self) -> None:
+        needed = open_files_needed(len(self.expected) + 1)  # a socket per host here, an ssh session per host in mpirun
+        soft, hard = raise_open_files(needed)
+        if soft < needed:
+            self._log(f"control channel: {len(self.expected) + 1} hosts need about {needed} open files, and the hard "
+                      f"limit is {hard} (ulimit -Hn): hosts past it may not join")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -114,13 +121,9 @@ class ControlServer:
             self._join_failed(link, address, str(exc) or type(exc).__name__)
             return
 
-        def failed(reason: str) -> None:
-            if reason == "deadline":
-                reason = f"no complete join within {self._handshake_timeout_s:g} s"
-            self._join_failed(link, address, reason)
-
+        late = f"no complete join within {self._handshake_timeout_s:g} s"
         self._reader.join(link, deadline, lambda hello: self._hello(link, address, exchange, server_nonce, hello),
-                          failed)
+                          lambda reason: self._join_failed(link, address, late if reason == "deadline" else reason))
 
     def _join_failed(self, link: Link, address: str, reason: str) -> None:
         """A join that ends without a seat: one log line (per address and reason), its slot freed, closed."""
@@ -212,15 +215,11 @@ class ControlServer:
         elif kind == "done":
             self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
 
-    def _read_lost(self, host: str, link: Link, reason: str) -> None:
-        if not self._closed.is_set():
-            self._lost(host, link, reason)
-
     def _lost(self, host: str, link: Link, reason: str) -> None:
         link.close()
         with self._state:
-            if self._links.get(host) is not link and host in self._links:
-                return  # a seat taken again (_stale_seat): its old link's end is no loss
+            if self._closed.is_set() or self._links.get(host) not in (link, None):
+                return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
             self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
             self._state.notify_all()
