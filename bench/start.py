@@ -4,7 +4,9 @@ Each part is timed on its own, R rounds interleaved, and reported as the minimum
 loaded machine disturbs least) and the median:
 
 - ``python``: ``python -c pass`` with the toolkit's interpreter (the interpreter and site);
-- ``imports``: ``python -c "import training_toolkit.cli"``, minus ``python``;
+- ``imports``: ``python -c "import training_toolkit.cli"`` (every host), and with what an MPI host
+  imports besides (the agent, the channel, ssh, the MPI runner), minus ``python``; with bytecode
+  compiled, as an installed toolkit has it;
 - ``train to script``: from spawning ``train`` (a one-host job, code in place, nothing to install)
   to the script's first line (it writes ``time.monotonic()``; CLOCK_MONOTONIC is system-wide);
   ``train to exit``: to train's exit;
@@ -42,6 +44,17 @@ from training_toolkit.cluster.ssh.layout import end_connections
 STAMP = "import time\nopen('stamp', 'w').write(repr(time.monotonic()))\n"
 
 
+def compiled_env() -> dict[str, str]:
+    """This environment, with bytecode written: an installed toolkit has its .pyc files (pip compiles them);
+    with PYTHONDONTWRITEBYTECODE set, every module changed since its .pyc was compiled again at each start."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def warm_up() -> None:
+    subprocess.run([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"],
+                   env=compiled_env(), check=True)
+
+
 def timed(cmd: list[str], env: dict | None = None) -> float:
     began = time.monotonic()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -52,17 +65,17 @@ def train_round(tree: Path) -> tuple[float, float]:
     stamp = tree / "code" / "stamp"
     stamp.unlink(missing_ok=True)
     began = time.monotonic()
-    subprocess.run([str(OURS)], env=env_for(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([str(OURS)], env=env_for(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # env_for: no PYTHONDONTWRITEBYTECODE
     ended = time.monotonic()
     return float(stamp.read_text()) - began, ended - began
 
 
-def import_times(rounds: int) -> list[tuple[str, float]]:
-    """The toolkit's modules by self import time (µs, minimum over ``rounds``)."""
+def import_times(rounds: int, statement: str) -> list[tuple[str, float]]:
+    """Modules by self import time (µs, minimum over ``rounds``) of ``statement``."""
     best: dict[str, float] = defaultdict(lambda: float("inf"))
     for _ in range(rounds):
-        err = subprocess.run([str(PYTHON), "-X", "importtime", "-c", "import training_toolkit.cli"],
-                             capture_output=True, text=True, check=True).stderr
+        err = subprocess.run([str(PYTHON), "-X", "importtime", "-c", statement],
+                             capture_output=True, text=True, check=True, env=compiled_env()).stderr
         for line in err.splitlines()[1:]:
             parts = line.split("|")
             if len(parts) == 3:
@@ -129,9 +142,13 @@ def main() -> None:
     figures: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
         tree = make_tree(Path(tmp) / "job", STAMP)
+        warm_up()
         for _ in range(rounds):
-            figures["python"].append(timed([str(PYTHON), "-c", "pass"]))
-            figures["python + imports"].append(timed([str(PYTHON), "-c", "import training_toolkit.cli"]))
+            figures["python"].append(timed([str(PYTHON), "-c", "pass"], compiled_env()))
+            figures["python + imports"].append(timed([str(PYTHON), "-c", "import training_toolkit.cli"], compiled_env()))
+            figures["python + an MPI host's imports"].append(
+                timed([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"],
+                      compiled_env()))
             to_script, to_exit = train_round(tree)
             figures["train to script"].append(to_script)
             figures["train to exit"].append(to_exit)
@@ -143,11 +160,13 @@ def main() -> None:
         for name, values in figures.items():
             unit, scale = ("MB", 1) if "MB" in name else ("ms", 1000)
             print(f"| {name} | {min(values) * scale:.1f} {unit} | {statistics.median(values) * scale:.1f} {unit} |")
-        imports = import_times(rounds)
-        total = sum(us for name, us in imports)
-        print(f"\nimports of `import training_toolkit.cli`, self time, min over {rounds} runs: {total / 1000:.1f} ms in all")
-        for name, us in imports[:15]:
-            print(f"  {us / 1000:6.2f} ms  {name}")
+        for statement in ("import training_toolkit.cli",
+                          "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"):
+            imports = import_times(rounds, statement)
+            total = sum(us for name, us in imports)
+            print(f"\n`{statement}`: {len(imports)} modules, self times (min over {rounds} runs) {total / 1000:.1f} ms in all")
+            for name, us in imports[:12]:
+                print(f"  {us / 1000:6.2f} ms  {name}")
         print("\ntrain_main's steps (cProfile, one run, imports already done; profiling slows each call):")
         print(profile_train(tree))
 
