@@ -280,7 +280,9 @@ def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductio
         c1 = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue(), introduction={"ssh_host_key": "k1"})
         c1.connect(5)
         assert (c1.job_id, c1.introduction) == ("j0b", {"ssh_client_key": "ssh-ed25519 AAAA c"})
-        assert srv.introductions == {"w1": {"ssh_host_key": "k1"}}
+        # recorded by the server's reader just after it sent the welcome the client has read (before it reads
+        # anything more from w1: so always before w1's "ready", which is when a runner reads it)
+        assert eventually(lambda: srv.introductions == {"w1": {"ssh_host_key": "k1"}})
         # w2 resolves to 127.0.0.2, but this claimant comes from 127.0.0.1: refused, and named in the log
         c2 = ControlClient(None, "w2", "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="'w2' does not resolve to 127.0.0.1"):
