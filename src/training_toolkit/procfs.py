@@ -54,6 +54,38 @@ def snapshot() -> dict[int, Proc]:
     return table
 
 
+def identity(pid: int | str = "self") -> str | None:
+    """``BOOT:PIDNS:PID:START``: names one process for good (a pid is reused, a start time is not
+    within a boot), for records that outlive the process; None once it is gone.  The boot and the
+    PID namespace say where the pid means something: another container's pid 42 is not ours."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return f"{_where()}:{int(stat.split()[0])}:{int(fields[19])}"
+
+
+def identity_alive(ident: str) -> bool | None:
+    """Whether the process ``identity`` named still runs; None when its pid means nothing here
+    (another machine, boot or PID namespace), so that nobody else's process is taken for dead."""
+    where, _, rest = ident.rpartition(":")[0].rpartition(":")
+    if where != _where():
+        return None
+    return rest.isdigit() and identity(int(rest)) == ident and alive(int(rest))
+
+
+def _where() -> str:
+    """This boot and this PID namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return "?"
+
+
 def alive(pid: int) -> bool:
     """Running: neither gone nor a zombie (a zombie has ended; only its exit status is left)."""
     proc = read(pid)
@@ -107,6 +139,21 @@ def _may_be_in_exec(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
+
+
+def with_marker(marker: bytes) -> list[int]:
+    """Every live process whose environment holds ``marker``, read once each (a process caught in
+    the middle of ``execve`` is missed: for finding long-lived processes, not for stopping a tree)."""
+    found = []
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and alive(pid):
+            found.append(pid)
+    return sorted(found)
 
 
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:

@@ -9,7 +9,8 @@ everywhere:
   process can act on it (systemd does the same);
 - targets found while waiting (a process may fork) get the signal too, and a
   target once found is followed until it ends, even if the search no longer
-  lists it;
+  lists it; the stop is done only when a look taken after the last target
+  ended finds nothing new (a target may fork just before it ends);
 - a zombie counts as gone: it has ended, only its exit status is left;
 - after the grace period, what is left gets SIGKILL, and its end is waited
   for (briefly) so its exit status can be collected;
@@ -81,7 +82,6 @@ def stop_processes(
     followed: dict[int, _Process] = {}
     try:
         first = True
-        settled = False
         deadline = time.monotonic() + grace_s
         delay = _FIRST_POLL_S
         while True:
@@ -92,13 +92,13 @@ def stop_processes(
             first = False
             left = [proc for proc in followed.values() if proc.running()]
             if not left:
-                if settled:
-                    return []
-                # A target may have forked and ended between the last look and now, its child missed
-                # by that look: one more look, now that every target has ended, finds what they forked.
-                settled = True
-                continue
-            settled = False
+                # What a target forked after the look above exists by now (its parent has ended):
+                # one more look finds it before the stop is called done.
+                for proc in _follow(find(), followed):
+                    proc.send(sig, still_ours)
+                left = [proc for proc in followed.values() if proc.running()]
+            if not left:
+                return []
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
