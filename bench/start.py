@@ -152,8 +152,8 @@ def main() -> None:
             to_script, to_exit = train_round(tree)
             figures["train to script"].append(to_script)
             figures["train to exit"].append(to_exit)
-        for name, values in sshd_rounds(rounds, Path(tempfile.mkdtemp(prefix="bench-ssh-", dir="/run"))).items():
-            figures[name] = values
+        with tempfile.TemporaryDirectory(prefix="bench-ssh-", dir="/run") as ssh_base:  # keys: removed at the end
+            figures.update(sshd_rounds(rounds, Path(ssh_base)))
         load = os.getloadavg()[0]
         print(f"one host's start, {rounds} rounds (load average {load:.1f} on {os.cpu_count()} cores: noisy)")
         print("| part | min | median |\n| --- | --- | --- |")
