@@ -50,7 +50,9 @@ class ControlServer:
         self._introduction = dict(introduction or {})
         self._events = events
         self._bind = bind
-        self._heartbeat_s = heartbeat_s
+        # Its own heartbeats only need to keep each host from hearing nothing for ``timeout_s``: a quarter of
+        # it is ample, and at 1,000 hosts each send costs (docs/scale.md). The hosts' own stay at ``heartbeat_s``.
+        self._heartbeat_s = max(heartbeat_s, timeout_s / 4)
         self._timeout_s = timeout_s
         self._handshake_timeout_s = handshake_timeout_s
         self._admission = admission or Admission(self.expected, by_address=secret is None)
