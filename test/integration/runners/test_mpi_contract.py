@@ -7,7 +7,6 @@ see it, and ``uname()``'s node name, which the preload library leaves alone.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
