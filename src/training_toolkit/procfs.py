@@ -107,6 +107,21 @@ def _may_be_in_exec(pid: int) -> bool:
     return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
 
 
+def with_marker(marker: bytes) -> list[int]:
+    """Every live process whose environment holds ``marker``, read once each (a process caught in
+    the middle of ``execve`` is missed: for finding long-lived processes, not for stopping a tree)."""
+    found = []
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and alive(pid):
+            found.append(pid)
+    return sorted(found)
+
+
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
     """Live descendants of ``root`` whose environment holds ``marker``."""
     return [p.pid for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]
