@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from pathlib import Path
 
 import pytest
 
 from helpers.capture import Capture, findings
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
-from training_toolkit.local import layout
 from training_toolkit.names import CONTROL_PORT
 from training_toolkit.local.launcher import LocalJob
 
@@ -37,6 +35,13 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w") 
     json.dump({{"rank": rank, "token": os.environ.get("MY_API_TOKEN"), "hps": json.loads(os.environ["SM_HPS"]),
                "tag": os.environ["TRAINING_TOOLKIT_RANK_TAG"], "argv": sys.argv[1:]}}, f)
 """
+
+
+def bridge_netns_file(cluster) -> str:
+    """The bridge's network namespace, as the cluster enters it (``--net=FILE`` of its bridge command)."""
+    option = cluster.bridge_command(["true"])[1]
+    assert option.startswith("--net="), option
+    return option.split("=", 1)[1]
 
 
 @pytest.mark.parametrize("flavor", ["openmpi4", pytest.param("openmpi5", marks=pytest.mark.openmpi5)])
@@ -56,7 +61,7 @@ def test_a_listener_on_the_bridge_sees_no_value_of_the_jobs_environment(tmp_path
     capture: list[Capture] = []
 
     def listen(cluster) -> None:
-        capture.append(Capture(str(Path("/run/netns") / layout.bridge_netns(cluster.tag))).start())
+        capture.append(Capture(bridge_netns_file(cluster)).start())
 
     try:
         results = run(job, tmp_path, before_start=listen)
