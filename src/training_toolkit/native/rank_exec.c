@@ -10,8 +10,8 @@
  * The rank's environment is FILE's, plus what Open MPI's runtime gave this process to
  * find its peers (OMPI_*, PMIX_*, PRTE_*, OPAL_*, ORTE_*, its *_NO_BACKTRACE flags); the
  * runtime's LD_LIBRARY_PATH entries (Open MPI 5 puts its own lib dir there) come before
- * FILE's.  Nothing else of the inherited environment (sshd's session) survives, so a
- * rank sees the same on every host.  Then it enters CWD and execs the command: no
+ * FILE's; PWD is the rank's directory.  Nothing else of the inherited environment (sshd's
+ * session) survives, so a rank sees the same on every host.  Then it enters CWD and execs the command: no
  * process stays between the runtime and the user's program, and no Python starts.
  */
 #define _GNU_SOURCE
@@ -152,7 +152,7 @@ int main(int argc, char **argv)
     size_t inherited = 0;
     while (environ[inherited])
         inherited++;
-    char **env = malloc((inherited + file_count + 2) * sizeof(char *));
+    char **env = malloc((inherited + file_count + 3) * sizeof(char *));
     if (!saved || !env)
         return fail("out of memory for", argv[1]);
     for (size_t i = 0; i < file_count; i++)
@@ -167,6 +167,14 @@ int main(int argc, char **argv)
             runtime_libs = environ[i] + strlen(LIBPATH);
     }
     size_t runtime_count = n;
+    /* PWD names the directory the rank starts in, as Open MPI and a shell set it */
+    size_t pwd_size = strlen("PWD=") + strlen(cwd) + 1;
+    char *pwd = malloc(pwd_size);
+    if (!pwd)
+        return fail("out of memory for", argv[1]);
+    snprintf(pwd, pwd_size, "PWD=%s", cwd);
+    env[n++] = pwd;
+    runtime_count = n;
     for (size_t i = 0; i < file_count; i++) {
         const char *entry = saved[i];
         if (!strchr(entry, '=') || present(env, runtime_count, entry))
