@@ -212,9 +212,13 @@ class NamespaceCluster:
     ) -> EnteredProcess:
         """Start ``argv`` inside ``host``, like ``subprocess.Popen``; close() kills it if it still runs.
 
-        Signals sent through the returned Popen reach the command (see ``EnteredProcess``).
+        Signals sent through the returned Popen reach the command (see ``EnteredProcess``).  The
+        command starts in a session of its own, as a container's first process does: a signal
+        meant for the caller's process group (a terminal's Ctrl-C, a CI job's kill) does not
+        reach it, nor nsenter, which would die of it and report the command ended.
         """
         self._check_alive(host)
+        popen_kwargs.setdefault("start_new_session", True)
         proc = EnteredProcess(self.command(host, argv, cwd=cwd), env=env, **popen_kwargs)
         self._children = [c for c in self._children if c.poll() is None]
         self._children.append(proc)

@@ -35,6 +35,7 @@ from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
+from training_toolkit.tripwire import Tripwire
 
 
 
@@ -72,10 +73,13 @@ class MpiAgent(HostAgent):
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
+        self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
+        self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
+        self._tripwire = Tripwire(directory=self._ssh_dir)
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
@@ -119,6 +123,7 @@ class MpiAgent(HostAgent):
                                         custom=mpi_options(self.ctx).custom, preload=preload,
                                         extra={**smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag})
         data = rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)), env)
+        self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
         rank_env.write_rank_file(path, data)
         self._rank_file = path
 
@@ -164,8 +169,12 @@ class MpiAgent(HostAgent):
             self.sshd.stop()
         if self._ssh_dir is not None:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
+        if self._tripwire is not None:
+            self._tripwire.disarm()
         if self._rank_file is not None:
             shutil.rmtree(self._rank_file.parent, ignore_errors=True)
+        if self._rank_tripwire is not None:
+            self._rank_tripwire.disarm()
 
 
 def mpi_options(ctx: RunContext) -> MpiOptions:
