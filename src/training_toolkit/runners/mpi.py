@@ -28,6 +28,7 @@ from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
+from training_toolkit.redact import redact
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
@@ -118,10 +119,7 @@ class MpiAgent(HostAgent):
     def _write_rank_file(self) -> None:
         """This host's ranks' command and environment, written once, before any rank can start."""
         path = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
-        preload = str(native.path_of(native.HOSTNAME_LIBRARY))
-        env = rank_env.rank_environment(self.ctx.script_env, interface=self.ctx.job.resource.network_interface_name,
-                                        custom=mpi_options(self.ctx).custom, preload=preload,
-                                        extra={**smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag})
+        env = rank_environment(self.ctx, self.rank_tag)
         data = rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)), env)
         self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
         rank_env.write_rank_file(path, data)
@@ -192,8 +190,11 @@ def describe(ctx: RunContext) -> dict:
     rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
+    ranks = rank_environment(ctx, "JOBID")
     return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
-            "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False))}
+            "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
+            "rank_environment_added": redact({k: v for k, v in ranks.items()
+                                                               if ctx.script_env.get(k) != v})}
 
 
 def _introduced(introductions, host: str, key: str) -> str:
@@ -260,6 +261,13 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
         return {}
     return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
+
+
+def rank_environment(ctx: RunContext, rank_tag: str) -> dict[str, str]:
+    """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
+    return rank_env.rank_environment(ctx.script_env, interface=ctx.job.resource.network_interface_name,
+                                     custom=mpi_options(ctx).custom, preload=str(native.path_of(native.HOSTNAME_LIBRARY)),
+                                     extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
 
 
 def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
