@@ -39,7 +39,6 @@ from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
 
 
-
 def run(ctx: RunContext) -> Outcome:
     return MpiAgent(ctx).run()
 
@@ -193,8 +192,7 @@ def describe(ctx: RunContext) -> dict:
     ranks = rank_environment(ctx, "JOBID")
     return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
-            "rank_environment_added": redact({k: v for k, v in ranks.items()
-                                                               if ctx.script_env.get(k) != v})}
+            "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
 
 def _introduced(introductions, host: str, key: str) -> str:
