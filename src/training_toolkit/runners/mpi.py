@@ -130,7 +130,7 @@ class MpiAgent(HostAgent):
         assert self.layout is not None and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
-        env = rank_env.mpirun_environment(self.ctx.environ)
+        env = rank_env.mpirun_environment(self.ctx.environ, self.host, str(native.path_of(native.HOSTNAME_LIBRARY)))
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def signal_job(self, signum: int) -> None:

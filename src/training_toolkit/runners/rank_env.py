@@ -32,6 +32,7 @@ NCCL_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_MIN_NRINGS": "4"}
 MPIRUN_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR",
                               "OPAL_PREFIX"})
 MPIRUN_PREFIXES = ("LC_", "OMPI_MCA_", "PMIX_MCA_", "PRTE_MCA_")
+HOST_VARIABLE = "SM_CURRENT_HOST"  # what native/hostname.c answers gethostname() with
 FILE_MAGIC = "training-toolkit-rank-1"  # native/rank_exec.c reads this version only
 DIR_PREFIX = "training-toolkit-ranks-"
 FILE_NAME = "rank.env"
@@ -61,9 +62,17 @@ def rank_environment(script_env: Mapping[str, str], *, interface: str, custom: C
     return without_secrets(env)
 
 
-def mpirun_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """mpirun's own environment: what it needs to run, nothing of the job (it would not stay on this host)."""
-    return {k: v for k, v in without_secrets(environ).items() if k in MPIRUN_VARIABLES or k.startswith(MPIRUN_PREFIXES)}
+def mpirun_environment(environ: Mapping[str, str], host: str | None = None, preload: str | None = None) -> dict[str, str]:
+    """mpirun's own environment: what it needs to run, nothing of the job (it would not stay on this host).
+
+    With ``preload``, mpirun's own ``gethostname()`` says ``host`` too: Open MPI 5 (PRRTE) finds
+    itself in ``--host`` by its name, and where every kernel host name is ``aws`` it sshes to its
+    own host for its own ranks, where no sshd runs (Open MPI 4 recognised its host without it).
+    """
+    env = {k: v for k, v in without_secrets(environ).items() if k in MPIRUN_VARIABLES or k.startswith(MPIRUN_PREFIXES)}
+    if preload and host:
+        env.update({"LD_PRELOAD": preload, HOST_VARIABLE: host})
+    return env
 
 
 def encode_rank_file(cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> bytes:

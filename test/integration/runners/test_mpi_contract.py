@@ -14,7 +14,7 @@ import pytest
 
 from helpers import kubernetes as k8s
 from helpers.multihost import hps, rank_files, run
-from helpers.paths import OMPI5_BIN
+from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import native
 from training_toolkit.local.launcher import LocalJob
 
@@ -118,3 +118,35 @@ def test_under_mpijob_the_termination_log_names_mpiruns_error(tmp_path):
         message = k8s.termination_log(tmp_path / "cluster", pod.name)
         assert 'mpirun: Error: unknown option "--bogus-option=1"' in message.splitlines()[0], message
         assert "-----" not in message, message
+
+
+OMPI5_RANKS = f"""#!{TOOLKIT_PYTHON}
+import json, os, socket, subprocess, sys
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w") as f:
+    json.dump({{"rank": rank, "python": socket.gethostname(), "uname": os.uname().nodename,
+               "c": subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip(),
+               "version": os.environ.get("OMPI_VERSION"), "my_var": os.environ.get("MY_VAR"),
+               "nccl_debug": os.environ.get("NCCL_DEBUG"), "argv": sys.argv[1:]}}, f)
+"""
+
+
+@pytest.mark.openmpi5
+def test_host_names_and_custom_options_under_open_mpi_5_on_hosts_named_aws(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ranks").write_text(OMPI5_RANKS)
+    (src / "ranks").chmod(0o755)
+    path = f"{OMPI5_BIN}:{os.environ.get('PATH', os.defpath)}"
+    job = LocalJob(hosts=H2, env={**FAST, "PATH": path},
+                   hyperparameters=hps("ranks", src, sagemaker_mpi_enabled=True, sagemaker_mpi_num_of_processes_per_host=2,
+                                       sagemaker_mpi_custom_mpi_options="--NCCL_DEBUG=WARN -x MY_VAR=on", msg="a b"))
+    results = run(job, tmp_path, before_start=kernel_name_aws)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, info in ranks.items():
+        host = H2[rank // 2]
+        assert (info["python"], info["c"], info["uname"]) == (host, host, "aws"), info
+        assert info["version"].startswith("5.") and (info["my_var"], info["nccl_debug"]) == ("on", "WARN")
+        assert info["argv"] == ["--msg", "a b"]

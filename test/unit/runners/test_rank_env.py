@@ -50,6 +50,11 @@ def test_mpirun_gets_what_it_needs_and_nothing_of_the_job():
                                                     "OMPI_MCA_plm_rsh_args": "-o x", "PRTE_MCA_a": "1"}
 
 
+def test_mpiruns_own_gethostname_says_its_host_with_the_preload():
+    assert rank_env.mpirun_environment({"PATH": "/p", "SM_HPS": "{}"}, "algo-1", "/lib/tt.so") == \
+        {"PATH": "/p", "LD_PRELOAD": "/lib/tt.so", "SM_CURRENT_HOST": "algo-1"}
+
+
 def test_the_file_exactly_and_what_it_refuses():
     assert rank_env.encode_rank_file("/c", ["/py", "a b"], {"B": "2", "A": "x=y\nz"}) == \
         b"training-toolkit-rank-1\0/c\x002\0/py\0a b\0A=x=y\nz\0B=2\0"
