@@ -150,3 +150,32 @@ def test_host_names_and_custom_options_under_open_mpi_5_on_hosts_named_aws(tmp_p
         assert (info["python"], info["c"], info["uname"]) == (host, host, "aws"), info
         assert info["version"].startswith("5.") and (info["my_var"], info["nccl_debug"]) == ("on", "WARN")
         assert info["argv"] == ["--msg", "a b"]
+
+
+HOROVOD_SCRIPT = """\
+import json, os, socket
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import horovod.tensorflow as hvd
+
+hvd.init()
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{hvd.rank()}.json"), "w") as f:
+    json.dump({"rank": hvd.rank(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+               "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "hostname": socket.gethostname()}, f)
+"""
+
+
+@pytest.mark.horovod
+def test_horovod_tells_the_hosts_apart_where_every_kernel_name_is_aws(tmp_path):
+    """Horovod's local and cross ranks (from MPI's shared-memory communicator) are right on hosts named aws."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "hvd.py").write_text(HOROVOD_SCRIPT)
+    job = LocalJob(hosts=H2, env={**FAST, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                   hyperparameters=hps("hvd.py", src, sagemaker_mpi_enabled=True, sagemaker_mpi_num_of_processes_per_host=2))
+    results = run(job, tmp_path, timeout_s=240, before_start=kernel_name_aws)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, info in ranks.items():
+        assert (info["local_rank"], info["local_size"], info["cross_rank"], info["cross_size"]) == (rank % 2, 2, rank // 2, 2)
+        assert info["hostname"] == info["host"] == H2[rank // 2]
