@@ -77,7 +77,7 @@ class HostAgent:
         self.ctx = ctx
         self.host = ctx.plan.current_host
         self.is_master = ctx.plan.is_master
-        self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
+        self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
         self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
@@ -257,7 +257,7 @@ def fail_job(job, plan, environ, config, error: ToolkitError, membership_factory
     host = plan.current_host
     events: SimpleQueue = SimpleQueue()
     settings = ChannelSettings.from_settings(config)
-    membership = membership_factory(job_secret(job, environ), plan.hosts, host, settings, events, None)
+    membership = membership_factory(job_secret(config), plan.hosts, host, settings, events, None)
     try:
         membership.open()
         membership.fail(named(host, error), error.exit_code, time.time())

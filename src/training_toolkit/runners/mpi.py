@@ -84,7 +84,7 @@ class MpiAgent(HostAgent):
 
     def introduction(self) -> dict[str, str]:
         keys_dir = self.ctx.settings.ssh_keys
-        mounted = ssh.load_keys(Path(keys_dir)) if keys_dir else None
+        mounted = ssh.load_keys(keys_dir) if keys_dir else None
         if self.is_master:
             self._keys = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
             return {INTRO_CLIENT_KEY: self._keys.public}

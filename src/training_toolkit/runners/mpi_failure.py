@@ -3,8 +3,9 @@
 Open MPI writes its complaints as help blocks between rows of dashes, ends some
 with "Type 'mpirun --help' for usage.", and wraps Open MPI 5's at ~76 columns.  The
 line that says *why* is elsewhere: mpirun's "Error:" line (Open MPI 4: ``mpirun:
-Error: unknown option "--NCCL_DEBUG=WARN"``), a program's own line before the
-block (``ssh: Could not resolve hostname ...``), or the block's first paragraph
+Error: unknown option "--NCCL_DEBUG=WARN"``), a program's own line outside the
+blocks (ssh's first: ``ssh: Could not resolve hostname ...``; not Open MPI's own
+``[host:pid] ... Warning`` lines), or the block's first paragraph
 with its detail (Open MPI 5: "An unrecognized option was included on the mpirun
 command line: Option: --NCCL_DEBUG=WARN").  Pure functions of the output's tail.
 """
@@ -66,6 +67,8 @@ def _last_rank_error(tail: Sequence[str], rank: int | None) -> str | None:
 _ERROR_LINE = re.compile(r"^\s*(?:mpirun|mpiexec|orterun|prterun|prte)\S*:\s*Error\b.*", re.IGNORECASE)
 _BANNER = re.compile(r"^\s*-{10,}\s*$")
 _USAGE_HINT = re.compile(r"^\s*Type '\S+ --help'")
+_OWN_DIAGNOSTIC = re.compile(r"^\s*\[[^\]\s]+:\d+\]")  # "[algo-1:00020] plm:ssh: Warning: setpgid(...) failed"
+_AGENT = re.compile(r"^\s*ssh:")  # the rsh agent's own words: why no daemon started
 
 
 def mpirun_reason(tail: Sequence[str]) -> str | None:
@@ -86,8 +89,10 @@ def mpirun_reason(tail: Sequence[str]) -> str | None:
             blocks[-1].append(line)
         elif line.strip() and not _USAGE_HINT.match(line):
             outside.append(line.strip())
-    if outside:
-        return outside[-1]
+    said = [line for line in outside if not _OWN_DIAGNOSTIC.match(line)]
+    agent = [line for line in said if _AGENT.match(line)]
+    if agent or said:
+        return (agent or said)[-1]
     for block in blocks:
         if said := _first_paragraphs(block):
             return said

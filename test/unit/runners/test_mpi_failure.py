@@ -36,6 +36,14 @@ def test_a_programs_own_line_before_the_banner_wins():
                                                  "one or more nodes.")
 
 
+def test_the_agents_line_wins_over_open_mpis_own_warnings():
+    tail = ["ssh: connect to host algo-2 port 22: Connection refused",
+            "[algo-1:00020] plm:ssh: Warning: setpgid(25,25) failed in parent with errno=Permission denied(13)", *SSH_UNRESOLVED[1:]]
+    assert mpirun_reason(tail) == "ssh: connect to host algo-2 port 22: Connection refused"
+    assert mpirun_reason(["a line of its own", "[algo-1:00020] Warning: x", DASHES, "Block.", DASHES]) == "a line of its own"
+    assert mpirun_reason(["[algo-1:00020] Warning: x", DASHES, "Block.", DASHES]) == "Block."
+
+
 def test_rank_output_and_bare_tags_are_not_mpiruns_reason():
     assert mpirun_reason(["[1,0]<stderr>:Traceback", "[1,0]<stdout>:", ""]) is None
     assert describe_mpi_failure([DASHES, DASHES], HOSTS, 2, ExitStatus(1)) == "algo-1: mpirun exited with code 1"
