@@ -109,10 +109,9 @@ def test_a_bad_custom_option_under_open_mpi_5(tmp_path):
 
 
 def test_under_mpijob_the_termination_log_names_mpiruns_error(tmp_path):
-    pods = k8s.mpijob("mpj", "ns1", workers=1, slots=2, workdir=tmp_path / "cluster")
+    pods = k8s.mpijob("mpj", "ns1", workers=1, slots=2)
     hyper = hps("ranks.py", source(tmp_path), sagemaker_mpi_custom_mpi_options="--bogus-option=1")
-    local, before_start = k8s.job(pods, tmp_path / "cluster", hyper, env={**FAST, "TRAINING_TOOLKIT_DNS_TIMEOUT": "20"})
-    results = run(local, tmp_path, timeout_s=120, before_start=before_start)
+    results = k8s.run(pods, tmp_path, hyper, env={**FAST, "TRAINING_TOOLKIT_DNS_TIMEOUT": "20"}, timeout_s=120)
     assert all(r.exit_code not in (0, None) for r in results), [r.exit_code for r in results]
     for pod in pods:
         message = k8s.termination_log(tmp_path / "cluster", pod.name)
