@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from helpers.capture import BridgeCapture
+from helpers.capture import on_bridge, segments
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
 from helpers.outsider import RUNTIME, listeners, mpi_host_ready, start_attack, stop_attack
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
@@ -149,14 +149,15 @@ def test_a_daemon_connect_read_off_the_bridge_and_replayed_by_an_outsider_does_n
     attack: dict = {}
 
     def replay(cluster) -> None:
-        capture = attack["capture"] = BridgeCapture(cluster, tmp_path / "bridge.jsonl").start()
+        capture = attack["capture"] = on_bridge(cluster).start()
         master, worker = cluster.host("algo-1").address, cluster.host("algo-2").address
 
         def run() -> None:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
                 ports = {port for _, port, program in listeners(cluster, "algo-1") if program == "mpirun"}
-                sent = [s for s in capture.segments() if s["src"] == worker and s["dst"] == master and s["dport"] in ports]
+                sent = [s for s in segments(capture.frames) if s["src"] == worker and s["dst"] == master
+                        and s["dport"] in ports]
                 if sent:
                     attack["payload"] = sent[0]
                     env = {"PATH": os.environ["PATH"]}
