@@ -99,6 +99,13 @@ def _reference() -> str | None:
     return SKIP_REASON if reference_train() is None else None
 
 
+def _slurm() -> str | None:
+    from training_toolkit.local.slurm import missing_tools
+
+    missing = missing_tools()
+    return f"needs Slurm and munge ({', '.join(missing)} missing; scripts/setup.sh)" if missing else _root()
+
+
 def _ruff() -> str | None:
     return None if ruff() else "ruff is not installed (pip install -e '.[test]')"
 
@@ -117,6 +124,7 @@ REQUIREMENTS = {r.marker: r for r in (
     Requirement("moto", "needs moto (a local S3 server)", _module("moto", "pip install -e '.[test]'")),
     Requirement("reference", "compares against the reference sagemaker-training in .venv-ref", _reference),
     Requirement("ruff", "needs ruff", _ruff),
+    Requirement("slurm", "needs root and Slurm with munge (slurmctld, slurmd, slurm-client, munge)", _slurm),
     Requirement("kubernetes_validate", "needs kubernetes-validate (offline schemas of Kubernetes' core kinds)",
                 _module("kubernetes_validate", "pip install kubernetes-validate")),
     Requirement("containers", "needs a container engine at DOCKER_HOST holding the image $TT_IMAGE "
