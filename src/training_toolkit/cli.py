@@ -127,6 +127,7 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
         found = (chosen, facts, view)
         for note in view.notes:
             log(note)
+        environ = without(environ, view.unset)
         config = settings.override(config, view.overrides)
         chosen.wait(view, config)
         from training_toolkit.platforms.opt_ml import write_view
@@ -161,6 +162,11 @@ def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
         return chosen, facts, None
     except Exception:  # noqa: BLE001 - nothing more can be told, and the verdict files are written already
         return None
+
+
+def without(environ: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    """``environ`` without the variables a platform said describe train's own task (no child may take them)."""
+    return {k: v for k, v in environ.items() if k not in names} if names else dict(environ)
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -239,6 +245,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
         paths = Paths.at(config.base_dir)
         chosen, facts = _platform(paths, config, environ)
         view = chosen.view(facts)
+        environ = without(environ, view.unset)
         config = settings.override(config, view.overrides)
         spec, launch = _planned_job(paths, view, environ, facts.hardware)
         python = code.python_for(config.python)

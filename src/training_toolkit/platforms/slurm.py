@@ -34,6 +34,12 @@ STEP_NODELIST = "SLURM_STEP_NODELIST"
 JOB_NODELIST = "SLURM_JOB_NODELIST"
 NODENAME = "SLURMD_NODENAME"
 NODEID = "SLURM_NODEID"
+#: What the user's script may still see of Slurm: the job's identity, never the task's.  Every other
+#: ``SLURM_*`` describes train's own task (one per node): Open MPI's mpirun takes ``SLURM_JOBID`` as
+#: an allocation to launch into with srun (it hung, here), torch Lightning takes ``SLURM_PROCID`` as
+#: every rank's rank.  The ranks the toolkit starts are not Slurm tasks, so those are unset for them.
+KEPT = frozenset({JOB_ID, "SLURM_JOB_NAME", "SLURM_CLUSTER_NAME", "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST",
+                  "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT", "SLURM_CONF"})
 GRACE_S = 25.0  # KillWait defaults to 30: 5 s left for the toolkit's own ending
 ROUTES_FILE = "/proc/net/route"
 SOURCE = "Slurm step"
@@ -105,6 +111,11 @@ def _numbers(part: str, bad) -> list[str]:
     return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
 
 
+def task_variables(environ) -> tuple[str, ...]:
+    """The variables of train's own Slurm task, which no child inherits (``KEPT`` stay), sorted."""
+    return tuple(sorted(k for k in environ if (k.startswith("SLURM_") or k.startswith("SLURMD_")) and k not in KEPT))
+
+
 def gpus_on_node(environ) -> int | None:
     """``SLURM_GPUS_ON_NODE``, else a plain count in ``SLURM_GPUS_PER_NODE`` (``[type:]N``); None when unset."""
     if environ.get("SLURM_GPUS_ON_NODE"):
@@ -169,7 +180,7 @@ class Slurm:
         notes = [f"slurm: job {job} step {env.get(STEP_ID, 'batch')}: host {current} of {', '.join(step_hosts)}"
                  f"; interface {interface or 'unknown'}" + (f"; {gpus} GPU(s) on this node" if gpus is not None else "")]
         return JobView(self.name, step_hosts, current, interface, hyperparameters(facts, EMPTY), channels(facts),
-                       Overrides(grace_s=GRACE_S), notes=tuple(notes))
+                       Overrides(grace_s=GRACE_S), notes=tuple(notes), unset=task_variables(env))
 
     @staticmethod
     def _check_step(env, hosts: tuple[str, ...], current: str) -> None:

@@ -1,14 +1,14 @@
 """The Slurm platform: hostlists, the step's checks and the view, with what a real Slurm 22.05 srun gave a task.
 
-``TASK`` is the SLURM_* environment slurmstepd gave task 1 of ``srun -N2 --ntasks-per-node=1`` in
-an ``sbatch -N2`` job on the local Slurm cluster (test/integration/platforms/test_slurm.py checks
-the same keys against a live srun).
+``TASK`` (helpers.slurm) is what a real srun gave a task here; test/integration/platforms/test_slurm.py
+checks it against a live one.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from helpers.slurm import TASK
 from training_toolkit import platforms, settings
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
@@ -17,15 +17,6 @@ from training_toolkit.platforms.slurm import Slurm, expand_hostlist, gpus_on_nod
 from training_toolkit.platforms.view import Facts
 
 CPU = Hardware(num_cpus=2, num_gpus=0, num_neurons=0)
-TASK = {
-    "SLURMD_NODENAME": "node2", "SLURM_CLUSTER_NAME": "toolkit", "SLURM_CPUS_ON_NODE": "1", "SLURM_GTIDS": "1",
-    "SLURM_JOBID": "1", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2",
-    "SLURM_LAUNCH_NODE_IPADDR": "192.0.2.11", "SLURM_LOCALID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-    "SLURM_NODELIST": "node[1-2]", "SLURM_NPROCS": "2", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_PROCID": "1", "SLURM_STEPID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "node[1-2]",
-    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    "SLURM_SUBMIT_DIR": "/tmp", "SLURM_SUBMIT_HOST": "node1", "SLURM_TASKS_PER_NODE": "1(x2)",
-}
 # /proc/net/route in a namespace host: a default route and the cluster's /24 on eth0, a /16 on ib0.
 ROUTES = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
           "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
@@ -70,6 +61,10 @@ def test_the_view_of_a_real_srun_task():
     assert view.hyperparameters == {} and view.channels == {}
     assert view.overrides.grace_s == 25.0
     assert view.notes == ("slurm: job 1 step 0: host node2 of node1, node2; interface eth0",)
+    # the job's identity stays for the script; what describes train's own task does not
+    assert "SLURM_JOB_ID" not in view.unset and "SLURM_CLUSTER_NAME" not in view.unset
+    assert {"SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURMD_NODENAME"} <= set(view.unset)
+    assert set(view.unset) | {"SLURM_JOB_ID", "SLURM_CLUSTER_NAME", "SLURM_SUBMIT_DIR", "SLURM_SUBMIT_HOST"} == set(TASK)
 
 
 def test_hyperparameters_and_channels_as_on_kubernetes():

@@ -1,0 +1,160 @@
+"""The same script under a real Slurm: sbatch, srun train on every node, real slurmctld and slurmd (docs/slurm.md).
+
+Each test starts its own cluster (``helpers.slurm``: about 2 s) and submits a batch script that
+runs ``srun --ntasks-per-node=1 train`` as a user would; the verdicts are read from each node's
+``/opt/ml/output``, Slurm's own view from srun's output and the job completion log (jobcomp/filetxt).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.multihost import hps, source_dir
+from helpers.slurm import TASK, slurm_cluster
+
+pytestmark = [pytest.mark.slurm]
+
+TRAIN = Path(sys.executable).with_name("train")
+FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}
+
+
+def batch_script(tmp_path: Path, nodes: int, env: dict[str, str], body: str | None = None) -> Path:
+    """What a user writes: the job's settings exported, then one train per node through srun."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/sh\n#SBATCH --nodes={nodes} --ntasks-per-node=1\n#SBATCH --output={tmp_path}/slurm-%j.out\n"
+                      f"{exports}{body or f'srun --ntasks-per-node=1 {TRAIN}'}\n")
+    return script
+
+
+def submit(slurm, script: Path, wait: bool = True, timeout: float = 240):
+    """sbatch (--wait: until the job ends); (sbatch's exit code, job id, the job's output)."""
+    result = slurm.run(["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)], timeout=timeout)
+    job = result.stdout.split(";")[0].strip()
+    assert job.isdigit(), (result.stdout, result.stderr)
+    out = script.parent / f"slurm-{job}.out"
+    return result.returncode, job, out.read_text(errors="replace") if out.exists() else ""
+
+
+def verdict(slurm, host: str) -> tuple[str, str]:
+    output = slurm.cluster.host(host).opt_ml / "output"
+    for name in ("success", "failure"):
+        if (output / name).exists():
+            return name, (output / name).read_text()
+    return "none", ""
+
+
+def model_dir(slurm, host: str) -> Path:
+    return slurm.cluster.host(host).opt_ml / "model"
+
+
+def jobcomp(slurm, job: str) -> dict[str, str]:
+    """The job's line in the completion log, as fields."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in (slurm.jobcomp.read_text() if slurm.jobcomp.exists() else "").splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("JobId") == job:
+                return fields
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} not in {slurm.jobcomp}")
+
+
+def settled(slurm, timeout: float = 30) -> dict[str, list[str]]:
+    """What runs on the nodes, once the job is over, that did not run before it (the daemons did); {} when nothing."""
+    from training_toolkit import procfs
+
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = {host: [f"{pid} {procfs.cmdline(pid)}" for pid in pids if pid not in slurm.baseline]
+                 for host, pids in slurm.cluster.pids().items()}
+        extra = {h: p for h, p in extra.items() if p}
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.2)
+
+
+def test_the_environment_a_real_srun_task_gets(tmp_path):
+    """The unit tests' TASK is what this Slurm gives: same keys, the same values where they are the job's shape."""
+    with slurm_cluster(tmp_path) as slurm:
+        script = batch_script(tmp_path, 2, {}, f"srun --ntasks-per-node=1 sh -c 'env > {tmp_path}/env-$SLURM_NODEID'")
+        code, _, out = submit(slurm, script)
+        assert code == 0, out
+    env = dict(line.split("=", 1) for line in (tmp_path / "env-1").read_text().splitlines() if "=" in line)
+    assert set(TASK) <= set(env), sorted(set(TASK) - set(env))
+    same = ("SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODEID", "SLURM_STEP_NUM_NODES",
+            "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_JOB_NUM_NODES")
+    assert {k: env[k] for k in same} == {k: TASK[k] for k in same}
+
+
+def test_a_one_node_job(tmp_path):
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "show.py").write_text("import json, os\njson.dump({k: os.environ[k] for k in ('SM_HOSTS', 'SM_CURRENT_HOST', "
+                                 "'SM_NETWORK_INTERFACE_NAME', 'SM_HPS')}, open(os.environ['SM_MODEL_DIR'] + "
+                                 "'/env.json', 'w'))\n")
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({**{k: json.loads(v) for k, v in hps("show.py", src).items()}, "epochs": 3})
+        code, job, out = submit(slurm, batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp}))
+        assert code == 0, out
+        assert verdict(slurm, "node1")[0] == "success"
+        seen = json.loads((model_dir(slurm, "node1") / "env.json").read_text())
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert seen["SM_HOSTS"] == '["node1"]' and seen["SM_CURRENT_HOST"] == "node1"
+    assert seen["SM_NETWORK_INTERFACE_NAME"] == "eth0" and json.loads(seen["SM_HPS"])["epochs"] == 3
+    assert f"slurm: job {job} step 0: host node1 of node1" in out
+
+
+def mpi_env(src: Path, **env: str) -> dict[str, str]:
+    hp = {k: json.loads(v) for k, v in hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    return {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), **env}
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_mpi_2_nodes_x_2_ranks(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, mpi_env(src)))
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        ranks = {}
+        for host in ("node1", "node2"):
+            for f in model_dir(slurm, host).glob("rank-*.json"):
+                info = json.loads(f.read_text())
+                ranks[info["rank"]] = info
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3] and {r["sum"] for r in ranks.values()} == {10}
+    assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, mpi_env(src, FAIL_RANK="3")))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        comp = jobcomp(slurm, job)
+        assert settled(slurm) == {}
+    assert code != 0, out
+    for host, (kind, text) in verdicts.items():
+        first = text.splitlines()[0] if text else ""
+        assert kind == "failure" and "rank 3" in first and "node2" in first, (host, first)
+        assert "ValueError: rank 3 was told to fail" in first, first
+    # Slurm's own view: srun names both tasks' non-zero exit, the job ended FAILED with that code.
+    exits = re.findall(r"srun: error: (node\d): task (\d): Exited with exit code (\d+)", out)
+    assert sorted(e[0] for e in exits) == ["node1", "node2"], out
+    assert len({e[2] for e in exits}) == 1 and exits[0][2] != "0"
+    assert comp["JobState"] == "FAILED" and comp["ExitCode"] == f"{exits[0][2]}:0", comp
