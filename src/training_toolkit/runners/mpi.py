@@ -30,7 +30,7 @@ from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
-from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
+from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, forwardable, mpirun_command
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
 
@@ -123,7 +123,10 @@ class MpiAgent(HostAgent):
             return []
         assert self.layout is not None
         env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
-        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
+        flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
+        command = build_command(self.ctx, self.layout, flavor, env)
+        if flavor == OPENMPI4:
+            command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def signal_job(self, signum: int) -> None:

@@ -158,3 +158,66 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     assert sorted(e[0] for e in exits) == ["node1", "node2"], out
     assert len({e[2] for e in exits}) == 1 and exits[0][2] != "0"
     assert comp["JobState"] == "FAILED" and comp["ExitCode"] == f"{exits[0][2]}:0", comp
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_scancel_during_a_run_gives_every_rank_its_grace(tmp_path):
+    """scancel: SIGTERM to every process of the step, SIGKILL after KillWait; each rank saves in its handler."""
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path, kill_wait_s=30) as slurm:
+        script = batch_script(tmp_path, 2, mpi_env(src, SLEEP="120", CHECKPOINT_ON_TERM="1"))
+        _, job, _ = submit(slurm, script, wait=False, timeout=60)
+        waiting = lambda: sum(len(list(model_dir(slurm, h).glob("waiting-*"))) for h in ("node1", "node2"))  # noqa: E731
+        wait_for(lambda: waiting() == 4, 120, "every rank waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)  # written at the cancel: the step's processes may still run their grace
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("checkpoint-*"))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+    assert saved == [f"checkpoint-{i}" for i in range(4)]
+    assert comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
+    for host, (kind, text) in verdicts.items():
+        assert kind == "failure" and "SIGTERM" in text.splitlines()[0], (host, kind, text)
+
+
+SAVER = """import os, signal, sys, time
+def save(*_):
+    time.sleep(2.5)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "checkpoint-" + os.environ["SM_CURRENT_HOST"]), "w").write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+open(os.path.join(os.environ["SM_MODEL_DIR"], "waiting-" + os.environ["SM_CURRENT_HOST"]), "w").write("up")
+time.sleep(120)
+"""
+
+
+def test_scancel_gives_a_single_host_script_its_grace(tmp_path):
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "saver.py").write_text(SAVER)
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({k: json.loads(v) for k, v in hps("saver.py", src).items()})
+        _, job, _ = submit(slurm, batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp}),
+                           wait=False, timeout=60)
+        wait_for(lambda: (model_dir(slurm, "node1") / "waiting-node1").exists(), 120, "the script waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)  # written at the cancel: the step's processes may still run their grace
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = (model_dir(slurm, "node1") / "checkpoint-node1").exists()
+        kind, text = verdict(slurm, "node1")
+    assert saved and comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was killed, not stopped)"
+    assert kind == "success", text  # one host: train ends with the script's own exit code, 0 after it saved

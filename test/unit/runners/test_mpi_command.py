@@ -16,6 +16,7 @@ def test_openmpi4_command_exactly():
         "--mca", "plm_rsh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
+        "--mca", "orte_launch_agent", "env --block-signal=TERM orted",
         "-x", "NCCL_SOCKET_IFNAME=eth0", "-x", "PATH", "-x", "SM_HOSTS",
         "-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024",
         "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
