@@ -45,6 +45,7 @@ def slurm_conf(
         f"StateSaveLocation={state_dir / 'ctld'}",
         f"SlurmdSpoolDir={state_dir / 'spool' / '%n'}",
         "SlurmctldPidFile=/run/slurmctld.pid",  # /run is each host's own
+        "TmpFS=/run",  # srun --mpi=pmix makes its per-step directories there: /tmp is the machine's, shared
         "SlurmdPidFile=/run/slurmd.pid",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",

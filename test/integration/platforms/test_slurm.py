@@ -221,3 +221,49 @@ def test_scancel_gives_a_single_host_script_its_grace(tmp_path):
     assert saved and comp["JobState"] == "CANCELLED", comp
     assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was killed, not stopped)"
     assert kind == "success", text  # one host: train ends with the script's own exit code, 0 after it saved
+
+
+def job_env(src: Path, script: str, **extra) -> dict[str, str]:
+    hp = {k: json.loads(v) for k, v in hps(script, src, **extra).items()}
+    return {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp)}
+
+
+def rank_infos(slurm, hosts=("node1", "node2")) -> dict[int, dict]:
+    ranks = {}
+    for host in hosts:
+        for f in model_dir(slurm, host).glob("rank-*.json"):
+            info = json.loads(f.read_text())
+            ranks[info["rank"]] = {**info, "host": host}
+    return ranks
+
+
+@pytest.mark.torch
+def test_torch_distributed_2_nodes_x_2(tmp_path):
+    src = source_dir(tmp_path, "torch_ddp_train.py")
+    env = job_env(src, "torch_ddp_train.py", sagemaker_torch_distributed_enabled=True,
+                  sagemaker_distributed_processes_per_host=2)
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        assert code == 0, out
+        ranks = rank_infos(slurm)
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["world"] == 4 and info["local_rank"] == rank % 2 and info["host"] == f"node{rank // 2 + 1}"
+               for rank, info in ranks.items())
+    assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
+
+
+@pytest.mark.tensorflow
+def test_a_parameter_server_job_on_2_nodes(tmp_path):
+    src = source_dir(tmp_path, "ps_train.py")
+    env = {**job_env(src, "ps_train.py", sagemaker_parameter_server_enabled=True), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        chief = json.loads((model_dir(slurm, "node1") / "chief.json").read_text())
+        config = json.loads((model_dir(slurm, "node1") / "tf_config-chief-0.json").read_text())
+        assert settled(slurm) == {}
+    assert chief["last_loss"] < chief["first_loss"] / 10
+    assert config["cluster"] == {"chief": ["node1:2222"], "worker": ["node2:2222"], "ps": ["node1:2223", "node2:2223"]}
