@@ -126,7 +126,7 @@ def remove_abandoned(client: Any) -> None:
     """Remove every job whose launcher on this machine died without removing it (and whose reaper died too)."""
     for job_id, launcher in engine.abandoned_jobs(client, procfs.identity_alive).items():
         problems = engine.remove_job(client, job_id)
-        pid = launcher.split(":")[1]
+        pid = launcher.split(":")[-2]  # procfs.identity: BOOT:PIDNS:PID:START
         log(f"local: removed job {job_id}, left by a launcher that died (pid {pid})"
             + (f"; could not remove: {'; '.join(problems)}" if problems else ""))
 

@@ -9,7 +9,8 @@ What each pod gets (mpi-operator ``pkg/controller/mpi_job_controller.go``, v0.8.
   ``<job>-worker-<i>``, subdomain ``<job>``, so the kubelet's ``/etc/hosts`` holds its FQDN
   ``<job>-worker-<i>.<job>.<ns>.svc.<domain>``;
 - every pod: the secret ``<job>-ssh`` (an ECDSA key as ``id_rsa``, ``id_rsa.pub``,
-  ``authorized_keys``, no host key) at ``sshAuthMountPath`` (``/root/.ssh``, mode 0600 there).
+  ``authorized_keys``, no host key) at ``sshAuthMountPath`` (``/root/.ssh``, mode 0600 there; the toolkit reads it there).
+A job that sets ``TRAINING_TOOLKIT_SSH_KEYS`` uses its own keys instead, in the toolkit's naming.
 
 Mapping: the launcher's hosts are the hostfile's, in order; it must be the first
 (``runLauncherAsWorker: true``), since the toolkit's MPI runner runs ranks on the host that runs
@@ -65,12 +66,13 @@ class MPIJob(PodPlatform):
         return hosts, current, MappingProxyType(params), 0
 
     def overrides(self, facts: Facts) -> Overrides:
-        directory = facts.settings.ssh_keys.directory if facts.settings.ssh_keys else SSH_DIR
-        private = facts.read(f"{directory}/{PRIVATE}")
+        if facts.settings.ssh_keys is not None:  # the job mounts keys of its own, in the toolkit's naming
+            return Overrides(grace_s=GRACE_S)
+        private = facts.read(f"{SSH_DIR}/{PRIVATE}")
         if private is None:
-            raise ConfigError(f"{directory}/{PRIVATE}", None, "missing: mpi-operator mounts the job's ssh secret at "
-                              "sshAuthMountPath (set TRAINING_TOOLKIT_SSH_KEYS to it when it is not /root/.ssh)")
-        return Overrides(grace_s=GRACE_S, ssh_keys=KeyFiles(directory, PRIVATE, PUBLIC, None, None),
+            raise ConfigError(f"{SSH_DIR}/{PRIVATE}", None, "missing: mpi-operator mounts the job's ssh secret at "
+                              "sshAuthMountPath, which must be /root/.ssh (its default) for the toolkit to find it")
+        return Overrides(grace_s=GRACE_S, ssh_keys=KeyFiles(SSH_DIR, PRIVATE, PUBLIC, None, None),
                          job_secret=job_secret(private.encode()))
 
 

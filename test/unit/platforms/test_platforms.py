@@ -143,6 +143,9 @@ def test_mpijob_refusals():
         view_of({"K_MPI_JOB_ROLE": "launcher"}, hostname="m-launcher", files={"/root/.ssh/id_rsa": KEY})
     with pytest.raises(ConfigError, match="/root/.ssh/id_rsa: missing: mpi-operator mounts the job's ssh secret"):
         view_of({"K_MPI_JOB_ROLE": "worker"}, hostname="m-worker-0", files=kubelet_hosts("m-worker-0", "m"))
+    own = view_of({"K_MPI_JOB_ROLE": "worker", "TRAINING_TOOLKIT_SSH_KEYS": "/keys"}, hostname="m-worker-0",
+                  files=kubelet_hosts("m-worker-0", "m"))  # the job's own keys, in the toolkit's naming
+    assert own.overrides == settings.Overrides(grace_s=25.0)
     with pytest.raises(ConfigError, match="the same slots on every host"):
         mpijob.parse_hostfile("a slots=1\nb slots=2\n")
     with pytest.raises(ConfigError, match="/etc/hosts: no line names this pod as m-worker-0.m.<namespace>.svc"):
