@@ -29,14 +29,22 @@ class Proc(NamedTuple):
 
 def read(pid: int) -> Proc | None:
     """One process as it is now, or None once it is gone (reaped, or never there)."""
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    _pid, fields = stat
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+
+
+def _stat(pid: int | str) -> tuple[int, list[bytes]] | None:
+    """The pid and the fields after the command name of ``/proc/PID/stat`` (fields[0] is the state)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+    return int(stat.split(maxsplit=1)[0]), stat[stat.rfind(b")") + 2 :].split()
 
 
 def pids() -> list[int]:
@@ -58,13 +66,11 @@ def identity(pid: int | str = "self") -> str | None:
     """``BOOT:PIDNS:PID:START``: names one process for good (a pid is reused, a start time is not
     within a boot), for records that outlive the process; None once it is gone.  The boot and the
     PID namespace say where the pid means something: another container's pid 42 is not ours."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+    stat = _stat(pid)
+    if stat is None:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return f"{_where()}:{int(stat.split()[0])}:{int(fields[19])}"
+    number, fields = stat
+    return f"{_where()}:{number}:{int(fields[19])}"
 
 
 def identity_alive(ident: str) -> bool | None:
@@ -131,11 +137,10 @@ def has_marker(pid: int, marker: bytes) -> bool:
 
 
 def _may_be_in_exec(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    stat = _stat(pid)
+    if stat is None:
         return False
+    fields = stat[1]
     return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
 
 
