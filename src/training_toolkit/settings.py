@@ -225,6 +225,7 @@ class Overrides(NamedTuple):
     grace_s: float | None = None
     ssh_keys: KeyFiles | None = None
     job_secret: bytes | None = None
+    num_gpus: int | None = None  # Slurm: the GPUs allocated on this node (SLURM_GPUS_ON_NODE), not all it has
 
 
 NO_OVERRIDES = Overrides()

@@ -9,7 +9,8 @@ real Slurm 22.05 gave a task here, test/integration/platforms/test_slurm.py):
 - ``SLURMD_NODENAME``: this node's name as Slurm knows it; ``SLURM_NODEID``: its index;
 - ``SLURM_STEP_NUM_NODES``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``: the toolkit starts the
   ranks itself, so one task per node is required and anything else is refused by name;
-- ``SLURM_GPUS_ON_NODE`` (and ``SLURM_GPUS_PER_NODE``) when GPUs were asked for;
+- ``SLURM_GPUS_ON_NODE`` (and ``SLURM_GPUS_PER_NODE``) when GPUs were asked for: the job's GPU count on
+  this node (the node may have more than were allocated), unless ``TRAINING_TOOLKIT_NUM_GPUS`` says;
 - ``SLURM_LAUNCH_NODE_IPADDR``: the address of the node that ran srun.
 
 The hosts are the step's node names (a real cluster's nodes resolve each other by them); the
@@ -180,7 +181,7 @@ class Slurm:
         notes = [f"slurm: job {job} step {env.get(STEP_ID, 'batch')}: host {current} of {', '.join(step_hosts)}"
                  f"; interface {interface or 'unknown'}" + (f"; {gpus} GPU(s) on this node" if gpus is not None else "")]
         return JobView(self.name, step_hosts, current, interface, hyperparameters(facts, EMPTY), channels(facts),
-                       Overrides(grace_s=GRACE_S), notes=tuple(notes), unset=task_variables(env))
+                       Overrides(grace_s=GRACE_S, num_gpus=gpus), notes=tuple(notes), unset=task_variables(env))
 
     @staticmethod
     def _check_step(env, hosts: tuple[str, ...], current: str) -> None:

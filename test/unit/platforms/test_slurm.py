@@ -123,6 +123,29 @@ def test_gpus_on_node():
         gpus_on_node({"SLURM_GPUS_PER_NODE": "a100:x"})
     view = Slurm().view(facts({**TASK, "SLURM_GPUS_ON_NODE": "2"}))
     assert view.notes[0].endswith("; 2 GPU(s) on this node")
+    assert view.overrides.num_gpus == 2 and Slurm().view(facts(TASK)).overrides.num_gpus is None
+
+
+def test_the_plan_under_slurm_counts_the_allocated_gpus(tmp_path):
+    """``training-toolkit plan`` in a Slurm task: the script's SM_NUM_GPUS is the allocation's, not the probe's."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**TASK, "SLURMD_NODENAME": "node1", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3",
+           "SAGEMAKER_BASE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps({"sagemaker_program": "train.py"})}
+    out = subprocess.run([sys.executable, "-m", "training_toolkit", "plan", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert (plan["platform"], plan["hosts"], plan["current_host"]) == ("slurm", ["node1", "node2"], "node1")
+    assert plan["environment"]["SM_NUM_GPUS"] == "3"
+    env["TRAINING_TOOLKIT_NUM_GPUS"] = "1"  # the job's own setting wins over the platform's
+    out = subprocess.run([sys.executable, "-m", "training_toolkit", "plan", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert json.loads(out.stdout)["environment"]["SM_NUM_GPUS"] == "1"
+    assert not any(tmp_path.iterdir())  # plan writes nothing
 
 
 def test_the_interface_is_the_most_specific_route_to_the_launch_node():
