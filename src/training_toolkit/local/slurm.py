@@ -52,11 +52,12 @@ class SlurmCluster:
     """
 
     def __init__(self, names: Sequence[str], workdir: Path, *, cpus: int = 4, kill_wait_s: int = 30,
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, accounting: bool = False) -> None:
         self.workdir = Path(workdir).absolute()
         self.cluster = NamespaceCluster(names, self.workdir / "hosts", tag=tag)
         self._cpus = cpus
         self._kill_wait_s = kill_wait_s
+        self.accounting = accounting  # slurmdbd and its database, so that sacct answers (slurm_accounting)
         self.conf = self.workdir / "slurm.conf"
         self.logs = self.workdir / "log"
         self.jobcomp = self.workdir / "jobcomp.txt"
@@ -85,17 +86,21 @@ class SlurmCluster:
             self._write_files()
             for host in self.cluster.hosts:
                 # /run is the host's own, empty tmpfs: munged's socket directory is made there first.
-                self._daemon(host.name, "munged", [
+                self.start_daemon(host.name, "munged", [
                     "sh", "-c", 'mkdir -m 0755 -p /run/munge && exec "$@"', "munged",
                     "munged", "-F", "--force", f"--key-file={self._key}",
                     f"--log-file={self.logs / f'munged-{host.name}.log'}",
                     f"--seed-file={self.workdir / 'munge' / f'{host.name}.seed'}"])
             self._wait_for_munge()
+            if self.accounting:
+                from training_toolkit.local import slurm_accounting
+
+                slurm_accounting.start(self)
             first = self.cluster.hosts[0].name
-            self._daemon(first, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf),
+            self.start_daemon(first, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf),
                                               "-L", str(self.logs / "slurmctld.log")])
             for host in self.cluster.hosts:
-                self._daemon(host.name, "slurmd", ["slurmd", "-D", "-f", str(self.conf),
+                self.start_daemon(host.name, "slurmd", ["slurmd", "-D", "-f", str(self.conf),
                                                    "-L", str(self.logs / f"slurmd-{host.name}.log")])
             self._wait_for_idle()
         except BaseException:
@@ -112,16 +117,17 @@ class SlurmCluster:
             f.write(secrets.token_bytes(1024))  # one random key per cluster: no two clusters trust each other
         nodes = [(h.name, h.address) for h in self.cluster.hosts]
         self.conf.write_text(slurm_conf(nodes, self.workdir, cpus=self._cpus, kill_wait_s=self._kill_wait_s,
-                                        jobcomp=self.jobcomp))
+                                        jobcomp=self.jobcomp, accounting=self.accounting))
 
-    def _daemon(self, host: str, name: str, argv: list[str]) -> None:
+    def start_daemon(self, host: str, name: str, argv: list[str]) -> None:
+        """A daemon in the foreground inside ``host``, its output in ``log/NAME-HOST.out``; it ends with the host."""
         out = open(self.logs / f"{name}-{host}.out", "ab")
         with out:
             proc = self.cluster.popen(host, argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT)
         self._daemons.append((f"{name} on {host}", proc))
 
-    def _check_daemons(self) -> None:
+    def check_daemons(self) -> None:
         """A daemon that ended while the cluster starts is named at once, with its output's last lines."""
         for label, proc in self._daemons:
             if proc.poll() is not None:
@@ -138,7 +144,7 @@ class SlurmCluster:
                                          env=self.env(), capture_output=True, text=True)
                 if probe.returncode == 0:
                     break
-                self._check_daemons()
+                self.check_daemons()
                 if time.monotonic() > deadline:
                     raise ClusterError(f"munged on {host.name} never answered: {probe.stderr.strip()} "
                                        f"(log: {self.logs / f'munged-{host.name}.log'})")
@@ -154,7 +160,7 @@ class SlurmCluster:
                 states = dict(line.split(None, 1) for line in probe.stdout.splitlines() if " " in line)
                 if set(states) == set(self.names) and all(s.startswith("idle") for s in states.values()):
                     return
-            self._check_daemons()
+            self.check_daemons()
             time.sleep(0.3)
         raise ClusterError(f"Slurm nodes not idle within {READY_TIMEOUT_S:g} s: {states or 'no answer from slurmctld'}"
                            f" (logs in {self.logs})")

@@ -28,6 +28,7 @@ def slurm_conf(
     cpus: int = 4,
     kill_wait_s: int = 30,
     jobcomp: Path | None = None,
+    accounting: bool = False,
 ) -> str:
     """The text of slurm.conf: the first node runs slurmctld; ``nodes`` is ``(name, address)`` in order."""
     if not nodes:
@@ -51,7 +52,8 @@ def slurm_conf(
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=30",
-        "AccountingStorageType=accounting_storage/none",
+        *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={controller}"] if accounting
+          else ["AccountingStorageType=accounting_storage/none"]),
         f"JobCompType={'jobcomp/filetxt' if jobcomp else 'jobcomp/none'}",
         *([f"JobCompLoc={jobcomp}"] if jobcomp else []),
         "SwitchType=switch/none",

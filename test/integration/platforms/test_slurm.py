@@ -2,7 +2,8 @@
 
 Each test starts its own cluster (``helpers.slurm``: about 2 s) and submits a batch script that
 runs ``srun --ntasks-per-node=1 train`` as a user would; the verdicts are read from each node's
-``/opt/ml/output``, Slurm's own view from srun's output and the job completion log (jobcomp/filetxt).
+``/opt/ml/output``, Slurm's own view from srun's output, the job completion log (jobcomp/filetxt) and,
+for the failing rank, ``sacct`` (slurmdbd with its database).
 """
 
 from __future__ import annotations
@@ -143,11 +144,14 @@ def test_mpi_2_nodes_x_2_ranks(tmp_path):
 @pytest.mark.sshd
 def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
-    with slurm_cluster(tmp_path) as slurm:
+    with slurm_cluster(tmp_path, accounting=True) as slurm:
         code, job, out = submit(slurm, batch_script(tmp_path, 2, mpi_env(src, FAIL_RANK="3")))
         verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
         comp = jobcomp(slurm, job)
         assert settled(slurm) == {}
+        acct = slurm.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"], timeout=60)
+    assert acct.returncode == 0, acct.stderr
+    steps = dict((line.split("|")[0], line.split("|")[1:]) for line in acct.stdout.split())
     assert code != 0, out
     for host, (kind, text) in verdicts.items():
         first = text.splitlines()[0] if text else ""
@@ -158,6 +162,9 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     assert sorted(e[0] for e in exits) == ["node1", "node2"], out
     assert len({e[2] for e in exits}) == 1 and exits[0][2] != "0"
     assert comp["JobState"] == "FAILED" and comp["ExitCode"] == f"{exits[0][2]}:0", comp
+    # sacct (slurmdbd): the step of train failed with the job's exit code, and so did the job
+    assert steps[f"{job}.0"] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
+    assert steps[job] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
