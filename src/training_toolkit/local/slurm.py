@@ -200,11 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="kept afterwards (default: a temporary one)")
     parser.add_argument("--kill-wait", type=int, default=30, help="slurm.conf KillWait, seconds")
+    parser.add_argument("--accounting", action="store_true", help="slurmdbd and its database too, for sacct")
     parser.add_argument("command", nargs="+", help="run in the first node with SLURM_CONF set")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tt-slurm-"))
     names = [f"node{i}" for i in range(1, args.nodes + 1)]
-    with SlurmCluster(names, workdir, kill_wait_s=args.kill_wait) as slurm:
+    with SlurmCluster(names, workdir, kill_wait_s=args.kill_wait, accounting=args.accounting) as slurm:
         proc = slurm.popen(args.command, cwd=str(workdir))
         code = proc.wait()
     left = slurm.leftovers()

@@ -37,3 +37,17 @@ def test_a_daemon_that_cannot_start_is_named_and_nothing_is_left(tmp_path):
     with pytest.raises(ClusterError, match="munged on node1 exited"):
         slurm.start()
     assert slurm.leftovers() == []
+
+
+def test_the_script_runs_one_command_on_a_fresh_cluster_and_leaves_nothing(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "slurm-local.sh"
+    out = subprocess.run([script, "--nodes", "2", "--workdir", str(tmp_path / "w"), "--", "srun", "-N2", "hostname"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == ["node1", "node2"]
+    assert not (tmp_path / "w" / "munge" / "munge.key").exists()
+    failed = subprocess.run([script, "--nodes", "1", "--", "srun", "false"], capture_output=True, text=True, timeout=180)
+    assert failed.returncode == 1, failed.stderr  # the command's own exit code

@@ -274,3 +274,30 @@ def test_a_parameter_server_job_on_2_nodes(tmp_path):
         assert settled(slurm) == {}
     assert chief["last_loss"] < chief["first_loss"] / 10
     assert config["cluster"] == {"chief": ["node1:2222"], "worker": ["node2:2222"], "ps": ["node1:2223", "node2:2223"]}
+
+
+def test_the_time_limit_is_a_stop_with_the_grace(tmp_path):
+    """--time runs out: Slurm stops the job as scancel does; the script saves, the job is TIMEOUT (about 90 s)."""
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "saver.py").write_text(SAVER.replace("time.sleep(120)", "time.sleep(300)"))
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({k: json.loads(v) for k, v in hps("saver.py", src).items()})
+        script = batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp})
+        script.write_text(script.read_text().replace("#SBATCH --nodes=1", "#SBATCH --time=1 --nodes=1"))
+        _, job, _ = submit(slurm, script, wait=False, timeout=60)
+        comp = jobcomp_within(slurm, job, 180)
+        assert settled(slurm, timeout=60) == {}
+        saved = (model_dir(slurm, "node1") / "checkpoint-node1").exists()
+    assert comp["JobState"] == "TIMEOUT", comp
+    assert saved
+
+
+def jobcomp_within(slurm, job: str, timeout: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return jobcomp(slurm, job)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
