@@ -193,7 +193,9 @@ class Slurm:
         if tasks != nodes or env.get("SLURM_LOCALID", "0") != "0":
             raise ConfigError(SOURCE, "SLURM_STEP_NUM_TASKS", f"{tasks} tasks on {nodes} node(s): train starts "
                               "the ranks itself and needs one task per node (`srun --ntasks-per-node=1 train`; "
-                              "ranks per node go in the distribution's processes-per-host)")
+                              "ranks per node go in the distribution's processes-per-host; srun takes the task "
+                              "count of an allocation made with more tasks per node from SLURM_NTASKS: allocate "
+                              "with --ntasks-per-node=1 or give srun --ntasks=<nodes>)")
         node_id = integer(env, NODEID, SOURCE)
         whole_job = env.get(JOB_NODELIST) == env.get(STEP_NODELIST)  # then the node id is the step's index too
         if whole_job and current in hosts and hosts.index(current) != node_id:
