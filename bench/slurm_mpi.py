@@ -16,6 +16,7 @@ Usage: .venv/bin/python bench/slurm_mpi.py [ROUNDS]      (default 5)
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -82,7 +83,8 @@ def main(rounds: int) -> None:
             times["srun"].append(timed(slurm, bare))
     left = slurm.leftovers()
     if left:
-        raise SystemExit(f"left behind: {left}")
+        raise SystemExit(f"left behind: {left} (files in {work})")
+    shutil.rmtree(work)
     for name, values in times.items():
         print(f"{name:5} sbatch to end, 2 nodes x 2 ranks: median {statistics.median(values):.2f} s "
               f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} runs: "
