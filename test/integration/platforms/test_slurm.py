@@ -298,3 +298,36 @@ def test_the_time_limit_is_a_stop_with_the_grace(tmp_path):
     assert comp["JobState"] == "TIMEOUT", comp
     assert saved
 
+
+
+@pytest.mark.tensorflow
+def test_multi_worker_mirrored_on_2_nodes(tmp_path):
+    src = source_dir(tmp_path, "mwms_train.py")
+    env = {**job_env(src, "mwms_train.py", sagemaker_multi_worker_mirrored_strategy_enabled=True),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        w0 = json.loads((model_dir(slurm, "node1") / "worker-0.json").read_text())
+        w1 = json.loads((model_dir(slurm, "node2") / "worker-1.json").read_text())
+        assert settled(slurm) == {}
+    assert w0["weights"] == w1["weights"] and w0["last_loss"] < w0["first_loss"] / 5
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_a_data_parallel_script_2_nodes_x_2(tmp_path):
+    """sagemaker_distributed_dataparallel_enabled (the open data-parallel API, on Horovod over mpirun)."""
+    src = source_dir(tmp_path, "smddp_tf_train.py")
+    env = {**job_env(src, "smddp_tf_train.py", sagemaker_distributed_dataparallel_enabled=True,
+                     sagemaker_mpi_num_of_processes_per_host=2), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        ranks = rank_infos(slurm)
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["size"] == 4 and info["host"] == f"node{rank // 2 + 1}" for rank, info in ranks.items())
+    assert len({json.dumps(info["weights"]) for info in ranks.values()}) == 1
