@@ -34,7 +34,7 @@ from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
-from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
+from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
 
@@ -135,6 +135,8 @@ class MpiAgent(HostAgent):
         assert self.layout is not None and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
+        if flavor == OPENMPI4:
+            command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         env = rank_env.mpirun_environment(self.ctx.environ, self.host, str(native.path_of(native.HOSTNAME_LIBRARY)))
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
