@@ -137,7 +137,7 @@ class MpiAgent(HostAgent):
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
-        env = rank_env.mpirun_environment(self.ctx.environ, self.host, str(native.path_of(native.HOSTNAME_LIBRARY)))
+        env = rank_env.mpirun_environment(self.ctx.environ, self.host, hostname_preload(self.host))
         return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def signal_job(self, signum: int) -> None:
@@ -266,8 +266,15 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
 def rank_environment(ctx: RunContext, rank_tag: str) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
     return rank_env.rank_environment(ctx.script_env, interface=ctx.job.resource.network_interface_name,
-                                     custom=mpi_options(ctx).custom, preload=str(native.path_of(native.HOSTNAME_LIBRARY)),
+                                     custom=mpi_options(ctx).custom, preload=hostname_preload(ctx.plan.current_host),
                                      extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
+
+
+def hostname_preload(host: str) -> str | None:
+    """The gethostname() library, where this host's kernel name is not already the job's name for it."""
+    if not rank_env.needs_hostname_preload(os.uname().nodename, host):
+        return None
+    return str(native.path_of(native.HOSTNAME_LIBRARY))
 
 
 def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
