@@ -85,7 +85,8 @@ def test_nccl_debug_defaults_to_info_and_the_platforms_value_is_kept(tmp_path):
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     for info in rank_files(results).values():
         assert (info["env"]["NCCL_DEBUG"], info["env"]["NCCL_MIN_NRINGS"]) == ("INFO", "8")
-        assert info["env"]["LD_PRELOAD"] == str(native.path_of(native.HOSTNAME_LIBRARY))
+        # these hosts' kernel names are their own: nothing is preloaded, gethostname() is the kernel's
+        assert info["env"]["LD_PRELOAD"] is None and info["python"] == info["host"]
 
 
 def first_lines(results) -> list[str]:
