@@ -158,3 +158,29 @@ def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId])
             if namespace in namespaces:
                 found[pid] = namespace
     return found
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler installed for ``signum`` (``SigCgt`` in its status); False once gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """One variable of the process's environment as it started; None if unset or gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in entries:
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None

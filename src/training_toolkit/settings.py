@@ -38,7 +38,10 @@ MIN_SECRET_BYTES = 16  # shorter secrets could be searched for offline by anyone
 # Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
 SUPERVISOR_VAR = "TRAINING_TOOLKIT_SUPERVISOR"  # marks every descendant of a supervised child (process.py)
 RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # how each host finds its own MPI ranks (runners/mpi.py)
-INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR)
+RESTART_COUNT_VAR = "TRAINING_TOOLKIT_RESTART_COUNT"  # the script's attempt, from 0 (docs/resilience.md)
+HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a file as its heartbeat
+STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
+INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
@@ -88,6 +91,17 @@ def _count(raw: str) -> int:
     if not raw.isascii() or not raw.isdigit():
         raise ValueError("expected a whole number, 0 or more")
     return int(raw)
+
+
+def _seconds_or_off(raw: str) -> float | None:
+    """Seconds, or 0 for "never" (None)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a number of seconds (0: never)")
+    return value or None
 
 
 def _platform(raw: str) -> str:
@@ -145,6 +159,16 @@ VARIABLES = (
              "/dev/termination-log", "on Kubernetes: where the verdict's cause goes (`terminationMessagePath`)"),
     Variable("TRAINING_TOOLKIT_JOBSET_SHAPE", "jobset_shape", _text, None, "none",
              "under JobSet: `NAME:JOBS:PODS` per replicated job, in rank order (the pods cannot see it)"),
+    # Resilience (docs/resilience.md)
+    Variable("TRAINING_TOOLKIT_STALL_TIMEOUT", "stall_timeout_s", _seconds_or_off, None, "0 (never)",
+             "seconds the job may go without progress (an output line of any rank, or a heartbeat) before it "
+             "counts as stalled: every rank's stack is gathered, then the job ends or restarts"),
+    Variable("TRAINING_TOOLKIT_STALL_STARTUP", "stall_startup_s", _seconds, 600.0, "600",
+             "seconds an attempt may take to its first progress (imports, data loading), if longer than the "
+             "stall timeout"),
+    Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
+             "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
+             "and starts them again); a stopping signal from the platform never restarts"),
 )
 
 
@@ -170,6 +194,9 @@ class Settings(NamedTuple):
     dns_timeout_s: float = 300.0
     termination_log: str = "/dev/termination-log"
     jobset_shape: str | None = None
+    stall_timeout_s: float | None = None  # None: stalls are not watched for
+    stall_startup_s: float = 600.0
+    max_restarts: int = 0
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
         shown = self._replace(job_secret="<redacted>") if self.job_secret else self
