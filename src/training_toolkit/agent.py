@@ -1,7 +1,9 @@
-"""HostAgent: the template every multi-host runner follows on every host.
+"""HostAgent: the template every runner follows on every host, the single one included (a job of one seat).
 
-    join the channel -> prepare (e.g. sshd) -> barrier -> start local processes
-    -> monitor (local exits, peers, signals) -> verdict -> stop and clean up
+    join the channel -> prepare (e.g. sshd) -> barrier 0 -> start local processes
+    -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
+                 `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
+
 
 Runners override the small steps (``prepare``, ``after_barrier``, ``start``,
 ``failure_of``, ``cleanup``); the order is here, once.  What each event means
@@ -13,25 +15,37 @@ others; the others report their failures to it.  Nothing is left running:
 every local process is stopped and reaped before ``run`` returns.
 
 The seat in the job (``Membership``) comes from ``membership_factory``, so a
-test can seat an agent in a fake job.
+test can seat an agent in a fake job, and the single runner in a job of one
+(``SoloSeat``: no channel, no port).
+
+While stalls are watched (``TRAINING_TOOLKIT_STALL_TIMEOUT``), every process
+the runner starts through ``supervise`` gets the heartbeat directory and the
+faulthandler hook (``stacks``), and its output marks progress (``watch``).
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from queue import Empty, SimpleQueue
 
-from training_toolkit import decisions
+from training_toolkit import decisions, stacks
+from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
+                                           ShareProgress, StacksGathered, StopPart)
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
                                         Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
                                         Tick)
+from training_toolkit.settings import RESTART_COUNT_VAR
+from training_toolkit.stackreport import RankStack
+from training_toolkit.watch import ProgressWatch
 from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
@@ -39,6 +53,7 @@ from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
+STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
 
 # (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat
 MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings, SimpleQueue,
@@ -72,19 +87,45 @@ class Stopped(ToolkitError):
 
 class HostAgent:
     wait_for_peers = False  # on success, does the first host wait for every host's own success?
+    own_end_on_stop = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
 
-    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership):
+    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership,
+                 hosts: Sequence[str] | None = None):
         self.ctx = ctx
         self.host = ctx.plan.current_host
-        self.is_master = ctx.plan.is_master
+        self.hosts = tuple(hosts or ctx.plan.hosts)  # the job's hosts as this agent sees them
+        self.is_master = self.hosts[0] == self.host
         self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
         self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_settings(ctx.settings)
         self.locals: list[Local] = []
-        self.state = (decisions.first_host(self.host, ctx.plan.hosts[1:], self.wait_for_peers) if self.is_master
-                      else decisions.other_host(self.host))
+        config = ctx.settings
+        watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
+        self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
+                                           self.own_end_on_stop) if self.is_master else decisions.other_host(self.host, config.max_restarts))
+        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
+        self._progress: ProgressWatch | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.state.attempt
+
+    def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
+        """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
+        extra = {RESTART_COUNT_VAR: str(self.attempt)}
+        if self.watch_dir is not None:
+            extra.update(stacks.script_env(self.watch_dir, dict(env)))
+        on_output = self._progress.output_seen if self._progress is not None else None
+        return Supervised(argv, {**env, **extra}, cwd=cwd, on_output=on_output, **kw)
+
+    def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's)."""
+        extra = {RESTART_COUNT_VAR: str(self.attempt)}
+        if self.watch_dir is not None:
+            extra.update(stacks.script_env(self.watch_dir, dict(env)))
+        return {**env, **extra}
 
     # Steps for runners to override ------------------------------------------------------------
 
@@ -111,6 +152,15 @@ class HostAgent:
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
 
+    def watched(self) -> list[stacks.Watched]:
+        """This host's processes whose stacks a stall report shows (by default: every local process)."""
+        return [stacks.Watched(local.child.pid, local.rank, local.name) for local in self.locals
+                if local.child.poll() is None]
+
+    def stop_part(self) -> None:
+        """Stop this host's part of the attempt for a restart (grace period, then kill); return once it is gone."""
+        self._stop_locals(self.ctx.grace_s)
+
     def signal_job(self, signum: int) -> None:
         """Pass a signal ``train`` received to this host's part of the job.
 
@@ -123,14 +173,14 @@ class HostAgent:
     # The template -----------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        if self.secret is None and self.is_master:
+        if self.secret is None and self.is_master and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
         try:
             introduction, unusable = self.introduction(), None
         except ToolkitError as exc:  # join all the same, to tell the job why this host cannot take part
             introduction, unusable = {}, exc
-        membership = self.membership = self._membership_factory(self.secret, self.ctx.plan.hosts, self.host,
+        membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
         try:
             with SignalForwarder(self._on_signal):
@@ -138,21 +188,18 @@ class HostAgent:
                     membership.open()
                     if unusable is not None:
                         raise unusable
+                    self._start_watch()
                     self.prepare()
-                    membership.barrier()
+                    membership.barrier(0)
                     if self.is_master:
                         self.after_barrier()
+                    self._say_attempt("")
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    return self._failed_before_start(CodeError(f"cannot start {exc.filename or 'a process'}: "
-                                                               f"{exc.strerror or exc}"))
-                for local in self.locals:
-                    _watch(local, self.events)
-                with _signals_held():  # the handler steps too while setting up: never both at once
-                    actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
-                outcome = self._carry_out(actions)
+                    return self._failed_before_start(_cannot_start(exc))
+                outcome = self._started()
                 while outcome is None:
                     outcome = self._carry_out(self._step(self._next_event()))
         finally:
@@ -162,7 +209,34 @@ class HostAgent:
             ended = end_descendants()
             if ended:
                 log(f"ended processes the job left behind: {', '.join(ended)}")
+            self._end_watch()
         return outcome
+
+    def _started(self) -> Outcome | None:
+        for local in self.locals:
+            _watch(local, self.events, self.attempt)
+        with _signals_held():  # the handler steps too while setting up: never both at once
+            actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
+        return self._carry_out(actions)
+
+    def _start_watch(self) -> None:
+        if self.ctx.settings.stall_timeout_s is None:
+            return
+        assert self.membership is not None
+        self.watch_dir = stacks.watch_dir(self.membership.job_id or None)
+        self._progress = ProgressWatch(self.events, self.watch_dir / "heartbeats")
+
+    def _end_watch(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self.watch_dir is not None:
+            shutil.rmtree(self.watch_dir, ignore_errors=True)
+
+    def _say_attempt(self, reason: str) -> None:
+        """One line per attempt, when restarts are on: which, of how many, and why."""
+        total = self.ctx.settings.max_restarts + 1
+        if total > 1:
+            log(f"{self.host}: attempt {self.attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
 
     # The shell --------------------------------------------------------------------------------
 
@@ -171,14 +245,14 @@ class HostAgent:
         return actions
 
     def _next_event(self) -> decisions.Event:
-        deadline = self.state.deadline
+        deadline = decisions.next_deadline(self.state)
         try:
             event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except Empty:
             return Tick()
-        if isinstance(event, LocalExit) and not event.status.ok:  # the runner says what failed
-            local = next(local for local in self.locals if local.name == event.name)
-            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status))
+        if isinstance(event, LocalExit) and not event.status.ok and event.attempt == self.attempt:
+            local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
+            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status), event.attempt)
         return event
 
     def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:
@@ -190,7 +264,21 @@ class HostAgent:
             elif isinstance(action, Announce):
                 self.membership.announce(action.verdict)
             elif isinstance(action, Report):
-                self.membership.report_failure(action.reason, action.exit_code, action.at)
+                self.membership.report_failure(action.reason, action.exit_code, action.at, action.attempt,
+                                               action.stopped)
+            elif isinstance(action, ShareProgress):
+                self.membership.progress(action.heartbeat)
+            elif isinstance(action, GatherStacks):
+                _in_thread(self._gather_stacks, "gather-stacks")
+            elif isinstance(action, SendStacks):
+                _in_thread(self._send_stacks, "send-stacks")
+            elif isinstance(action, AnnounceRestart):
+                log(f"{self.host}: restarting the job (attempt {action.attempt + 1}): {action.reason}")
+                self.membership.restart(action.attempt, action.reason)
+            elif isinstance(action, StopPart):
+                _in_thread(self._stop_part, "stop-part", action.attempt)
+            elif isinstance(action, Rejoin):
+                return self._rejoin(action)
             elif isinstance(action, ReportDone):
                 self.membership.report_done(action.exit_code)
             elif isinstance(action, Interrupt):
@@ -199,8 +287,48 @@ class HostAgent:
                 return action.outcome
         return None
 
+    def _gather_stacks(self) -> None:
+        assert self.membership is not None
+        found: list[RankStack] = []
+        local = threading.Thread(target=lambda: found.extend(self._local_stacks()), name="local-stacks", daemon=True)
+        local.start()
+        answers = self.membership.request_stacks(STACKS_REQUEST_S)
+        local.join(stacks.READ_TIMEOUT_S + 2.0)
+        for host in self.hosts[1:]:
+            sent = answers.get(host)
+            if isinstance(sent, list):
+                found.extend(s for s in (RankStack.from_wire(item, host) for item in sent[:1024]) if s is not None)
+        missing = tuple(h for h in self.hosts[1:] if not isinstance(answers.get(h), list))
+        self.events.put(StacksGathered(tuple(found), missing))
+
+    def _send_stacks(self) -> None:
+        assert self.membership is not None
+        self.membership.send_stacks([s.to_wire() for s in self._local_stacks()])
+
+    def _local_stacks(self) -> list[RankStack]:
+        stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
+        return stacks.gather(self.host, self.watched(), stacks_dir)
+
+    def _stop_part(self, attempt: int) -> None:
+        self.stop_part()
+        self.events.put(PartEnded(attempt))
+
+    def _rejoin(self, action: Rejoin) -> Outcome | None:
+        """Meet every host at the barrier of the new attempt and start this host's part again."""
+        assert self.membership is not None
+        try:
+            self._say_attempt(action.reason)
+            self.locals = []
+            self.membership.barrier(action.attempt)
+            self.locals = self.start()
+        except ToolkitError as exc:
+            return self._failed_before_start(exc)
+        except OSError as exc:
+            return self._failed_before_start(_cannot_start(exc))
+        return self._started()
+
     def _on_signal(self, signum: int) -> None:
-        if self.state.phase != decisions.SETUP:
+        if self.state.phase not in (Phase.SETUP, Phase.BARRIER):
             self.events.put(GotSignal(signum))
             return
         self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
@@ -272,12 +400,20 @@ def fail_job(job, plan, environ, config, error: ToolkitError, membership_factory
         membership.close()
 
 
-def _watch(local: Local, events: SimpleQueue) -> None:
+def _watch(local: Local, events: SimpleQueue, attempt: int) -> None:
     def wait() -> None:
         status = local.child.wait()
-        events.put(LocalExit(local.name, status, time.time()))
+        events.put(LocalExit(local.name, status, time.time(), attempt=attempt))
 
     threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
+
+
+def _in_thread(target: Callable, name: str, *args) -> None:
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+
+def _cannot_start(exc: OSError) -> CodeError:
+    return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
 
 
 __all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",

@@ -40,12 +40,12 @@ class FakeSeat:
     def open(self):
         self.told.append("open")
 
-    def barrier(self):
-        self.told.append("barrier")
+    def barrier(self, attempt=0):
+        self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier
 
-    def report_failure(self, reason, exit_code, at=None):
+    def report_failure(self, reason, exit_code, at=None, attempt=0, stopped=False):
         self.told.append(("failed", reason, exit_code, at))
         if self._answer:
             self.events.put(self._answer)
@@ -60,6 +60,18 @@ class FakeSeat:
 
     def announce(self, verdict):
         self.told.append(("verdict", verdict))
+
+    def restart(self, attempt, reason):
+        self.told.append(("restart", attempt, reason))
+
+    def progress(self, heartbeat):
+        self.told.append(("progress", heartbeat))
+
+    def request_stacks(self, timeout_s):
+        return {}
+
+    def send_stacks(self, stacks):
+        self.told.append(("stacks", stacks))
 
     def close(self):
         self.told.append("close")

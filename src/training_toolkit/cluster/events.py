@@ -20,6 +20,29 @@ class PeerFailed:
     reason: str
     exit_code: int
     at: float | None = field(default=None, compare=False)
+    attempt: int = 0  # the attempt the host was in: a report from an attempt already over is stale
+    stopped: bool = False  # the host was stopped by a signal (the platform's stop): never a cause to restart
+
+
+@dataclass(frozen=True)
+class PeerProgress:
+    """A host saw progress (an output line of a rank, or a heartbeat)."""
+
+    host: str
+    heartbeat: bool = False
+
+
+@dataclass(frozen=True)
+class RestartCalled:
+    """Other hosts: the first host restarts the job; ``attempt`` is the new one."""
+
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StacksWanted:
+    """Other hosts: the job stalled; the first host wants this host's ranks' stacks."""
 
 
 @dataclass(frozen=True)
