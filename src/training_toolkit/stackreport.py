@@ -23,6 +23,8 @@ _FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \(([^)]*)\)(?:: "(.*)")?\s*$')
 _PYSPY_FRAME = re.compile(r"^\s+(.+?) \((.*):(\d+)\)\s*$")
 MAX_FRAMES = 12  # per rank, innermost first, in the failure file
+# Frames of what started the script, not of the script: ``python -m mpi4py``, runpy
+_LAUNCHER = re.compile(r"^<frozen runpy>$|/runpy\.py$|/mpi4py/(?:run|__main__)\.py$")
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,24 @@ def parse_pyspy(text: str) -> tuple[Frame, ...]:
     return tuple(main)
 
 
-def with_source(frames: Iterable[Frame], getline: Callable[[str, int], str]) -> tuple[Frame, ...]:
-    """Each frame with its line's text (``linecache.getline`` on the host that read the stack)."""
-    return tuple(Frame(f.function, f.file, f.line, getline(f.file, f.line).strip()[:200]) for f in frames)
+def without_launcher(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """The frames without the outermost ones of what started the script (runpy, ``python -m mpi4py``)."""
+    end = len(frames)
+    while end > 0 and _LAUNCHER.search(frames[end - 1].file):
+        end -= 1
+    return tuple(frames[:end]) if end else tuple(frames)
+
+
+def with_source(frames: Iterable[Frame], getline: Callable[[str, int], str], cwd: str | None = None) -> tuple[Frame, ...]:
+    """Each frame with its line's text (``linecache.getline`` on the host that read the stack).
+
+    A relative file name (``python train.py``) is the process's own: it is read from ``cwd``, the process's directory.
+    """
+    def text(f: Frame) -> str:
+        path = f.file if f.file.startswith(("/", "<")) or cwd is None else str(PurePath(cwd) / f.file)
+        return getline(path, f.line).strip()[:200]
+
+    return tuple(Frame(f.function, f.file, f.line, text(f)) for f in frames)
 
 
 def ranges(numbers: Sequence[int]) -> str:

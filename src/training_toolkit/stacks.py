@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from training_toolkit import procfs
 from training_toolkit.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
-from training_toolkit.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source
+from training_toolkit.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
 STACK_SIGNAL_OFFSET = 3  # the hook's own constant (it imports nothing of ours)
 HOOK_DIR = Path(__file__).resolve().parent / "stackhook"
@@ -72,7 +72,7 @@ def watch_dir(job_id: str | None) -> Path:
 
 def script_env(directory: Path, environ: dict[str, str]) -> dict[str, str]:
     """What a watched rank's environment gets: the heartbeat directory, the stack files' directory, the hook."""
-    path = [str(HOOK_DIR), *(p for p in environ.get("PYTHONPATH", "").split(":") if p)]
+    path = [str(HOOK_DIR), *(p for p in environ.get("PYTHONPATH", "").split(":") if p and p != str(HOOK_DIR))]
     return {HEARTBEAT_DIR_VAR: str(directory / "heartbeats"), STACKS_DIR_VAR: str(directory / "stacks"),
             "PYTHONPATH": ":".join(path)}
 
@@ -89,8 +89,10 @@ def gather(host: str, processes: Sequence[Watched], stacks_dir: Path | None,
     results: list[RankStack | None] = [None] * len(processes)
 
     def read(i: int, proc: Watched) -> None:
+        cwd = _cwd(proc.pid)
         frames, note = read_one(proc.pid, stacks_dir, pyspy, timeout_s)
-        results[i] = RankStack(host, proc.rank, proc.name, with_source(frames, linecache.getline), note)
+        frames = with_source(without_launcher(frames), linecache.getline, cwd)
+        results[i] = RankStack(host, proc.rank, proc.name, frames, note)
 
     threads = [threading.Thread(target=read, args=(i, p), name=f"stack-{p.pid}", daemon=True)
                for i, p in enumerate(processes)]
@@ -100,6 +102,13 @@ def gather(host: str, processes: Sequence[Watched], stacks_dir: Path | None,
         thread.join(timeout_s + 1.0)
     return [r if r is not None else RankStack(host, p.rank, p.name, (), f"not read within {timeout_s:g} s")
             for r, p in zip(results, processes)]
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
 
 
 def read_one(pid: int, stacks_dir: Path | None, pyspy: str | None, timeout_s: float):

@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -20,13 +21,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit import names, procfs, settings
+from training_toolkit import names, procfs, settings, stacks
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
 from training_toolkit.report import Outcome, summary_line
 from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
@@ -119,9 +120,22 @@ class MpiAgent(HostAgent):
         if not self.is_master:
             return []
         assert self.layout is not None
-        env = {**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag}
+        env = self.job_env({**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag})
         command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
-        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+        return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+
+    def watched(self) -> list[stacks.Watched]:
+        """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
+        found = []
+        for pid in self._ranks():
+            rank = stacks.rank_of(pid)
+            found.append(stacks.Watched(pid, rank, f"rank {rank}" if rank is not None else f"process {pid}"))
+        return found
+
+    def stop_part(self) -> None:
+        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends."""
+        stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
+        super().stop_part()
 
     def signal_job(self, signum: int) -> None:
         if signum not in STOPPING_SIGNALS:
