@@ -273,7 +273,6 @@ class HostAgent:
             elif isinstance(action, SendStacks):
                 _in_thread(self._send_stacks, "send-stacks")
             elif isinstance(action, AnnounceRestart):
-                log(f"{self.host}: restarting the job (attempt {action.attempt + 1}): {action.reason}")
                 self.membership.restart(action.attempt, action.reason)
             elif isinstance(action, StopPart):
                 _in_thread(self._stop_part, "stop-part", action.attempt)
