@@ -306,7 +306,7 @@ class HostAgent:
 
     def _local_stacks(self) -> list[RankStack]:
         stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
-        return stacks.gather(self.host, self.watched(), stacks_dir)
+        return stacks.gather(self.host, self.watched(), stacks_dir, stacks.pyspy_path(self.ctx.settings.py_spy))
 
     def _stop_part(self, attempt: int) -> None:
         self.stop_part()

@@ -166,6 +166,9 @@ VARIABLES = (
     Variable("TRAINING_TOOLKIT_STALL_STARTUP", "stall_startup_s", _seconds, 600.0, "600",
              "seconds an attempt may take to its first progress (imports, data loading), if longer than the "
              "stall timeout"),
+    Variable("TRAINING_TOOLKIT_PY_SPY", "py_spy", _text, None, "beside the toolkit's python, else on PATH",
+             "the py-spy that reads a stalled rank's stack where its faulthandler hook cannot (needs ptrace); "
+             "`none`: never use py-spy"),
     Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
              "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
              "and starts them again); a stopping signal from the platform never restarts"),
@@ -196,6 +199,7 @@ class Settings(NamedTuple):
     jobset_shape: str | None = None
     stall_timeout_s: float | None = None  # None: stalls are not watched for
     stall_startup_s: float = 600.0
+    py_spy: str | None = None
     max_restarts: int = 0
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback

@@ -77,15 +77,19 @@ def script_env(directory: Path, environ: dict[str, str]) -> dict[str, str]:
             "PYTHONPATH": ":".join(path)}
 
 
-def pyspy_path() -> str | None:
+def pyspy_path(setting: str | None = None) -> str | None:
+    """The py-spy to use: the setting's (``none``: none), else the one beside our python, else on PATH."""
+    if setting == "none":
+        return None
+    if setting:
+        return setting
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which("py-spy")
 
 
-def gather(host: str, processes: Sequence[Watched], stacks_dir: Path | None,
+def gather(host: str, processes: Sequence[Watched], stacks_dir: Path | None, pyspy: str | None,
            timeout_s: float = READ_TIMEOUT_S) -> list[RankStack]:
-    """Every process's stack, read at once, each within ``timeout_s``."""
-    pyspy = pyspy_path()
+    """Every process's stack, read at once, each within ``timeout_s``; ``pyspy``: see ``pyspy_path``."""
     results: list[RankStack | None] = [None] * len(processes)
 
     def read(i: int, proc: Watched) -> None:
@@ -129,7 +133,7 @@ def read_one(pid: int, stacks_dir: Path | None, pyspy: str | None, timeout_s: fl
             return frames, "py-spy"
         failed.append(f"py-spy: {why}")
     else:
-        failed.append("no faulthandler hook, and py-spy is not installed")
+        failed.append("no faulthandler hook, and no py-spy")
     return (), "; ".join(failed)
 
 
