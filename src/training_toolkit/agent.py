@@ -25,17 +25,16 @@ faulthandler hook (``stacks``), and its output marks progress (``watch``).
 
 from __future__ import annotations
 
-import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
 
-from training_toolkit import decisions, stacks
+from training_toolkit import decisions
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
                                            ShareProgress, StacksGathered, StopPart)
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
@@ -44,13 +43,17 @@ from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, An
                                         Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
                                         Tick)
 from training_toolkit.settings import RESTART_COUNT_VAR
-from training_toolkit.stackreport import RankStack
 from training_toolkit.watch import ProgressWatch
 from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
+from training_toolkit.records import record
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
+
+if TYPE_CHECKING:
+    from training_toolkit import stacks
+    from training_toolkit.stackreport import RankStack
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
@@ -60,7 +63,7 @@ MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings,
                               Mapping[str, str] | None], Seat]
 
 
-@dataclass(frozen=True)
+@record
 class Local:
     """A process this host runs for the job; the host's part ends when its primaries end.
 
@@ -116,6 +119,8 @@ class HostAgent:
         """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
         extra = {RESTART_COUNT_VAR: str(self.attempt)}
         if self.watch_dir is not None:
+            from training_toolkit import stacks
+
             extra.update(stacks.script_env(self.watch_dir, dict(env)))
         on_output = self._progress.output_seen if self._progress is not None else None
         return Supervised(argv, {**env, **extra}, cwd=cwd, on_output=on_output, **kw)
@@ -124,6 +129,8 @@ class HostAgent:
         """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's)."""
         extra = {RESTART_COUNT_VAR: str(self.attempt)}
         if self.watch_dir is not None:
+            from training_toolkit import stacks
+
             extra.update(stacks.script_env(self.watch_dir, dict(env)))
         return {**env, **extra}
 
@@ -154,6 +161,8 @@ class HostAgent:
 
     def watched(self) -> list[stacks.Watched]:
         """This host's processes whose stacks a stall report shows (by default: every local process)."""
+        from training_toolkit import stacks
+
         return [stacks.Watched(local.child.pid, local.rank, local.name) for local in self.locals
                 if local.child.poll() is None]
 
@@ -222,6 +231,8 @@ class HostAgent:
     def _start_watch(self) -> None:
         if self.ctx.settings.stall_timeout_s is None:
             return
+        from training_toolkit import stacks
+
         assert self.membership is not None
         self.watch_dir = stacks.watch_dir(self.membership.job_id or None)
         self._progress = ProgressWatch(self.events, self.watch_dir / "heartbeats")
@@ -230,6 +241,8 @@ class HostAgent:
         if self._progress is not None:
             self._progress.close()
         if self.watch_dir is not None:
+            import shutil
+
             shutil.rmtree(self.watch_dir, ignore_errors=True)
 
     def _say_attempt(self, reason: str) -> None:
@@ -287,6 +300,9 @@ class HostAgent:
         return None
 
     def _gather_stacks(self) -> None:
+        from training_toolkit import stacks
+        from training_toolkit.stackreport import RankStack
+
         assert self.membership is not None
         found: list[RankStack] = []
         local = threading.Thread(target=lambda: found.extend(self._local_stacks()), name="local-stacks", daemon=True)
@@ -305,6 +321,8 @@ class HostAgent:
         self.membership.send_stacks([s.to_wire() for s in self._local_stacks()])
 
     def _local_stacks(self) -> list[RankStack]:
+        from training_toolkit import stacks
+
         stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
         return stacks.gather(self.host, self.watched(), stacks_dir, stacks.pyspy_path(self.ctx.settings.py_spy))
 

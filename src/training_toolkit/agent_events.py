@@ -6,15 +6,17 @@ readable on its own; ``decisions`` re-exports every name here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled,
                                              StacksWanted, Verdict)
 from training_toolkit.process import ExitStatus
+from training_toolkit.records import record
 from training_toolkit.report import Outcome
-from training_toolkit.stackreport import RankStack
+
+if TYPE_CHECKING:
+    from training_toolkit.stackreport import RankStack
 
 
 class Phase(str, Enum):
@@ -42,7 +44,7 @@ class Phase(str, Enum):
 # Events: what happened ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class LocalExit:
     """A local process ended; ``failure`` is the runner's description of a failed exit (None if it did not fail)."""
 
@@ -53,12 +55,12 @@ class LocalExit:
     attempt: int = 0  # the attempt it was started for: an earlier attempt's exit is stale
 
 
-@dataclass(frozen=True)
+@record
 class GotSignal:
     signum: int
 
 
-@dataclass(frozen=True)
+@record
 class PartStopped:
     """A runner's own report: this host's part of the job was stopped by a signal."""
 
@@ -66,14 +68,14 @@ class PartStopped:
     at: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Started:
     """Setup (or a restart's barrier) is over; ``primaries`` are the local processes whose ends end this host's part."""
 
     primaries: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class SetupFailed:
     """Setup failed (join, prepare, barrier, start); ``outcome`` names the cause."""
 
@@ -81,19 +83,19 @@ class SetupFailed:
     at: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Tick:
     """Time passed with nothing else happening (the shell's wait for the next event timed out)."""
 
 
-@dataclass(frozen=True)
+@record
 class Progress:
     """This host saw progress: an output line of one of its ranks, or a heartbeat file touched."""
 
     heartbeat: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class StacksGathered:
     """First host: every rank's stack it could get, from every host that answered in time."""
 
@@ -101,7 +103,7 @@ class StacksGathered:
     missing: tuple[str, ...] = ()  # hosts that did not answer
 
 
-@dataclass(frozen=True)
+@record
 class PartEnded:
     """This host's part of ``attempt`` is stopped (every local process gone), for a restart."""
 
@@ -115,28 +117,28 @@ Event = Union[LocalExit, GotSignal, PartStopped, Started, SetupFailed, Tick, Pro
 # Actions: what the shell does ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Forward:
     """Pass a signal to this host's part of the job (``HostAgent.signal_job``)."""
 
     signum: int
 
 
-@dataclass(frozen=True)
+@record
 class Interrupt:
     """Abandon setup at once: a stopping signal arrived before the job started."""
 
     signum: int
 
 
-@dataclass(frozen=True)
+@record
 class Announce:
     """First host: tell every host the job's verdict."""
 
     verdict: Verdict
 
 
-@dataclass(frozen=True)
+@record
 class Report:
     """Other hosts: tell the first host this host failed, and when."""
 
@@ -147,38 +149,38 @@ class Report:
     stopped: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class ReportDone:
     """Other hosts: tell the first host this host's part ended well."""
 
     exit_code: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class Finish:
     """This host is done: ``outcome`` is its verdict."""
 
     outcome: Outcome
 
 
-@dataclass(frozen=True)
+@record
 class ShareProgress:
     """Other hosts: tell the first host this host saw progress."""
 
     heartbeat: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class GatherStacks:
     """First host: read this host's ranks' stacks and ask every host for theirs; then ``StacksGathered``."""
 
 
-@dataclass(frozen=True)
+@record
 class SendStacks:
     """Other hosts: read this host's ranks' stacks and send them to the first host."""
 
 
-@dataclass(frozen=True)
+@record
 class AnnounceRestart:
     """First host: tell every host to stop its part and meet for ``attempt``."""
 
@@ -186,14 +188,14 @@ class AnnounceRestart:
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class StopPart:
     """Stop this host's part of ``attempt`` (grace period, then kill); then ``PartEnded``."""
 
     attempt: int
 
 
-@dataclass(frozen=True)
+@record
 class Rejoin:
     """Meet every host at the barrier of ``attempt`` and start again; then ``Started`` or ``SetupFailed``."""
 

@@ -30,15 +30,15 @@ longer startup allowance before an attempt's first progress.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, replace
 
-from training_toolkit import stackreport
+from training_toolkit.records import record, replace
+
 from training_toolkit.agent_events import (Action, Announce, AnnounceRestart, Event, Finish, Forward, GatherStacks,
                                            GotSignal, Interrupt, LocalExit, PartEnded, PartStopped, Phase, Progress,
                                            Rejoin, Report, ReportDone, SendStacks, SetupFailed, ShareProgress,
                                            StacksGathered, Started, StopPart, Tick)
-from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
+from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled, StacksWanted,
+                                             Verdict)
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
 from training_toolkit.process import STOPPING_SIGNALS
 from training_toolkit.report import Outcome
@@ -55,14 +55,14 @@ SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 # State ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Failure:
     outcome: Outcome
     at: float | None  # wall clock where it happened; None: not known
     stopped: bool = False  # caused by a stopping signal: the job is stopped, never restarted
 
 
-@dataclass(frozen=True)
+@record
 class Watch:
     """What counts as a stall: no progress for ``stall_s`` (``startup_s`` before an attempt's first progress)."""
 
@@ -70,7 +70,7 @@ class Watch:
     startup_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@record
 class AgentState:
     """One host's view of the job.  Build with ``first_host`` or ``other_host``."""
 
@@ -249,6 +249,8 @@ def _progress(state: AgentState, heartbeat: bool, now: float) -> AgentState:
 
 
 def _stalled(state: AgentState, event: StacksGathered) -> tuple[AgentState, tuple[Action, ...]]:
+    from training_toolkit import stackreport  # only a stalled job needs it: not on the launch path
+
     assert state.watch is not None
     what = "heartbeat" if state.heartbeats else "output line or heartbeat"
     summary = stackreport.summary(event.stacks) if event.stacks else "no stacks"

@@ -160,6 +160,27 @@ def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId])
     return found
 
 
+def has_children(pid: int) -> bool:
+    """Whether any thread of the process has a child now: one small read per thread, no scan of the table.
+
+    True when it cannot tell (a kernel without ``/proc/PID/task/TID/children``): then callers scan.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+        except FileNotFoundError:
+            continue  # a thread that just ended
+        except OSError:
+            return True
+    return False
+
+
 def catches(pid: int, signum: int) -> bool:
     """Whether the process has a handler installed for ``signum`` (``SigCgt`` in its status); False once gone."""
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
+from training_toolkit.records import replace
 
 from training_toolkit.cluster.channel import PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted

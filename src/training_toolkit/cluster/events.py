@@ -7,24 +7,25 @@ when this host learnt of it; it orders failures (decisions.root_cause), it is no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+from training_toolkit.records import record
 
 # A failure report's own time is believed within this much before its arrival (clocks differ; a report
 # is sent within a second of the failure), and never after its arrival.
 MAX_REPORT_AGE_S = 2.0
 
 
-@dataclass(frozen=True)
+@record(uncompared=("at",))
 class PeerFailed:
     host: str
     reason: str
     exit_code: int
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
     attempt: int = 0  # the attempt the host was in: a report from an attempt already over is stale
     stopped: bool = False  # the host was stopped by a signal (the platform's stop): never a cause to restart
 
 
-@dataclass(frozen=True)
+@record
 class PeerProgress:
     """A host saw progress (an output line of a rank, or a heartbeat)."""
 
@@ -32,7 +33,7 @@ class PeerProgress:
     heartbeat: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class RestartCalled:
     """Other hosts: the first host restarts the job; ``attempt`` is the new one."""
 
@@ -40,26 +41,26 @@ class RestartCalled:
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class StacksWanted:
     """Other hosts: the job stalled; the first host wants this host's ranks' stacks."""
 
 
-@dataclass(frozen=True)
+@record(uncompared=("at",))
 class PeerDone:
     host: str
     exit_code: int
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
 
 
-@dataclass(frozen=True)
+@record(uncompared=("at",))
 class PeerLost:
     host: str
     reason: str
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """The job's end, as decided by the first host."""
 

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Protocol
 
-from training_toolkit.cluster.channel import ControlClient, ControlServer, Verdict
+from typing import TYPE_CHECKING
+
+from training_toolkit.cluster.events import Verdict
+from training_toolkit.records import record
 from training_toolkit.settings import Settings
+
+if TYPE_CHECKING:
+    from training_toolkit.cluster.channel import ControlClient, ControlServer
 
 VERDICT_LINGER_S = 10.0
 
 
-@dataclass(frozen=True)
+@record
 class ChannelSettings:
     port: int
     join_timeout_s: float
@@ -77,6 +82,8 @@ class Membership:
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        from training_toolkit.cluster.channel import ControlClient, ControlServer  # a job of one seat has none
+
         self.hosts = tuple(hosts)
         self.current = current
         self.settings = settings
