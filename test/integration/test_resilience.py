@@ -32,7 +32,7 @@ def mpi_job(src: Path, env: dict, hosts=H2, **kw) -> LocalJob:
 
 
 def last_output_time(lines: list[tuple[float, bytes]]) -> float:
-    return max(t for t, line in lines if b"step" in line)
+    return max(t for t, line in lines if b"<stdout>:attempt " in line)  # rank 0's steps, tagged by mpirun
 
 
 class Recorder:
