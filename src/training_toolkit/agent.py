@@ -122,7 +122,10 @@ class HostAgent:
             from training_toolkit import stacks
 
             extra.update(stacks.script_env(self.watch_dir, dict(env)))
-        on_output = self._progress.output_seen if self._progress is not None else None
+        on_output = None
+        if self._progress is not None:
+            seen, attempt = self._progress.output_seen, self.attempt
+            on_output = lambda: seen(attempt)  # noqa: E731 - this attempt's output only
         return Supervised(argv, {**env, **extra}, cwd=cwd, on_output=on_output, **kw)
 
     def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
@@ -222,6 +225,8 @@ class HostAgent:
         return outcome
 
     def _started(self) -> Outcome | None:
+        if self._progress is not None:
+            self._progress.attempt = self.attempt
         for local in self.locals:
             _watch(local, self.events, self.attempt)
         with _signals_held():  # the handler steps too while setting up: never both at once

@@ -93,6 +93,7 @@ class Progress:
     """This host saw progress: an output line of one of its ranks, or a heartbeat file touched."""
 
     heartbeat: bool = False
+    attempt: int = 0  # of the processes that made it: an earlier attempt's last words are not progress
 
 
 @record

@@ -37,13 +37,12 @@ from training_toolkit.agent_events import (Action, Announce, AnnounceRestart, Ev
                                            GotSignal, Interrupt, LocalExit, PartEnded, PartStopped, Phase, Progress,
                                            Rejoin, Report, ReportDone, SendStacks, SetupFailed, ShareProgress,
                                            StacksGathered, Started, StopPart, Tick)
-from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled, StacksWanted,
-                                             Verdict)
+from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress,
+                                             RestartCalled, StacksWanted, Verdict, earliest)
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
 from training_toolkit.process import STOPPING_SIGNALS
 from training_toolkit.report import Outcome
 
-FAILURE_WINDOW_S = 0.5  # first host: after the first failure, how long earlier-stamped reports may take to arrive
 REPORT_WAIT_S = 5.0  # other hosts: after reporting a failure, how long to wait for the verdict before ending alone
 PEER_FINISH_TIMEOUT_S = 600.0  # first host: after its own success, how long the others may take (wait_for_peers)
 
@@ -114,8 +113,8 @@ def next_deadline(state: AgentState) -> float | None:
 
 
 def root_cause(failures: tuple[Failure, ...]) -> Failure:
-    """The earliest failure by the time it happened; unknown times last; ties by arrival."""
-    return min(failures, key=lambda f: (f.at is None, f.at or 0.0))
+    """The earliest failure by the time it happened; unknown times last; ties by arrival (``events.earliest``)."""
+    return earliest(failures, lambda f: f.at)
 
 
 def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
@@ -140,7 +139,7 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
 
 def _stale(state: AgentState, event: Event) -> bool:
     """An event of an attempt already over (a process of it ending late, a report sent before the restart)."""
-    if isinstance(event, (LocalExit, PeerFailed)):
+    if isinstance(event, (LocalExit, PeerFailed, Progress)):
         return event.attempt != state.attempt
     return isinstance(event, PartEnded) and event.attempt != state.attempt
 
@@ -371,4 +370,4 @@ def _stopped(host: str, signum: int) -> Outcome:
 __all__ = ["Action", "Announce", "AnnounceRestart", "Event", "Finish", "Forward", "GatherStacks", "GotSignal",
            "Interrupt", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report",
            "ReportDone", "SendStacks", "SetupFailed", "ShareProgress", "StacksGathered", "Started", "StopPart", "Tick",
-           "PeerProgress", "RestartCalled", "StacksWanted"]
+           "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S"]

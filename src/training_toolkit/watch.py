@@ -5,6 +5,10 @@
 relay threads only set a flag (``output_seen``), and one thread looks at the
 flag and at the heartbeat directory's files (a rank touches
 ``$TRAINING_TOOLKIT_HEARTBEAT_DIR/<anything>``, from any language).
+
+Each event carries the attempt it belongs to: the last words of an attempt
+being stopped (mpirun's abort notice) must not count as the next attempt's
+progress, or its startup allowance would be cut short.
 """
 
 from __future__ import annotations
@@ -24,25 +28,29 @@ class ProgressWatch:
         self._events = events
         self._heartbeat_dir = heartbeat_dir
         self._interval_s = interval_s
-        self._output = False
+        self._output: int | None = None  # the attempt of the last output seen since the last event
         self._last_beat = 0
+        self.attempt = 0  # the attempt now running: the agent sets it when one starts
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress-watch", daemon=True)
         self._thread.start()
 
-    def output_seen(self) -> None:
-        """Called by a relay thread for every chunk that holds an end of line: one store, no lock."""
-        self._output = True
+    def output_seen(self, attempt: int) -> None:
+        """Called by a relay thread for every chunk that holds an end of line: one store, no lock.
+
+        ``attempt``: of the process that wrote it; the event carries it, and the step drops it if stale.
+        """
+        self._output = attempt
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
-            if self._output:
-                self._output = False
-                self._events.put(Progress(heartbeat=False))
+            seen, self._output = self._output, None
+            if seen is not None:
+                self._events.put(Progress(False, seen))
             beat = latest_mtime(self._heartbeat_dir)
             if beat > self._last_beat:
                 self._last_beat = beat
-                self._events.put(Progress(heartbeat=True))
+                self._events.put(Progress(True, self.attempt))
 
     def close(self) -> None:
         self._stop.set()

@@ -10,7 +10,8 @@ from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
 from training_toolkit.cluster.admission import Admission, RefusalLog
-from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, PeerProgress, Verdict, reported_time
+from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress, Verdict,
+                                             earliest, reported_time)
 from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
@@ -61,7 +62,8 @@ class ControlServer:
         self._ready: set[str] = set()
         self._attempt = 0  # the job's attempt: a ready or a failure of another attempt does not count
         self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
-        self._failure: JobFailed | None = None
+        # failures reported during this attempt's barrier: (when it happened, when it arrived, what)
+        self._failures: list[tuple[float, float, JobFailed]] = []
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -196,7 +198,7 @@ class ControlServer:
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
                 if attempt == self._attempt:
-                    self._failure = self._failure or JobFailed(named, code)
+                    self._failures.append((at, time.monotonic(), JobFailed(named, code)))
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
@@ -213,7 +215,8 @@ class ControlServer:
         with self._state:
             if self._links.get(host) is link:
                 del self._links[host]
-            self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
+            self._failures.append((time.time(), time.monotonic(),
+                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -232,8 +235,12 @@ class ControlServer:
         end = time.monotonic() + deadline_s
         with self._state:
             while True:
-                if self._failure:
-                    raise self._failure
+                if self._failures:  # the earliest, once reports of earlier failures had the window to arrive
+                    window_ends = self._failures[0][1] + FAILURE_WINDOW_S
+                    if time.monotonic() >= window_ends:
+                        raise earliest(self._failures, lambda f: f[0])[2]
+                    self._state.wait(max(0.0, window_ends - time.monotonic()))
+                    continue
                 missing = [h for h in self.expected if h not in self._ready]
                 if not missing:
                     return
@@ -257,7 +264,7 @@ class ControlServer:
         with self._state:
             self._attempt = attempt
             self._ready.clear()
-            self._failure = None
+            self._failures = []
             self._state.notify_all()
         self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
 

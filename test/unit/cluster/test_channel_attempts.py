@@ -104,3 +104,17 @@ def test_an_attempt_is_a_small_whole_number():
     for bad in (-1, True, "1", 1.0, 10_001):
         with pytest.raises(wire.FrameError, match="not an attempt number"):
             wire.attempt({"n": bad})
+
+
+def test_at_a_barrier_the_earliest_failure_is_the_cause_not_the_first_report(job):
+    """The same rule as a running job's (decisions.root_cause): reports of earlier failures may arrive later."""
+    from training_toolkit.errors import JobFailed
+
+    srv, events, [(c1, _), (c2, _)] = job
+    srv.restart(1, "again")
+    now = time.time()
+    c1.failed("w1: a consequence", 69, at=now, attempt=1)
+    time.sleep(0.1)
+    c2.failed("w2: the cause", 66, at=now - 1.0, attempt=1)
+    with pytest.raises(JobFailed, match="w2: the cause"):
+        srv.wait_ready(5)
