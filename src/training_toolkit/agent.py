@@ -188,9 +188,9 @@ class HostAgent:
         if self.secret is None and self.is_master and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
-        try:
-            introduction, unusable = self.introduction(), None
-        except ToolkitError as exc:  # join all the same, to tell the job why this host cannot take part
+        try:  # a host that cannot take part joins all the same, to tell the job why
+            introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
+        except ToolkitError as exc:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
@@ -398,30 +398,6 @@ def named(host: str, error: Exception) -> str:
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
-def fail_job(job, plan, environ, config, error: ToolkitError, membership_factory: MembershipFactory = Membership) -> None:
-    """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
-
-    Without it they would wait for this host until the join deadline and then
-    only say that it never came.
-    """
-    host = plan.current_host
-    events: SimpleQueue = SimpleQueue()
-    settings = ChannelSettings.from_settings(config)
-    membership = membership_factory(job_secret(job, environ), plan.hosts, host, settings, events, None)
-    try:
-        membership.open()
-        membership.fail(named(host, error), error.exit_code, time.time())
-        if not membership.is_master:
-            try:
-                events.get(timeout=REPORT_WAIT_S)  # the verdict, or the first host gone
-            except Empty:
-                pass
-    except ToolkitError:
-        pass  # the job could not be told; this host's own verdict still stands
-    finally:
-        membership.close()
-
-
 def _watch(local: Local, events: SimpleQueue, attempt: int) -> None:
     def wait() -> None:
         status = local.child.wait()
@@ -439,4 +415,4 @@ def _cannot_start(exc: OSError) -> CodeError:
 
 
 __all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",
-           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "fail_job", "named"]
+           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "named"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import settings
-from training_toolkit.agent import HostAgent, Local, fail_job
+from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.channel import PeerFailed, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
@@ -156,11 +156,17 @@ def test_a_failed_barrier_is_told_to_the_job(tmp_path):
     assert (kind, reason, code) == ("failed", outcome.reason, 69) and at is not None
 
 
-def test_fail_job_uses_the_seat_it_is_given(tmp_path):
+@pytest.mark.parametrize("host, told", [
+    ("algo-1", ["open", ("verdict", Verdict(66, "algo-1: cannot install", "algo-1")), "close"]),
+    ("algo-2", ["open", ("failed", "algo-2: cannot install", 66), "close"]),
+])
+def test_a_host_that_cannot_take_part_joins_to_say_so_as_a_setup_failure(tmp_path, host, told):
+    """Its code did not install: no more fail_job beside the agent, one setup failure inside it."""
     seats: list[FakeSeat] = []
-    ctx = context(tmp_path, "algo-1")
-    fail_job(ctx.job, ctx.plan, {}, ctx.settings, CodeError("cannot install"), seat_factory(seats))
-    assert seats[0].told == ["open", ("fail", "algo-1: cannot install", 66), "close"]
+    ctx = context(tmp_path, host)._replace(setup_error=CodeError(f"{host}: cannot install"))
+    outcome = ScriptAgent(ctx, seat_factory(seats)).run()
+    assert outcome == Outcome(66, f"{host}: cannot install")
+    assert [t[:3] if isinstance(t, tuple) and t[0] == "failed" else t for t in seats[0].told] == told
 
 
 @pytest.mark.parametrize("rank, program, reason", [
