@@ -76,7 +76,14 @@ def main() -> None:
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 13
     rng = random.Random(seed)
     tally = {fault: [0, 0] for fault in FAULTS}
+    stopped: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):  # between rounds: stop after this one (run_local stops a round)
+        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
     for i in range(rounds):
+        if stopped:
+            print(f"stopped by signal {stopped[0]} after {i} rounds")
+            rounds = i
+            break
         fault = FAULTS[i % len(FAULTS)] if i < len(FAULTS) else rng.choice(FAULTS)  # every fault at least once
         if len(sys.argv) > 3:
             fault = sys.argv[3]  # one fault only, e.g. to look into it

@@ -5,6 +5,7 @@ Timed assertions are generous: the machine runs other tests at the same time.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -176,3 +177,31 @@ def test_torch_distributed_a_killed_rank_restarts_every_rank_which_resume(tmp_pa
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]
     assert all(info["attempt"] == 1 and info["start"] == 2 for info in ranks.values()), ranks
+
+
+@pytest.mark.root
+@pytest.mark.tensorflow
+def test_parameter_server_a_chief_failure_restarts_every_script_and_server(tmp_path):
+    src = source_dir(tmp_path, "ps_train.py")
+    job = LocalJob(hosts=("algo-1", "algo-2", "algo-3"),
+                   env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2",
+                        "TRAINING_TOOLKIT_MAX_RESTARTS": "1", "CHIEF_FAILS_ONCE": "1"},
+                   hyperparameters=hps("ps_train.py", src, sagemaker_parameter_server_enabled=True))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
+    chief = json.loads((results[0].model_dir / "chief.json").read_text())  # trained against restarted servers
+    assert chief["last_loss"] < chief["first_loss"]
+
+
+@pytest.mark.root
+@pytest.mark.tensorflow
+def test_multi_worker_mirrored_a_worker_failure_restarts_every_worker(tmp_path):
+    src = source_dir(tmp_path, "mwms_train.py")
+    job = LocalJob(hosts=H2, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2",
+                                  "TRAINING_TOOLKIT_MAX_RESTARTS": "1", "FAIL_ONCE_INDEX": "1"},
+                   hyperparameters=hps("mwms_train.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    w0 = json.loads((results[0].model_dir / "worker-0.json").read_text())
+    w1 = json.loads((results[1].model_dir / "worker-1.json").read_text())
+    assert w0["weights"] == w1["weights"]
