@@ -30,20 +30,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING
 
 from training_toolkit import decisions
+from training_toolkit.agent_watch import StallWatch
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
-                                           ShareProgress, StacksGathered, StopPart)
+                                           ShareProgress, StopPart)
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
                                         Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
                                         Tick)
-from training_toolkit.settings import RESTART_COUNT_VAR
-from training_toolkit.watch import ProgressWatch
 from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.records import record
@@ -51,12 +48,7 @@ from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitSt
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
 
-if TYPE_CHECKING:
-    from training_toolkit import stacks
-    from training_toolkit.stackreport import RankStack
-
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
-STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
 
 # (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat
 MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings, SimpleQueue,
@@ -88,7 +80,7 @@ class Stopped(ToolkitError):
         super().__init__(f"stopped by {signal.Signals(signum).name} before the job started")
 
 
-class HostAgent:
+class HostAgent(StallWatch):
     wait_for_peers = False  # on success, does the first host wait for every host's own success?
     own_end_on_stop = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
 
@@ -108,34 +100,12 @@ class HostAgent:
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
                                            self.own_end_on_stop) if self.is_master else decisions.other_host(self.host, config.max_restarts))
-        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
-        self._progress: ProgressWatch | None = None
+        self.watch_dir = None
+        self._progress = None
 
     @property
     def attempt(self) -> int:
         return self.state.attempt
-
-    def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
-        """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
-        extra = {RESTART_COUNT_VAR: str(self.attempt)}
-        if self.watch_dir is not None:
-            from training_toolkit import stacks
-
-            extra.update(stacks.script_env(self.watch_dir, dict(env)))
-        on_output = None
-        if self._progress is not None:
-            seen, attempt = self._progress.output_seen, self.attempt
-            on_output = lambda: seen(attempt)  # noqa: E731 - this attempt's output only
-        return Supervised(argv, {**env, **extra}, cwd=cwd, on_output=on_output, **kw)
-
-    def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's)."""
-        extra = {RESTART_COUNT_VAR: str(self.attempt)}
-        if self.watch_dir is not None:
-            from training_toolkit import stacks
-
-            extra.update(stacks.script_env(self.watch_dir, dict(env)))
-        return {**env, **extra}
 
     # Steps for runners to override ------------------------------------------------------------
 
@@ -161,13 +131,6 @@ class HostAgent:
 
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
-
-    def watched(self) -> list[stacks.Watched]:
-        """This host's processes whose stacks a stall report shows (by default: every local process)."""
-        from training_toolkit import stacks
-
-        return [stacks.Watched(local.child.pid, local.rank, local.name) for local in self.locals
-                if local.child.poll() is None]
 
     def stop_part(self) -> None:
         """Stop this host's part of the attempt for a restart (grace period, then kill); return once it is gone."""
@@ -233,23 +196,6 @@ class HostAgent:
             actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
         return self._carry_out(actions)
 
-    def _start_watch(self) -> None:
-        if self.ctx.settings.stall_timeout_s is None:
-            return
-        from training_toolkit import stacks
-
-        assert self.membership is not None
-        self.watch_dir = stacks.watch_dir(self.membership.job_id or None)
-        self._progress = ProgressWatch(self.events, self.watch_dir / "heartbeats")
-
-    def _end_watch(self) -> None:
-        if self._progress is not None:
-            self._progress.close()
-        if self.watch_dir is not None:
-            import shutil
-
-            shutil.rmtree(self.watch_dir, ignore_errors=True)
-
     def _say_attempt(self, reason: str) -> None:
         """One line per attempt, when restarts are on: which, of how many, and why."""
         total = self.ctx.settings.max_restarts + 1
@@ -303,33 +249,6 @@ class HostAgent:
             elif isinstance(action, Finish):
                 return action.outcome
         return None
-
-    def _gather_stacks(self) -> None:
-        from training_toolkit import stacks
-        from training_toolkit.stackreport import RankStack
-
-        assert self.membership is not None
-        found: list[RankStack] = []
-        local = threading.Thread(target=lambda: found.extend(self._local_stacks()), name="local-stacks", daemon=True)
-        local.start()
-        answers = self.membership.request_stacks(STACKS_REQUEST_S)
-        local.join(stacks.READ_TIMEOUT_S + 2.0)
-        for host in self.hosts[1:]:
-            sent = answers.get(host)
-            if isinstance(sent, list):
-                found.extend(s for s in (RankStack.from_wire(item, host) for item in sent[:1024]) if s is not None)
-        missing = tuple(h for h in self.hosts[1:] if not isinstance(answers.get(h), list))
-        self.events.put(StacksGathered(tuple(found), missing))
-
-    def _send_stacks(self) -> None:
-        assert self.membership is not None
-        self.membership.send_stacks([s.to_wire() for s in self._local_stacks()])
-
-    def _local_stacks(self) -> list[RankStack]:
-        from training_toolkit import stacks
-
-        stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
-        return stacks.gather(self.host, self.watched(), stacks_dir, stacks.pyspy_path(self.ctx.settings.py_spy))
 
     def _stop_part(self, attempt: int) -> None:
         self.stop_part()

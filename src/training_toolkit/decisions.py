@@ -219,7 +219,8 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
     failure = _failure(state, event)
     if failure is None:
         return state, ()
-    deadline = state.deadline if state.failures else now + FAILURE_WINDOW_S
+    # the window is for other hosts' reports of earlier failures; a job of one host has none to wait for
+    deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if state.workers else 0.0)
     return replace(state, failures=(*state.failures, failure), deadline=deadline), ()
 
 

@@ -201,3 +201,11 @@ def test_a_worker_stopped_for_a_restart_then_by_the_platform_reports_the_stop():
 
 def test_replace_keeps_the_tables_honest():
     assert replace(master(), phase=Phase.SETUP).phase == "setup"  # the phases are the strings they always were
+
+
+def test_a_job_of_one_host_has_no_reports_to_wait_for():
+    state = step(first_host("algo-1", (), max_restarts=1), Started(("rank 0", "rank 1")), 0.0)[0]
+    state, actions = run(state, (1.0, LocalExit("rank 1", KILLED, 1.0, RANK3)))
+    assert actions == [] and state.deadline == 1.0  # no window: the next Tick concludes
+    state, actions = run(state, (1.0, Tick()))
+    assert actions == [AnnounceRestart(1, RANK3.reason), StopPart(0)]
