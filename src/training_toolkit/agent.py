@@ -260,7 +260,8 @@ class HostAgent(StallWatch):
         try:
             self._say_attempt(action.reason)
             self.locals = []
-            self.membership.barrier(action.attempt)
+            # a host may still be giving its ranks their grace period: that is not a host that did not come back
+            self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
             self.locals = self.start()
         except ToolkitError as exc:
             return self._failed_before_start(exc)

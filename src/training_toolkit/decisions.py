@@ -166,11 +166,12 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
 
 
 def _setup_failed(state: AgentState, event: SetupFailed) -> tuple[AgentState, tuple[Action, ...]]:
-    outcome = _with_causes(state, event.outcome)
+    outcome = _with_causes(state, event.outcome)  # this host's verdict; its report to the first host is bare
     ended = replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None, stall_deadline=None)
     if state.is_master:
         return ended, (Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
-    return ended, (Report(outcome.reason or "", outcome.exit_code, event.at, state.attempt), Finish(outcome))
+    bare = event.outcome
+    return ended, (Report(bare.reason or "", bare.exit_code, event.at, state.attempt), Finish(outcome))
 
 
 def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action, ...]]:

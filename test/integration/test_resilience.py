@@ -197,7 +197,9 @@ def test_parameter_server_a_chief_failure_restarts_every_script_and_server(tmp_p
 @pytest.mark.tensorflow
 def test_multi_worker_mirrored_a_worker_failure_restarts_every_worker(tmp_path):
     src = source_dir(tmp_path, "mwms_train.py")
+    # a worker waiting in the strategy's set-up outlives SIGTERM: a short grace keeps the test short
     job = LocalJob(hosts=H2, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2",
+                                  "TRAINING_TOOLKIT_GRACE_PERIOD": "5",
                                   "TRAINING_TOOLKIT_MAX_RESTARTS": "1", "FAIL_ONCE_INDEX": "1"},
                    hyperparameters=hps("mwms_train.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True))
     results = run(job, tmp_path, timeout_s=240)

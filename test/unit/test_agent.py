@@ -40,7 +40,7 @@ class FakeSeat:
     def open(self):
         self.told.append("open")
 
-    def barrier(self, attempt=0):
+    def barrier(self, attempt=0, deadline_s=None):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier

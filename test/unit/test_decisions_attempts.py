@@ -209,3 +209,13 @@ def test_a_job_of_one_host_has_no_reports_to_wait_for():
     assert actions == [] and state.deadline == 1.0  # no window: the next Tick concludes
     state, actions = run(state, (1.0, Tick()))
     assert actions == [AnnounceRestart(1, RANK3.reason), StopPart(0)]
+
+
+def test_a_worker_whose_restart_barrier_fails_reports_it_bare_and_ends_with_every_cause():
+    stopping, _ = step(worker(max_restarts=1), RestartCalled(1, "algo-2 rank 3: boom"), 1.0)
+    state, _ = run(stopping, (2.0, PartEnded(0)))
+    late = Outcome(69, "algo-2: the first host algo-1 did not start the job within 60 s")
+    state, actions = run(state, (70.0, SetupFailed(late, 70.0)))
+    mine = f"{late.reason} (attempt 2 of 2; earlier: attempt 1: algo-2 rank 3: boom)"
+    assert actions == [Report(late.reason, 69, 70.0, 1), Finish(actions[1].outcome)]  # the first host adds the causes
+    assert actions[1].outcome.reason == mine

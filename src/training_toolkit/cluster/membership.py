@@ -49,7 +49,7 @@ class Seat(Protocol):
 
     def open(self) -> None: ...
 
-    def barrier(self, attempt: int = 0) -> None: ...
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None: ...
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None: ...
@@ -116,15 +116,16 @@ class Membership:
             assert self._client is not None
             self._client.connect(self.settings.join_timeout_s)
 
-    def barrier(self, attempt: int = 0) -> None:
-        """Every host ready for ``attempt``, or a ClusterError naming who is not (within the join deadline)."""
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
+        """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline)."""
+        deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
         if self._server:
-            self._server.wait_ready(self.settings.join_timeout_s)
+            self._server.wait_ready(deadline_s)
             self._server.release()
         else:
             assert self._client is not None
             self._client.ready(attempt)
-            self._client.wait_go(self.settings.join_timeout_s, attempt)
+            self._client.wait_go(deadline_s, attempt)
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
@@ -191,7 +192,7 @@ class SoloSeat:
     def open(self) -> None:
         pass
 
-    def barrier(self, attempt: int = 0) -> None:
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
         pass
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
