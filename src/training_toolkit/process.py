@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from training_toolkit import procfs, settings
 from training_toolkit.stopping import signal_group, stop_processes
+from training_toolkit.tripwire import Tripwire
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -124,6 +125,7 @@ class Supervised:
         self._stopper: threading.Thread | None = None
         self._killed = False
         self._token = os.urandom(8).hex()
+        self._tripwire = Tripwire(f"{TOKEN_VAR}={self._token}")  # ends them all, should train be killed
         self.proc = subprocess.Popen(
             self.argv,
             env={**env, TOKEN_VAR: self._token},
@@ -213,6 +215,7 @@ class Supervised:
         if self._stopper is not None:
             self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
         _end_leftovers(self.proc, self._token, linger_s)
+        self._tripwire.disarm()
         for relay in (self._relay, self._stdout_relay):
             if relay is not None:
                 relay.join(timeout=linger_s)

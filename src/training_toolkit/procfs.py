@@ -29,14 +29,22 @@ class Proc(NamedTuple):
 
 def read(pid: int) -> Proc | None:
     """One process as it is now, or None once it is gone (reaped, or never there)."""
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    _pid, fields = stat
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+
+
+def _stat(pid: int | str) -> tuple[int, list[bytes]] | None:
+    """The pid and the fields after the command name of ``/proc/PID/stat`` (fields[0] is the state)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+    return int(stat.split(maxsplit=1)[0]), stat[stat.rfind(b")") + 2 :].split()
 
 
 def pids() -> list[int]:
@@ -52,6 +60,36 @@ def snapshot() -> dict[int, Proc]:
         if proc is not None:
             table[pid] = proc
     return table
+
+
+def identity(pid: int | str = "self") -> str | None:
+    """``BOOT:PIDNS:PID:START``: names one process for good (a pid is reused, a start time is not
+    within a boot), for records that outlive the process; None once it is gone.  The boot and the
+    PID namespace say where the pid means something: another container's pid 42 is not ours."""
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    number, fields = stat
+    return f"{_where()}:{number}:{int(fields[19])}"
+
+
+def identity_alive(ident: str) -> bool | None:
+    """Whether the process ``identity`` named still runs; None when its pid means nothing here
+    (another machine, boot or PID namespace), so that nobody else's process is taken for dead."""
+    where, _, rest = ident.rpartition(":")[0].rpartition(":")
+    if where != _where():
+        return None
+    return rest.isdigit() and identity(int(rest)) == ident and alive(int(rest))
+
+
+def _where() -> str:
+    """This boot and this PID namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return "?"
 
 
 def alive(pid: int) -> bool:
@@ -99,12 +137,26 @@ def has_marker(pid: int, marker: bytes) -> bool:
 
 
 def _may_be_in_exec(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    stat = _stat(pid)
+    if stat is None:
         return False
+    fields = stat[1]
     return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
+
+
+def with_marker(marker: bytes) -> list[int]:
+    """Every live process whose environment holds ``marker``, read once each (a process caught in
+    the middle of ``execve`` is missed: for finding long-lived processes, not for stopping a tree)."""
+    found = []
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and alive(pid):
+            found.append(pid)
+    return sorted(found)
 
 
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:

@@ -9,7 +9,8 @@ everywhere:
   process can act on it (systemd does the same);
 - targets found while waiting (a process may fork) get the signal too, and a
   target once found is followed until it ends, even if the search no longer
-  lists it;
+  lists it; the stop is done only when a look taken after the last target
+  ended finds nothing new (a target may fork just before it ends);
 - a zombie counts as gone: it has ended, only its exit status is left;
 - after the grace period, what is left gets SIGKILL, and its end is waited
   for (briefly) so its exit status can be collected;
@@ -90,6 +91,12 @@ def stop_processes(
                     proc.send(sig, still_ours)
             first = False
             left = [proc for proc in followed.values() if proc.running()]
+            if not left:
+                # What a target forked after the look above exists by now (its parent has ended):
+                # one more look finds it before the stop is called done.
+                for proc in _follow(find(), followed):
+                    proc.send(sig, still_ours)
+                left = [proc for proc in followed.values() if proc.running()]
             if not left:
                 return []
             remaining = deadline - time.monotonic()

@@ -29,7 +29,8 @@ def test_stop_gives_the_grace_period_then_kills_the_group_and_says_so():
     assert status is not None and status.killed_by_us and status.signal == signal.SIGKILL
     assert "after the stop grace period" in status.describe()
     child.finish(linger_s=0.5)
-    assert not [p for p in procfs.descendants(os.getpid()) if not p.zombie]
+    left = [procfs.describe(p.pid) for p in procfs.descendants(os.getpid()) if not p.zombie]
+    assert not left
 
 
 def test_a_script_that_stops_in_time_gets_the_signal_once(tmp_path: Path):
@@ -57,7 +58,7 @@ child = Supervised(["/bin/sh", "-c", script], dict(os.environ), stdout=subproces
 assert child.proc.stdout.readline() == b"ready\n"
 assert child.wait(10).ok
 time.sleep(0.2)  # the setsid'd shell has set its trap
-left = [p.pid for p in procfs.descendants(os.getpid()) if not p.zombie]
+left = [p.pid for p in procfs.descendants(os.getpid()) if not p.zombie and procfs.comm(p.pid) == "sleep"]
 began = time.monotonic()
 child.finish(linger_s=0.3)
 print(json.dumps({"left": len(left), "seconds": time.monotonic() - began,

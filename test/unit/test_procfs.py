@@ -96,3 +96,19 @@ def test_an_empty_environment_is_no_marker_and_costs_a_bounded_wait():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_identity_names_one_process_for_good_and_only_where_its_pid_means_it():
+    proc = subprocess.Popen(["/bin/sleep", "10"])
+    try:
+        ident = procfs.identity(proc.pid)
+        assert ident is not None and procfs.identity_alive(ident) is True
+        boot, pidns, pid, start = ident.split(":")
+        assert int(pid) == proc.pid and procfs.identity() != ident
+        assert procfs.identity_alive(f"{boot}:{pidns}:{pid}:{int(start) + 1}") is False  # the pid, reused
+        assert procfs.identity_alive(f"{boot}:1:{pid}:{start}") is None  # another PID namespace's pid
+        assert procfs.identity_alive(f"another-boot:{pidns}:{pid}:{start}") is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procfs.identity_alive(ident) is False and procfs.identity(proc.pid) is None

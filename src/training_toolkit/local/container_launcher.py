@@ -9,13 +9,16 @@ launcher, so results are read the same way.
 On every end (the job's, an error, SIGINT/SIGTERM to the caller, the timeout) the
 containers still running get SIGTERM and the grace period (``train`` inside
 passes it on to every rank), then every container and the network labelled with
-the job are removed.
+the job are removed.  When the launcher itself dies (SIGKILL), its reaper
+(``reaper.py``) removes them; should the reaper die too, the next launcher on this
+machine does, before it starts its own job.
 """
 
 from __future__ import annotations
 
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training_toolkit.local import artifacts, engine
+from training_toolkit import procfs
+from training_toolkit.local import artifacts, engine, reaper
 from training_toolkit.local.containers import ContainerJob, container_job, host_opt_ml, new_job_id
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix
@@ -60,6 +64,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     """
     out = out if out is not None else sys.stdout.buffer
     client = client or engine.connect(pool_size=4 * len(job.hosts) + 8)
+    remove_abandoned(client)
     engine.check_image(client, image)
     taken = engine.taken_names(client, job.hosts)
     if taken:
@@ -71,7 +76,10 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
         host_tree(host_opt_ml(workdir, host), job, host, copy_channels=False, interface=interface)
     spec = container_job(job, image=image, workdir=workdir.resolve(), source=source.resolve(), job_id=job_id,
                          secret=secrets.token_hex(32) if job.platform_secret else None,
-                         grace_s=stop_grace_s, gpus=gpus)
+                         grace_s=stop_grace_s, gpus=gpus, launcher=procfs.identity())
+    # Its own session: what kills the caller's process group (a CI job's timeout) must not reach it.
+    reaping = subprocess.Popen([sys.executable, "-m", "training_toolkit.local.reaper", job_id],
+                               stdin=subprocess.PIPE, start_new_session=True)
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -100,6 +108,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     finally:
         watch.join_pumps(2.0 if watch.all_ended.is_set() else 0.2)  # the last lines, before the logs go
         problems = engine.remove_job(client, job_id)
+        _dismiss(reaping)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         watch.join_pumps(1.0)
@@ -111,6 +120,28 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
                for host in job.hosts]
     model_tar, output_tar = artifacts.collect([r.opt_ml for r in results], workdir)
     return ContainerRun(job_id, results, model_tar, output_tar, watch.starting_at, started_at, left)
+
+
+def remove_abandoned(client: Any) -> None:
+    """Remove every job whose launcher on this machine died without removing it (and whose reaper died too)."""
+    for job_id, launcher in engine.abandoned_jobs(client, procfs.identity_alive).items():
+        problems = engine.remove_job(client, job_id)
+        pid = launcher.split(":")[-2]  # procfs.identity: BOOT:PIDNS:PID:START
+        log(f"local: removed job {job_id}, left by a launcher that died (pid {pid})"
+            + (f"; could not remove: {'; '.join(problems)}" if problems else ""))
+
+
+def _dismiss(reaping: subprocess.Popen[bytes]) -> None:
+    """Tell the reaper the job is removed, and let it go."""
+    try:
+        assert reaping.stdin is not None
+        reaping.stdin.write(reaper.DONE)
+        reaping.stdin.close()
+        reaping.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(f"local: the job's reaper: {exc!r}")
+        reaping.kill()
+        reaping.wait()
 
 
 def _all_at_once(calls: list[Callable[[], Any]], specs: list) -> list:

@@ -29,6 +29,9 @@ from training_toolkit.settings import JOB_SECRET
 #: Labels on everything made for a job: what the launcher removes, and what tests look for.
 LABEL_JOB = "io.training-toolkit.job"
 LABEL_HOST = "io.training-toolkit.host"
+#: Which process launched the job (``procfs.identity``): the next launcher removes a job whose launcher
+#: died without removing it (SIGKILL, and its reaper killed too).
+LABEL_LAUNCHER = "io.training-toolkit.launcher"
 
 #: Where the job's code is mounted (read-only) in every container.
 CODE_DIR = "/opt/code"
@@ -127,9 +130,12 @@ def host_opt_ml(workdir: Path, host: str) -> Path:
 
 
 def container_job(job: LocalJob, *, image: str, workdir: Path, source: Path, job_id: str,
-                  secret: str | None, grace_s: float, gpus: bool = False) -> ContainerJob:
-    """The network and containers for ``job`` (pure): ``secret`` None gives the hosts none (admission by address)."""
-    labels = {LABEL_JOB: job_id}
+                  secret: str | None, grace_s: float, gpus: bool = False, launcher: str | None = None) -> ContainerJob:
+    """The network and containers for ``job`` (pure): ``secret`` None gives the hosts none (admission by address).
+
+    ``launcher``: the launching process's ``procfs.identity``, put on every label set.
+    """
+    labels = {LABEL_JOB: job_id, **({LABEL_LAUNCHER: launcher} if launcher else {})}
     containers = []
     for host in job.hosts:
         environment = {GRACE_VARIABLE: _seconds(grace_s), **job.env, **job.host_env.get(host, {})}

@@ -10,11 +10,11 @@ so a half-made job is cleaned up as fully as a finished one.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.local.containers import LABEL_JOB
+from training_toolkit.local.containers import LABEL_JOB, LABEL_LAUNCHER
 
 #: The SDK's default when ``DOCKER_HOST`` is unset.
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
@@ -64,17 +64,47 @@ def check_image(client: Any, image: str) -> None:
         raise EngineError(f"image {image}: {cause(exc)}") from None
 
 
+def containers(client: Any, label: str | None = None) -> list[dict[str, Any]]:
+    """Every container (with ``label``, ``NAME`` or ``NAME=VALUE``), as the engine lists them: one call.
+
+    ``Name`` (without the leading slash), ``Id`` and ``Labels`` of each.  The SDK's
+    ``containers.list`` inspects each container after listing, and podman answers 500, not 404,
+    for one another job removed in between: a listing must not fail because others come and go.
+    """
+    found = client.api.containers(all=True, filters={"label": label} if label else None)
+    return [{"Name": (c.get("Names") or ["?"])[0].lstrip("/"), "Id": c["Id"], "Labels": c.get("Labels") or {}}
+            for c in found]
+
+
+def networks(client: Any, label: str) -> list[dict[str, Any]]:
+    """Every network with ``label`` (``NAME`` or ``NAME=VALUE``): ``Name``, ``Id`` and ``Labels`` of each."""
+    return [{"Name": n["Name"], "Id": n["Id"], "Labels": n.get("Labels") or {}}
+            for n in client.api.networks(filters={"label": label})]
+
+
 def taken_names(client: Any, names: Iterable[str]) -> list[str]:
     """Which of ``names`` existing containers already have."""
     wanted = set(names)
-    return sorted(c.name for c in client.containers.list(all=True, ignore_removed=True) if c.name in wanted)
+    return sorted(c["Name"] for c in containers(client) if c["Name"] in wanted)
 
 
 def leftovers(client: Any, job_id: str) -> list[str]:
     """What the engine still holds of the job: containers and networks with its label."""
-    selector = {"label": f"{LABEL_JOB}={job_id}"}
-    found = [f"container {c.name}" for c in client.containers.list(all=True, filters=selector, ignore_removed=True)]
-    found += [f"network {n.name}" for n in client.networks.list(filters=selector)]
+    selector = f"{LABEL_JOB}={job_id}"
+    return ([f"container {c['Name']}" for c in containers(client, selector)]
+            + [f"network {n['Name']}" for n in networks(client, selector)])
+
+
+def abandoned_jobs(client: Any, alive: Callable[[str], bool | None]) -> dict[str, str]:
+    """Jobs whose launcher is known to have died (``alive(launcher)`` False), with that launcher: job id -> launcher.
+
+    A job of a launcher on another machine (``alive`` None) or without the label is never listed.
+    """
+    found = {}
+    for thing in containers(client, LABEL_LAUNCHER) + networks(client, LABEL_LAUNCHER):
+        job, launcher = thing["Labels"].get(LABEL_JOB), thing["Labels"].get(LABEL_LAUNCHER)
+        if job and launcher and job not in found and alive(launcher) is False:
+            found[job] = launcher
     return found
 
 
@@ -83,21 +113,21 @@ def remove_job(client: Any, job_id: str) -> list[str]:
 
     Returns what could not be removed (empty when everything went).
     """
-    selector = {"label": f"{LABEL_JOB}={job_id}"}
+    selector = f"{LABEL_JOB}={job_id}"
     problems = []
     try:
-        for container in client.containers.list(all=True, filters=selector, ignore_removed=True):
+        for container in containers(client, selector):
             try:
-                container.remove(force=True, v=True)
+                client.api.remove_container(container["Id"], force=True, v=True)
             except Exception as exc:
                 if not _gone(exc):
-                    problems.append(f"container {container.name}: {cause(exc)}")
-        for network in client.networks.list(filters=selector):
+                    problems.append(f"container {container['Name']}: {cause(exc)}")
+        for network in networks(client, selector):
             try:
-                network.remove()
+                client.api.remove_network(network["Id"])
             except Exception as exc:
                 if not _gone(exc):
-                    problems.append(f"network {network.name}: {cause(exc)}")
+                    problems.append(f"network {network['Name']}: {cause(exc)}")
     except Exception as exc:
         problems.append(f"listing the job's containers: {cause(exc)}")
     return problems

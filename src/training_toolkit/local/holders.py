@@ -1,10 +1,24 @@
-"""A host's own hostname and mounts: one *holder* process per host owns its UTS and mount namespaces.
+"""A host's own namespaces: one *holder* process per host owns them, and dies with the launcher.
 
-A holder is a ``sleep infinity`` started inside the host's network namespace,
-in fresh UTS and mount namespaces, after it has set the hostname and mounted
-the host's ``/opt/ml``, the cluster's ``/etc/hosts`` and a tmpfs on ``/run``.
-Commands run in a host by entering the holder's namespaces with ``nsenter``;
-an sshd started there passes the same namespaces on to every session it serves.
+A holder starts in fresh network, UTS, IPC, mount and PID namespaces, as a container
+does.  It sets the hostname, mounts the host's ``/opt/ml``, the cluster's
+``/etc/hosts``, its own ``/proc`` and fresh tmpfs on ``/run`` and ``/dev/shm``, then
+becomes the host's init: PID 1 of its PID namespace, reaping orphans as an init does.
+Commands run in a host by entering the init's namespaces with ``nsenter``; an sshd
+started there passes the same namespaces on to every session it serves.
+
+Nothing of a host outlives its holder, and no holder outlives the launcher that
+started it, with nobody's cooperation:
+
+- a holder runs under ``setpriv --pdeathsig KILL``: the kernel kills it when the
+  thread that started it dies (the launcher's, SIGKILL included);
+- ``unshare --kill-child`` passes that on to the init it forked;
+- when a PID namespace's init dies, the kernel kills every process in it (ranks,
+  mpirun's daemons, sshd and its sessions);
+- the namespaces have no name (no ``ip netns`` bind mount): the kernel frees each
+  when its last process is gone, the network's veth ends and the mounts with it.
+
+The cluster's switch (the namespace of the bridge) is held the same way.
 """
 
 from __future__ import annotations
@@ -12,24 +26,31 @@ from __future__ import annotations
 import dataclasses
 import os
 import selectors
+import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from training_toolkit import procfs
 from training_toolkit.errors import ClusterError
 from training_toolkit.local.network import SYSTEM_ENV
 
-# Run by each holder as `sh -c SCRIPT holder HOSTNAME OPT_ML_SOURCE HOSTS_FILE`, already inside
-# the host's network namespace and in fresh UTS and mount namespaces with private propagation
+#: Every holder's environment carries ``MARKER=<cluster tag>``, so the processes that hold a cluster
+#: can be found from its tag alone (leftovers, a tag in use), even by another process.
+MARKER = "TT_LOCAL_CLUSTER"
+
+# Run by each holder's init as `sh -c SCRIPT holder HOSTNAME OPT_ML_SOURCE HOSTS_FILE PYTHON INIT`, inside
+# its fresh namespaces, /proc already mounted for its PID namespace, with private mount propagation
 # (so none of these mounts appear outside). Why each step:
 # - hostname through /proc: it is per UTS namespace and needs no `hostname` binary;
-# - /run/netns is unmounted first: the copied bind mounts of *other* namespaces would otherwise
-#   keep those namespaces alive (private propagation stops their unmount from reaching this
-#   copy) until this holder dies;
+# - /run/netns is unmounted first: the copied bind mounts of the machine's named namespaces
+#   would otherwise keep those namespaces alive as long as this host lives;
 # - a tmpfs on /run gives the host its own /run/sshd (sshd's privilege separation directory)
-#   and pid files;
-# - "ready" tells the cluster that every mount is in place, before the holder turns into `sleep`.
+#   and pid files; one on /dev/shm its own shared memory, as a container has;
+# - "ready" tells the cluster that every mount is in place, before the init starts.
 HOLDER_SCRIPT = r"""set -e
 exec 2>&1
 printf '%s' "$1" > /proc/sys/kernel/hostname
@@ -37,10 +58,28 @@ umount --recursive --lazy /run/netns 2>/dev/null || :
 mount --bind "$2" /opt/ml
 mount --bind "$3" /etc/hosts
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 mkdir -m 0755 /run/sshd
 echo ready
-exec sleep infinity </dev/null >/dev/null 2>&1
+exec "$4" -I -S -c "$5" </dev/null >/dev/null 2>&1
 """
+
+# The host's init: reaps every child it gets (orphans of the host are re-parented to it) and does
+# nothing else.  SIGCHLD stays blocked, so an exit between two looks is never missed.  As PID 1 it
+# ignores every signal it has no handler for; only the kernel's SIGKILL ends it.
+INIT = """import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigwaitinfo({signal.SIGCHLD})
+"""
+
+# The switch only holds the bridge's network namespace; it has no children to reap.
+SWITCH_SCRIPT = "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +93,7 @@ class Host:
     root: Path
     """Per-host directory on the real filesystem; ``root / "opt/ml"`` is ``/opt/ml`` inside."""
     pid: int
-    """Pid of the holder process whose net, mount and UTS namespaces are the host's."""
+    """Pid (as the launcher sees it) of the host's init, whose namespaces are the host's."""
 
     @property
     def opt_ml(self) -> Path:
@@ -77,26 +116,38 @@ def prepare_files(workdir: Path, names: Sequence[str], hosts_file: Path, hosts_t
     hosts_file.write_text(hosts_text)
 
 
-def holder_argv(nsenter: str, unshare: str, netns: Path, name: str, opt_ml: Path, hosts_file: Path) -> list[str]:
-    """The command that becomes a host's holder, entering the host's network namespace file ``netns``."""
+def holder_argv(tools: dict[str, str], name: str, opt_ml: Path, hosts_file: Path, python: str) -> list[str]:
+    """The command that becomes a host's holder (``tools``: setpriv and unshare by path); pure."""
     return [
-        nsenter, f"--net={netns}", "--",
-        unshare, "--uts", "--mount", "--propagation", "private", "--",
-        "/bin/sh", "-c", HOLDER_SCRIPT, "holder", name, str(opt_ml), str(hosts_file),
+        tools["setpriv"], "--pdeathsig", "KILL", "--",
+        tools["unshare"], "--net", "--uts", "--ipc", "--mount", "--pid", "--kill-child=SIGKILL",
+        "--mount-proc", "--propagation", "private", "--",
+        "/bin/sh", "-c", HOLDER_SCRIPT, "holder", name, str(opt_ml), str(hosts_file), python, INIT,
     ]
 
 
-def start_holder(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+def switch_argv(tools: dict[str, str]) -> list[str]:
+    """The command that becomes the cluster's switch: it holds the bridge's network namespace; pure."""
+    return [tools["setpriv"], "--pdeathsig", "KILL", "--", tools["unshare"], "--net", "--",
+            "/bin/sh", "-c", SWITCH_SCRIPT]
+
+
+def start_holder(argv: Sequence[str], tag: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=dict(SYSTEM_ENV),
+        env={**SYSTEM_ENV, MARKER: tag},
         # Own session: a Ctrl-C meant for the caller must not kill the hosts before
-        # the cluster's close() gets to kill what runs inside them.
+        # the cluster's close() gets to stop what runs inside them.
         start_new_session=True,
     )
+
+
+def holding(tag: str) -> list[int]:
+    """The live processes that hold a cluster with this tag (holders, inits, switch)."""
+    return procfs.with_marker(f"{MARKER}={tag}".encode())
 
 
 def wait_until_ready(name: str, proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -121,19 +172,81 @@ def _read_until_ready(proc: subprocess.Popen[bytes], deadline: float) -> tuple[b
             if not chunk:
                 return False, output.decode(errors="replace")
             output += chunk
-    proc.stdout.close()  # the holder's sleep writes nothing; keep no pipe open per host
+    proc.stdout.close()  # the init writes nothing; keep no pipe open per host
     return True, output.decode(errors="replace")
 
 
-def enter_argv(nsenter: str, holder: int, argv: Sequence[str | os.PathLike[str]], cwd: str | os.PathLike[str] | None) -> list[str]:
-    """The command line that runs ``argv`` in the namespaces of ``holder``; pure, nothing is started.
+def init_of(holder: subprocess.Popen[bytes]) -> int:
+    """The pid of the init a ready holder forked (its one child: unshare forks once)."""
+    children = _children(holder.pid)
+    if len(children) != 1:
+        raise ClusterError(f"holder {holder.pid} has {len(children)} children, not its one init")
+    return children[0]
+
+
+def enter_argv(nsenter: str, init: int, argv: Sequence[str | os.PathLike[str]], cwd: str | os.PathLike[str] | None) -> list[str]:
+    """The command line that runs ``argv`` in the namespaces of the host whose init is ``init``; pure.
 
     nsenter starts the command in ``/`` of the host, not in the caller's directory, so a
     working directory is passed as ``--wdns``: it is resolved inside the host, where
-    ``/opt/ml`` is the host's own.  nsenter execs the command, so the process started is
-    the command itself: its pid, signals and exit status are the command's.
+    ``/opt/ml`` is the host's own.  To enter the PID namespace nsenter forks: the command
+    is nsenter's child (``EnteredProcess`` hides that).
     """
-    prefix = [nsenter, f"--target={holder}", "--net", "--mount", "--uts"]
+    prefix = [nsenter, f"--target={init}", "--net", "--mount", "--uts", "--ipc", "--pid"]
     if cwd is not None:
         prefix.append(f"--wdns={os.fspath(cwd)}")
     return prefix + ["--"] + [os.fspath(a) for a in argv]
+
+
+#: How long nsenter may take to fork the command, once started.
+FORK_TIMEOUT_S = 5.0
+
+
+class EnteredProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """A command started in a host through ``enter_argv``: a Popen whose signals reach the command.
+
+    nsenter forks into the host's PID namespace, waits for the command, and exits as it
+    did (by the same signal too), so ``pid`` (nsenter's, in the host's network namespace),
+    ``poll()``, ``wait()`` and ``returncode`` already stand for the command.  But nsenter
+    passes no signal on: ``send_signal`` (``terminate``, ``kill``) goes to the command
+    itself, through a pidfd taken once nsenter has forked, so a reused pid is never hit.
+    ``command_pid`` is the command's pid as the launcher sees it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command_pid: int | None = None
+        self._pidfd: int | None = None
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        delay = 0.0002
+        while self.poll() is None and time.monotonic() < deadline:
+            children = _children(self.pid)
+            if children:
+                self.command_pid = children[0]
+                try:
+                    self._pidfd = os.pidfd_open(children[0])
+                    weakref.finalize(self, os.close, self._pidfd)
+                except ProcessLookupError:
+                    pass  # already gone: nsenter is about to exit as it did
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        if self._pidfd is None:
+            super().send_signal(sig)  # no command (yet, or at all): nsenter itself
+            return
+        try:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []

@@ -1,10 +1,12 @@
 """What a local cluster is called and where its hosts sit on its network; pure, nothing is created.
 
-Layout of one cluster with tag ``T`` (all names are per cluster, so clusters never collide)::
+Layout of one cluster (every namespace is the cluster's own and has no name, so clusters never collide)::
 
-    netns T-br      bridge br0, ports veth1..vethN          (no address; traffic stays inside)
-    netns T-h1      eth0 = peer of veth1, address .11, lo
-    netns T-h2      eth0 = peer of veth2, address .12, lo
+    switch          bridge br0, ports veth1..vethN          (no address; traffic stays inside)
+    host 1          eth0 = peer of veth1, address .11, lo
+    host 2          eth0 = peer of veth2, address .12, lo
+
+The tag names the cluster in messages and marks the processes that hold it.
 
 Addresses come from a documentation range (RFC 5737), so an address of a test
 cluster can never be mistaken for a real machine's.
@@ -40,7 +42,7 @@ _SOURCE = "local cluster"
 
 
 def new_tag() -> str:
-    """A fresh tag: the prefix of every namespace of one cluster."""
+    """A fresh tag: the name of one cluster."""
     return "tt-" + secrets.token_hex(4)
 
 
@@ -87,22 +89,3 @@ def hosts_file_text(names: Sequence[str], addresses: Sequence[str]) -> str:
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines += [f"{a}\t{n}" for a, n in zip(addresses, names, strict=True)]
     return "\n".join(lines) + "\n"
-
-
-def bridge_netns(tag: str) -> str:
-    return f"{tag}-br"
-
-
-def host_netns(tag: str, number: int) -> str:
-    """Host ``number`` counts from 1, in the order the names were given."""
-    return f"{tag}-h{number}"
-
-
-def netns_names(tag: str, count: int) -> list[str]:
-    """Bridge namespace first: it exists before any host and goes last in teardown."""
-    return [bridge_netns(tag)] + [host_netns(tag, i) for i in range(1, count + 1)]
-
-
-def netns_pattern(tag: str) -> re.Pattern[str]:
-    """Exactly this cluster's names: tag ``a`` must not claim the namespaces of tag ``a-h1``."""
-    return re.compile(rf"^{re.escape(tag)}-(?:br|h[0-9]+)$")

@@ -1,15 +1,16 @@
-"""Several hosts on one Linux machine, made of network, mount and UTS namespaces: their lifecycle.
+"""Several hosts on one Linux machine, made of namespaces as containers are: their lifecycle.
 
 Multi-host behaviour (SSH between hosts, mpirun, the control channel, every host ending with
 the same verdict) can only be tested with several hosts that have their own address, hostname
 and ``/opt/ml``. Containers give that but need an engine and images; namespaces need only
-root, ``ip`` (iproute2) and ``unshare``/``nsenter`` (util-linux), start in a fraction of a
-second and leave nothing behind.
+root, ``ip`` (iproute2) and ``unshare``/``nsenter``/``setpriv`` (util-linux), start in a
+fraction of a second and leave nothing behind: each host is a PID namespace whose init dies
+with the launcher, so even a launcher killed with SIGKILL leaves nothing (``holders``).
 
-The parts, each in its own module: names and addresses (``layout``), the network namespaces
-and their bridge (``network``), each host's hostname and mounts held by one process
-(``holders``), and ending what runs inside (``teardown``). This module puts them together:
-start, run commands in a host, close.
+The parts, each in its own module: names and addresses (``layout``), the bridge and the
+hosts' addresses (``network``), each host's namespaces held by one process (``holders``),
+and ending what runs inside (``teardown``). This module puts them together: start, run
+commands in a host, close.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,25 +28,26 @@ from typing import Any
 from training_toolkit import procfs
 from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.local import holders, layout, network, teardown
-from training_toolkit.local.holders import Host
+from training_toolkit.local.holders import EnteredProcess, Host
 from training_toolkit.local.teardown import leftovers
 from training_toolkit.log import log
 
-__all__ = ["Host", "NamespaceCluster", "leftovers"]
+__all__ = ["EnteredProcess", "Host", "NamespaceCluster", "leftovers"]
 
 # What start() needs on PATH, with the package that has it.
-_TOOLS = (("ip", "iproute2"), ("nsenter", "util-linux"), ("unshare", "util-linux"), ("mount", "mount"),
-          ("umount", "mount"))
+_TOOLS = (("ip", "iproute2"), ("nsenter", "util-linux"), ("unshare", "util-linux"), ("setpriv", "util-linux"),
+          ("mount", "mount"), ("umount", "mount"))
 
 
 class NamespaceCluster:
-    """Hosts in network namespaces joined by a bridge, started and torn down as one unit.
+    """Hosts in their own namespaces joined by a bridge, started and torn down as one unit.
 
     Use it as a context manager; ``close()`` also runs after a failed ``start()``, and leaves
     no namespace, process or mount of the cluster behind. The per-host directories under
     ``workdir`` are kept: they hold what the job wrote to ``/opt/ml``.
 
-    A cluster starts once. Not thread-safe: start, use and close it from one thread.
+    A cluster starts once. Not thread-safe: start, use and close it from one thread, and keep
+    that thread alive while the cluster runs: the hosts die with the thread that started them.
     """
 
     def __init__(
@@ -62,17 +65,18 @@ class NamespaceCluster:
         layout.validate(self._names, self._network, self._tag)
         self._addresses = layout.host_addresses(self._network, len(self._names))
         self._hosts: tuple[Host, ...] = ()
-        self._netns_ids: dict[str, procfs.NamespaceId] = {}  # namespace name -> identity, once created
-        self._holders: list[subprocess.Popen[bytes]] = []
+        self._netns_ids: dict[str, procfs.NamespaceId] = {}  # host name (or "" for the switch) -> its netns
+        self._holders: list[subprocess.Popen[bytes]] = []  # the switch first, then one per host
         self._children: list[subprocess.Popen[Any]] = []  # started by popen(), to be reaped
         self._owns_tag = False  # True once start() has checked that nothing uses the tag
         self._nsenter = "nsenter"
+        self._tools: dict[str, str] = {}
 
     # -- what a cluster is called -------------------------------------------------------------
 
     @property
     def tag(self) -> str:
-        """Prefix of every namespace of this cluster; unique per cluster."""
+        """The cluster's name, carried by the processes that hold it; unique per cluster."""
         return self._tag
 
     @property
@@ -101,9 +105,6 @@ class NamespaceCluster:
             raise ClusterError(f"cluster {self._tag} is not running")
         raise ConfigError(f"cluster {self._tag}", "host", f"no host {wanted!r}; hosts: {', '.join(self._names)}")
 
-    def _host_netns(self, name: str) -> str:
-        return layout.host_netns(self._tag, self._names.index(name) + 1)
-
     # -- start -------------------------------------------------------------------------------
 
     def __enter__(self) -> NamespaceCluster:
@@ -123,21 +124,25 @@ class NamespaceCluster:
         """
         if self._owns_tag:
             raise ClusterError(f"cluster {self._tag} was already started; a cluster starts once, make a new one")
-        tools = _require_privileges_and_tools()
-        self._nsenter = tools["nsenter"]
-        taken = network.existing_netns(self._tag)
+        self._tools = _require_privileges_and_tools()
+        self._nsenter = self._tools["nsenter"]
+        taken = holders.holding(self._tag)
         if taken:
             raise ClusterError(
-                f"tag {self._tag!r} is already in use (namespaces {', '.join(taken)}); "
+                f"tag {self._tag!r} is already in use (processes {', '.join(map(str, taken))}); "
                 "pass another tag or close the cluster that owns it"
             )
         self._owns_tag = True
         try:
             holders.prepare_files(self._workdir, self._names, self.hosts_file,
                                   layout.hosts_file_text(self._names, self._addresses))
-            network.create_namespaces(tools["ip"], layout.netns_names(self._tag, len(self._names)), self._netns_ids)
-            network.wire(tools["ip"], self._tag, self._names, self._addresses, self._network.prefixlen)
-            self._start_holders(tools["unshare"])
+            inits = self._start_holders()
+            network.wire(self._tools, self._holders[0].pid, inits, self._names, self._addresses,
+                         self._network.prefixlen)
+            self._hosts = tuple(
+                Host(name=name, address=address, root=self._workdir / name, pid=init)
+                for name, address, init in zip(self._names, self._addresses, inits)
+            )
         except BaseException as exc:
             self.close()
             if isinstance(exc, ClusterError):
@@ -146,26 +151,36 @@ class NamespaceCluster:
                 raise ClusterError(f"starting cluster {self._tag} failed: {exc}") from exc
             raise
 
-    def _holder_argv(self, index: int, unshare: str) -> list[str]:
+    def _holder_argv(self, index: int) -> list[str]:
         """The command that becomes host ``index``'s holder (a seam for failure tests)."""
         name = self._names[index]
-        return holders.holder_argv(self._nsenter, unshare, network.NETNS_DIR / self._host_netns(name), name,
-                                   self._workdir / name / "opt" / "ml", self.hosts_file)
+        return holders.holder_argv(self._tools, name, self._workdir / name / "opt" / "ml", self.hosts_file,
+                                   sys.executable)
 
-    def _start_holders(self, unshare: str) -> None:
-        """Start all holders at once, then wait for each one's "ready" within one deadline."""
-        started = []
+    def _start_holders(self) -> list[int]:
+        """Start the switch and every holder at once, wait for each one's "ready" within one deadline.
+
+        Returns each host's init, in host order; the namespaces are recorded as they come up.
+        """
+        started = [holders.start_holder(holders.switch_argv(self._tools), self._tag)]
+        self._holders.append(started[0])
         for index in range(len(self._names)):
-            proc = holders.start_holder(self._holder_argv(index, unshare))
+            proc = holders.start_holder(self._holder_argv(index), self._tag)
             self._holders.append(proc)
             started.append(proc)
         deadline = time.monotonic() + network.STEP_TIMEOUT_S
-        for name, proc in zip(self._names, started):
-            holders.wait_until_ready(name, proc, deadline)
-        self._hosts = tuple(
-            Host(name=name, address=address, root=self._workdir / name, pid=proc.pid)
-            for name, address, proc in zip(self._names, self._addresses, started)
-        )
+        inits = []
+        for name, proc in zip(("", *self._names), started):
+            holders.wait_until_ready(name or "switch", proc, deadline)
+            held = holders.init_of(proc) if name else proc.pid
+            ident = procfs.netns_of(held)
+            if ident is None or ident in {procfs.netns_of("self"), procfs.netns_of(1)}:
+                # Should never happen; if it did, teardown would kill the caller's processes.
+                raise ClusterError(f"host {name or 'switch'}: its network namespace is not a new one")
+            self._netns_ids[name] = ident
+            if name:
+                inits.append(held)
+        return inits
 
     # -- running commands inside a host -------------------------------------------------------
 
@@ -177,6 +192,15 @@ class NamespaceCluster:
             raise ConfigError(f"cluster {self._tag}", "argv", "a command is needed")
         return holders.enter_argv(self._nsenter, self.host(host).pid, argv, cwd)
 
+    def bridge_command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
+        """The command line that runs ``argv`` in the network namespace of the hosts' bridge (``br0``); pure.
+
+        For watching the job's network as a switch would see it (e.g. capturing on ``br0``).
+        """
+        if not self._hosts:
+            raise ClusterError(f"cluster {self._tag} is not running")
+        return [self._nsenter, f"--net={network.netns_file(self._holders[0].pid)}", "--"] + [os.fspath(a) for a in argv]
+
     def popen(
         self,
         host: Host | str,
@@ -185,10 +209,17 @@ class NamespaceCluster:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         **popen_kwargs: Any,
-    ) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside ``host``, like ``subprocess.Popen``; close() kills it if it still runs."""
+    ) -> EnteredProcess:
+        """Start ``argv`` inside ``host``, like ``subprocess.Popen``; close() kills it if it still runs.
+
+        Signals sent through the returned Popen reach the command (see ``EnteredProcess``).  The
+        command starts in a session of its own, as a container's first process does: a signal
+        meant for the caller's process group (a terminal's Ctrl-C, a CI job's kill) does not
+        reach it, nor nsenter, which would die of it and report the command ended.
+        """
         self._check_alive(host)
-        proc = subprocess.Popen(self.command(host, argv, cwd=cwd), env=env, **popen_kwargs)
+        popen_kwargs.setdefault("start_new_session", True)
+        proc = EnteredProcess(self.command(host, argv, cwd=cwd), env=env, **popen_kwargs)
         self._children = [c for c in self._children if c.poll() is None]
         self._children.append(proc)
         return proc
@@ -205,23 +236,38 @@ class NamespaceCluster:
     ) -> subprocess.CompletedProcess[Any]:
         """Run ``argv`` inside ``host`` to completion, like ``subprocess.run``.
 
-        ``timeout`` is required: a command that hangs inside a namespace must not hang a test.
+        ``timeout`` is required: a command that hangs inside a namespace must not hang a test;
+        at the timeout the command itself is killed, as ``subprocess.run`` would.
         """
-        self._check_alive(host)
-        return subprocess.run(self.command(host, argv, cwd=cwd), env=env, timeout=timeout, **run_kwargs)
+        check = run_kwargs.pop("check", False)
+        if run_kwargs.pop("capture_output", False):
+            run_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        given = run_kwargs.pop("input", None)
+        if given is not None:
+            run_kwargs["stdin"] = subprocess.PIPE
+        with self.popen(host, argv, env=env, cwd=cwd, **run_kwargs) as proc:
+            try:
+                out, err = proc.communicate(given, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check:
+            result.check_returncode()
+        return result
 
     def _check_alive(self, host: Host | str) -> None:
         """Refuse to nsenter a pid that is no longer the holder (it may have been reused)."""
         target = self.host(host)
-        if procfs.netns_of(target.pid) != self._netns_ids.get(self._host_netns(target.name)):
-            raise ClusterError(f"host {target.name} of cluster {self._tag} is gone (holder pid {target.pid})")
+        if procfs.netns_of(target.pid) != self._netns_ids.get(target.name):
+            raise ClusterError(f"host {target.name} of cluster {self._tag} is gone (init pid {target.pid})")
 
     # -- inspection ----------------------------------------------------------------------------
 
     def pids(self) -> dict[str, list[int]]:
         """Every process now in each host's network namespace (holder included), by host."""
-        by_id = {self._netns_ids[ns]: name for name in self._names
-                 if (ns := self._host_netns(name)) in self._netns_ids}
+        by_id = {self._netns_ids[name]: name for name in self._names if name in self._netns_ids}
         found: dict[str, list[int]] = {name: [] for name in self._names} if self._hosts else {}
         for pid, ident in procfs.in_network_namespaces(set(by_id)).items():
             found.setdefault(by_id[ident], []).append(pid)
@@ -230,34 +276,31 @@ class NamespaceCluster:
     def leftovers(self) -> list[str]:
         """What of this cluster still exists; empty after a complete teardown.
 
-        Wider than the module-level ``leftovers(tag)``: it also finds processes in namespaces
-        whose name is already gone, and mounts of the cluster's files in the caller's
-        namespace.
+        Wider than the module-level ``leftovers(tag)``: it also finds processes in the
+        cluster's namespaces once their holders are gone, and mounts of the cluster's files in
+        the caller's namespace.
         """
         found = leftovers(self._tag)
-        named = {network.netns_id(n) for n in network.existing_netns(self._tag)}
-        found += teardown.processes_in({i: n for n, i in self._netns_ids.items() if i not in named})
+        found += teardown.processes_in({ident: name or "switch" for name, ident in self._netns_ids.items()})
         found += [f"child process {p.pid} ({procfs.comm(p.pid)}) still running"
                   for p in self._holders + self._children if p.poll() is None]
-        return found + teardown.mounts_under(self._workdir)
+        return sorted(set(found)) + teardown.mounts_under(self._workdir)
 
     # -- teardown ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill everything inside the cluster and remove its namespaces; never raises.
+        """Kill everything inside the cluster; never raises.
 
         Idempotent and safe on a half-started cluster. Processes are found by membership of
         the cluster's network namespaces (so daemons and their children die too, and nothing
-        outside does), SIGKILLed, and waited for before the namespaces are deleted, so no
-        process outlives its host's name. The holders' mounts disappear with their mount
-        namespaces. Problems are logged, not raised: teardown runs in ``finally`` blocks.
+        outside does), SIGKILLed, and waited for; with the last of them the kernel frees the
+        namespaces, the bridge, the veth pairs and the holders' mounts. Problems are logged,
+        not raised: teardown runs in ``finally`` blocks.
         """
         if not self._owns_tag:
             return
         try:
-            names = sorted(set(self._netns_ids) | set(network.existing_netns(self._tag)))
-            idents = set(self._netns_ids.values()) | {i for i in map(network.netns_id, names) if i is not None}
-            idents -= {procfs.netns_of("self"), procfs.netns_of(1)}
+            idents = set(self._netns_ids.values()) - {procfs.netns_of("self"), procfs.netns_of(1)}
             survivors = teardown.end_everything_in(idents, self._holders + self._children)
             if survivors:
                 log(f"local cluster {self._tag}: processes survived SIGKILL: {', '.join(survivors)}")
@@ -265,7 +308,6 @@ class NamespaceCluster:
                 if holder.stdout is not None:
                     holder.stdout.close()
             self._holders, self._children = [], []
-            network.delete_namespaces(names)
         except Exception as exc:  # teardown must not raise; what is left shows in leftovers()
             log(f"local cluster {self._tag}: teardown failed: {exc!r}")
         finally:
@@ -288,8 +330,8 @@ def _require_privileges_and_tools() -> dict[str, str]:
     missing = [f"`{tool}` ({package})" for tool, package in _TOOLS if tools[tool] is None]
     if missing:
         problems.append(f"needs {', '.join(missing)} on PATH")
-    if not Path("/proc/self/ns/net").exists():
-        problems.append("needs a kernel with network namespaces (/proc/self/ns/net is missing)")
+    if not Path("/proc/self/ns/pid_for_children").exists():
+        problems.append("needs a kernel with network and PID namespaces (/proc/self/ns/pid_for_children is missing)")
     if problems:
         raise ClusterError("a local cluster " + "; ".join(problems))
     return {tool: path for tool, path in tools.items() if path is not None}

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from training_toolkit import procfs
-from training_toolkit.local import layout
-from training_toolkit.local.network import NETNS_DIR, existing_netns, netns_id
+from training_toolkit.local import holders
 from training_toolkit.stopping import Handle, stop_processes
 
 #: Seconds teardown keeps killing processes that are still in a host's namespace.
@@ -43,30 +42,21 @@ def end_everything_in(namespaces: set[procfs.NamespaceId], owned: Sequence[Handl
 
 
 def leftovers(tag: str) -> list[str]:
-    """What of the cluster with this tag still exists: named namespaces, mounts, processes.
+    """What of the cluster with this tag still exists: the processes holding it, and what runs in its hosts.
 
     Needs only the tag, so a test (or an operator after a crash) can check for leaks of a
-    cluster object it no longer has.
+    cluster object it no longer has.  A cluster's namespaces have no name: once no process
+    holds them, the kernel has freed them.
     """
-    found = []
-    names = existing_netns(tag)
-    idents = {}
-    for name in names:
-        found.append(f"network namespace {name}")
-        ident = netns_id(name)
-        if ident is not None:
-            idents[ident] = name
-    pattern = layout.netns_pattern(tag)
-    for mount_point, _root in mounts():
-        if Path(mount_point).parent == NETNS_DIR and pattern.match(Path(mount_point).name):
-            if Path(mount_point).name not in names:
-                found.append(f"mount {mount_point}")
-    found += processes_in(idents)
-    return found
+    holding = holders.holding(tag)
+    namespaces = {procfs.netns_of(pid) for pid in holding} - {None, procfs.netns_of("self")}
+    inside = set(procfs.in_network_namespaces(namespaces))  # type: ignore[arg-type]
+    return ([f"process {pid} ({procfs.comm(pid)}) holding cluster {tag}" for pid in holding]
+            + [f"process {pid} ({procfs.comm(pid)}) in a host of cluster {tag}" for pid in sorted(inside - set(holding))])
 
 
 def processes_in(namespaces: dict[procfs.NamespaceId, str]) -> list[str]:
-    """A line for each process in these network namespaces (given with their names)."""
+    """A line for each process in these network namespaces (given with what names them)."""
     return [f"process {pid} ({procfs.comm(pid)}) in network namespace {namespaces[ident]}"
             for pid, ident in procfs.in_network_namespaces(set(namespaces)).items()]
 

@@ -33,6 +33,7 @@ from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
 from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
 from training_toolkit.stopping import stop_processes
+from training_toolkit.tripwire import Tripwire
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
@@ -79,9 +80,11 @@ class MpiAgent(HostAgent):
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
+        self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
+        self._tripwire = Tripwire(directory=self._ssh_dir)
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
@@ -170,6 +173,8 @@ class MpiAgent(HostAgent):
             self.sshd.stop()
         if self._ssh_dir is not None:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
+        if self._tripwire is not None:
+            self._tripwire.disarm()
 
 
 def mpi_options(ctx: RunContext) -> MpiOptions:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from helpers.jobs import clean_env, toolkit_cmd
 from helpers.multihost import hps, source_dir
 from helpers.paths import IMAGE, REPO
+from training_toolkit import procfs
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names
@@ -39,9 +41,8 @@ def client():
 
 def labelled(client) -> set[str]:
     """Everything at the engine that carries the toolkit's job label."""
-    selector = {"label": LABEL_JOB}
-    return ({f"container {c.name}" for c in client.containers.list(all=True, filters=selector, ignore_removed=True)}
-            | {f"network {n.name}" for n in client.networks.list(filters=selector)})
+    return ({f"container {c['Name']}" for c in engine.containers(client, LABEL_JOB)}
+            | {f"network {n['Name']}" for n in engine.networks(client, LABEL_JOB)})
 
 
 @pytest.fixture
@@ -263,7 +264,7 @@ def test_a_name_clash_is_one_line_and_the_existing_container_is_untouched(tmp_pa
         assert f"containers named algo-2-{tail} already exist" in proc.stderr
         existing.reload()
         assert existing.name == f"algo-2-{tail}"
-        assert not any(c.name == f"algo-1-{tail}" for c in client.containers.list(all=True))
+        assert not any(c["Name"] == f"algo-1-{tail}" for c in engine.containers(client))
     finally:
         existing.remove(force=True)
 
@@ -280,3 +281,67 @@ def test_the_timeout_stops_every_container_with_its_grace(tmp_path, client, noth
     assert started == ["started-0", "started-1", "started-2", "started-3"], text
     assert graceful == ["term-0", "term-1", "term-2", "term-3"], text
     assert wall < 25 + 20, f"{wall:.0f} s"
+
+
+SPIN = "import time\nopen('/opt/ml/model/started', 'w').close()\nwhile True:\n    time.sleep(1)\n"
+
+
+def start_spinning_job(tmp_path: Path, name: str) -> tuple[subprocess.Popen, str]:
+    """A 2-host job whose hosts spin, once both have started; its host-name suffix."""
+    src = tmp_path / f"{name}-src"
+    src.mkdir()
+    (src / "spin.py").write_text(SPIN)
+    work, tail = tmp_path / name, suffix()
+    proc = subprocess.Popen(
+        toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "2", "--host-suffix", tail, "--source", str(src),
+                         "--entry-point", "spin.py", "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=clean_env(DOCKER_HOST=engine.socket_url()))
+    deadline = time.monotonic() + 120
+    while len(list(work.glob("*/opt/ml/model/started"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    return proc, tail
+
+
+def of_job(client, tail: str) -> set[str]:
+    """The containers of the job whose hosts end in ``tail``, and their network (other jobs may run meanwhile)."""
+    containers = [c for c in engine.containers(client, LABEL_JOB) if c["Name"].endswith(f"-{tail}")]
+    jobs = {c["Labels"][LABEL_JOB] for c in containers}
+    return ({f"container {c['Name']}" for c in containers}
+            | {f"network {n['Name']}" for n in engine.networks(client, LABEL_JOB) if n["Labels"][LABEL_JOB] in jobs})
+
+
+def reaper_of(local: subprocess.Popen) -> int:
+    (pid,) = [p.pid for p in procfs.descendants(local.pid) if "training_toolkit.local.reaper" in (procfs.cmdline(p.pid) or "")]
+    return pid
+
+
+def test_a_killed_local_leaves_no_container_its_reaper_removes_them(tmp_path, client, nothing_left):
+    local, tail = start_spinning_job(tmp_path, "killed")
+    assert len(of_job(client, tail)) == 3  # two containers and their network
+    reaper = reaper_of(local)
+    os.killpg(local.pid, signal.SIGKILL)  # the reaper has a session of its own
+    local.communicate(timeout=30)
+    deadline = time.monotonic() + 60
+    while of_job(client, tail):
+        assert time.monotonic() < deadline, f"left after local was killed: {of_job(client, tail)}"
+        time.sleep(0.2)
+    assert not procfs.alive(reaper)
+
+
+def test_what_a_killed_local_and_its_killed_reaper_left_the_next_local_removes(tmp_path, client, nothing_left):
+    local, tail = start_spinning_job(tmp_path, "killed")
+    os.kill(reaper_of(local), signal.SIGKILL)
+    os.killpg(local.pid, signal.SIGKILL)
+    local.communicate(timeout=30)
+    assert len(of_job(client, tail)) == 3  # nobody removed them: the next launcher on this machine does
+    proc = subprocess.run(
+        toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "1", "--host-suffix", suffix(),
+                         "--source", str(REPO / "examples" / "single" / "code"), "--entry-point", "train.py",
+                         "--channel", f"train={REPO / 'examples' / 'single' / 'data' / 'train'}",
+                         "--workdir", str(tmp_path / "next")],
+        capture_output=True, text=True, timeout=240, env=clean_env(DOCKER_HOST=engine.socket_url()))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"left by a launcher that died (pid {local.pid})" in proc.stderr
+    assert of_job(client, tail) == set()

@@ -7,6 +7,7 @@ any cluster of this run survived.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import selectors
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from training_toolkit import procfs
 from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.local.netns import NamespaceCluster, leftovers
+from training_toolkit.local import teardown
+from training_toolkit.local.netns import Host, NamespaceCluster, leftovers
 
 NAMES = ("algo-1", "algo-2", "algo-3")
 #: Tags of this run's clusters start with it, so the final check ignores other runs' clusters.
@@ -62,14 +65,14 @@ print(conn.makefile().read())
 @pytest.fixture(scope="module", autouse=True)
 def nothing_left_after_the_run() -> Iterator[None]:
     yield
+    held = [pid for pid in procfs.pids() if f"TT_LOCAL_CLUSTER={RUN_PREFIX}".encode() in environ(pid)]
     netns = Path("/run/netns")
-    names = (
-        sorted(n for n in os.listdir(netns) if n.startswith(RUN_PREFIX)) if netns.exists() else []
-    )
+    names = sorted(os.listdir(netns)) if netns.exists() else []
     mounts = [
         line for line in Path("/proc/self/mountinfo").read_text().splitlines() if RUN_PREFIX in line
     ]
-    assert names == [] and mounts == [], f"leaked namespaces {names}, mounts {mounts}"
+    assert not [n for n in names if n.startswith(RUN_PREFIX)] and mounts == [], f"leaked namespaces {names}, mounts {mounts}"
+    assert held == []
 
 
 @pytest.fixture
@@ -96,6 +99,29 @@ def run_text(cluster: NamespaceCluster, host: str, argv: list[str], **kw: object
     result = cluster.run(host, argv, timeout=20, capture_output=True, text=True, **kw)  # type: ignore[arg-type]
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+def environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def named(cluster: NamespaceCluster, host: str, names: set[str], count: int) -> list[int]:
+    """The ``count`` processes in ``host`` with these names, once there are that many (they may be forking)."""
+    deadline = time.monotonic() + 10
+    while len(found := [p for p in cluster.pids()[host] if procfs.comm(p) in names]) != count:
+        assert time.monotonic() < deadline, f"{host}: {[procfs.describe(p) for p in found]}, not {count} of {names}"
+        time.sleep(0.01)
+    return found
+
+
+def holding(host: Host) -> list[int]:
+    """The two processes that hold a host: the holder (unshare) and the init it forked."""
+    init = procfs.read(host.pid)
+    assert init is not None
+    return sorted([init.ppid, host.pid])
 
 
 def read_line(stream, timeout: float) -> str:  # type: ignore[no-untyped-def]
@@ -142,7 +168,7 @@ def test_three_hosts_start_quickly_each_with_its_own_name_and_opt_ml(make_cluste
         assert f"inet {host.address}/24" in run_text(
             cluster, host.name, ["ip", "-4", "-o", "addr", "show", "eth0"]
         )
-        assert cluster.pids()[host.name] == [host.pid]
+        assert cluster.pids()[host.name] == holding(host)
     # nothing of it in the caller's namespaces
     assert not Path("/opt/ml/marker").exists()
     assert os.uname().nodename not in NAMES
@@ -161,6 +187,8 @@ def test_commands_start_in_root_unless_a_directory_inside_the_host_is_given(make
         "--net",
         "--mount",
         "--uts",
+        "--ipc",
+        "--pid",
         "--wdns=/opt/ml",
         "--",
         "ls",
@@ -201,14 +229,9 @@ def test_close_kills_every_process_inside_even_daemons(make_cluster) -> None:  #
     cluster.start()
     sleeper = cluster.popen("algo-1", ["sleep", "1000"])
     # Detached from our process tree: only its namespace ties it to the cluster.
-    daemon = int(
-        run_text(
-            cluster,
-            "algo-2",
-            ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
-        )
-    )
-    assert alive(daemon) and os.getppid() != daemon
+    run_text(cluster, "algo-2", ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 &"])
+    (daemon,) = named(cluster, "algo-2", {"sleep"}, 1)
+    assert alive(daemon)
     pids = cluster.pids()
     assert sleeper.pid in pids["algo-1"] and daemon in pids["algo-2"]
     holders = [h.pid for h in cluster.hosts]
@@ -234,10 +257,10 @@ def test_close_after_a_failed_start_leaves_nothing(
 ) -> None:  # type: ignore[no-untyped-def]
     real_holder = NamespaceCluster._holder_argv
 
-    def third_host_fails(self: NamespaceCluster, index: int, unshare: str) -> list[str]:
+    def third_host_fails(self: NamespaceCluster, index: int) -> list[str]:
         if index == 2:
             return ["/bin/sh", "-c", "echo 'mount: /opt/ml: permission denied'; exit 32"]
-        return real_holder(self, index, unshare)
+        return real_holder(self, index)
 
     monkeypatch.setattr(NamespaceCluster, "_holder_argv", third_host_fails)
     cluster = make_cluster()
@@ -260,7 +283,7 @@ def test_a_tag_in_use_is_refused_without_harming_its_owner(make_cluster) -> None
         intruder.start()
     intruder.close()
     assert run_text(owner, "algo-1", ["hostname"]) == "algo-1"
-    assert owner.pids() == {"algo-1": [owner.hosts[0].pid]}
+    assert owner.pids() == {"algo-1": holding(owner.hosts[0])}
 
 
 def test_two_clusters_with_the_same_names_and_addresses_do_not_collide(make_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -389,3 +412,89 @@ def test_ssh_between_hosts_with_a_pinned_host_key(make_cluster, tmp_path: Path) 
     finally:
         cluster.close()
         sshd.stderr.close()
+
+
+# -- a host is a PID namespace, and dies with whoever started it -------------------------
+
+
+def test_a_host_is_a_pid_namespace_whose_init_reaps_orphans(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = make_cluster(("algo-1",))
+    cluster.start()
+    # its own pid space, and its own /proc: the host's init is 1, and what runs there sees itself
+    assert run_text(cluster, "algo-1", ["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $$"]).split(
+        "\n")[0].startswith(sys.executable)
+    assert run_text(cluster, "algo-1", [PYTHON, "-c", "import os; print(os.getpid() == int(os.readlink('/proc/self')))"]) \
+        == "True"
+    # an orphan goes to the init, which reaps it when it ends: no zombie stays
+    run_text(cluster, "algo-1", ["sh", "-c", "sleep 0.2 </dev/null >/dev/null 2>&1 &"])
+    deadline = time.monotonic() + 10
+    while any(procfs.comm(p) == "sleep" for p in cluster.pids()["algo-1"]):
+        assert time.monotonic() < deadline, "the orphan was not reaped"
+        time.sleep(0.05)
+
+
+def test_everything_in_a_host_dies_with_its_init(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = make_cluster(("algo-1", "algo-2"))
+    cluster.start()
+    sleeper = cluster.popen("algo-2", ["sleep", "1000"])
+    run_text(cluster, "algo-2", ["sh", "-c", "setsid sh -c 'trap \"\" TERM HUP; sleep 1000' </dev/null >/dev/null 2>&1 &"])
+    inside = named(cluster, "algo-2", {"sh", "sleep"}, 3)
+    os.kill(cluster.hosts[1].pid, 9)  # the host's init: as when its holder dies
+    assert sleeper.wait(timeout=10) == -9
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in inside):
+        assert time.monotonic() < deadline, f"survived their host's init: {[procfs.describe(p) for p in inside]}"
+        time.sleep(0.02)
+    assert run_text(cluster, "algo-1", ["hostname"]) == "algo-1"  # the other host lives on
+
+
+# A launcher of its own: starts a cluster, starts processes in it that ignore every polite signal,
+# says where they are, and waits to be killed.
+LAUNCHER = """
+import json, sys, time
+from pathlib import Path
+from training_toolkit.local.netns import NamespaceCluster
+cluster = NamespaceCluster(["algo-1", "algo-2"], Path(sys.argv[1]), tag=sys.argv[2])
+cluster.start()
+cluster.popen("algo-1", ["sh", "-c", "trap '' TERM HUP INT; while :; do :; done"])
+cluster.run("algo-2", ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 &"], timeout=20)
+print(json.dumps({"pids": cluster.pids()}), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_a_launcher_killed_with_sigkill_leaves_nothing_of_its_cluster(tmp_path: Path) -> None:
+    tag = f"{RUN_PREFIX}-{secrets.token_hex(3)}"
+    launcher = subprocess.Popen([PYTHON, "-c", LAUNCHER, str(tmp_path / "w"), tag], stdout=subprocess.PIPE, text=True)
+    try:
+        line = read_line(launcher.stdout, 30)
+        assert line, "the launcher did not start its cluster"
+        pids = [p for host in json.loads(line)["pids"].values() for p in host]
+        namespaces = {procfs.netns_of(p) for p in pids} - {None}
+        assert len(pids) >= 7 and len(namespaces) == 2  # holders, inits, the spinner, the daemon, in 2 hosts
+        assert len(leftovers(tag)) >= 5
+        links_before = _root_links()
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=10)
+    began = time.monotonic()
+    while leftovers(tag) or procfs.in_network_namespaces(namespaces) or any(alive(p) for p in pids):
+        assert time.monotonic() - began < 10, f"left after the launcher died: {leftovers(tag)}"
+        time.sleep(0.02)
+    print(f"\nlast process of the cluster gone {time.monotonic() - began:.3f} s after the launcher")
+    assert teardown.mounts_under(tmp_path / "w") == []
+    assert _root_links() == links_before  # the veth pairs were never in the machine's namespace
+
+
+def _root_links() -> list[str]:
+    return sorted(line.split(":")[1].strip() for line in subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines())
+
+
+def test_the_bridge_sees_every_host_and_is_nowhere_else(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = make_cluster(("algo-1", "algo-2"))
+    cluster.start()
+    links = subprocess.run(cluster.bridge_command(["ip", "-o", "link", "show", "master", "br0"]),
+                           capture_output=True, text=True, timeout=20, check=True).stdout
+    assert [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()] == ["veth1", "veth2"]
+    assert "br0" not in " ".join(_root_links())

@@ -8,7 +8,6 @@ variables, mounted files (modes included), DNS names and signals its operator wo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 
@@ -146,7 +145,7 @@ def test_sigterm_gives_the_script_its_grace_within_the_pods_termination_grace_pe
             time.sleep(0.1)
         ended["sent"] = time.monotonic()
         for proc in procs.values():
-            os.kill(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # to train itself, as the kubelet signals a container's PID 1
 
     results = run_pods(pods, tmp_path, hps("k8s_view.py", src, sagemaker_torch_distributed_enabled=False),
                        env={"WAIT_FOR_SIGTERM": "1"}, timeout_s=90, on_start=kubelet_stops_the_pods)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from training_toolkit.local import artifacts
 from training_toolkit.local.containers import (
-    CODE_DIR, LABEL_HOST, LABEL_JOB, ContainerJob, container_job, host_names, new_job_id,
+    CODE_DIR, LABEL_HOST, LABEL_JOB, LABEL_LAUNCHER, ContainerJob, container_job, host_names, new_job_id,
 )
 from training_toolkit.local.job import HostResult, LocalJob, host_tree, job_exit_code, resource_config
 from training_toolkit.local.prefix import LinePrefixer
@@ -23,6 +23,13 @@ def _job(**kw) -> LocalJob:
 def test_host_names_plain_and_with_a_suffix():
     assert host_names(3) == ("algo-1", "algo-2", "algo-3")
     assert host_names(2, "x7k2q") == ("algo-1-x7k2q", "algo-2-x7k2q")
+
+
+def test_everything_of_a_job_names_its_launcher_when_given():
+    spec = container_job(_job(), image="i", workdir=Path("/w"), source=Path("/s"), job_id="tt-1", secret=None,
+                         grace_s=1, launcher="boot:4026531836:42:1000")
+    assert spec.network_kwargs()["labels"] == {LABEL_JOB: "tt-1", LABEL_LAUNCHER: "boot:4026531836:42:1000"}
+    assert all(c.create_kwargs()["labels"][LABEL_LAUNCHER] == "boot:4026531836:42:1000" for c in spec.containers)
 
 
 def test_job_ids_are_fresh():

@@ -43,9 +43,5 @@ def test_hosts_get_addresses_from_the_eleventh_on_and_one_hosts_file():
         "198.51.100.11\talgo-1", "198.51.100.12\talgo-2"]
 
 
-def test_namespace_names_are_exactly_the_clusters_own():
-    assert layout.netns_names("t1", 2) == ["t1-br", "t1-h1", "t1-h2"]
-    pattern = layout.netns_pattern("a")
-    assert pattern.match("a-br") and pattern.match("a-h12")
-    assert not pattern.match("a-h1-br")  # the bridge of tag "a-h1" is not tag "a"'s
+def test_every_cluster_gets_a_tag_of_its_own():
     assert layout.new_tag() != layout.new_tag()

@@ -1,0 +1,49 @@
+"""``python -m training_toolkit.local.reaper JOB_ID``: removes a container job once its launcher is gone.
+
+A container job's containers belong to the engine, not to the launcher: nothing in the
+kernel ends them when ``training-toolkit local --image`` dies.  So the launcher starts this
+reaper, in a session of its own, with a pipe on its standard input, and writes ``done``
+there once it has removed the job itself.  The end of the input without ``done`` means the
+launcher died (SIGKILL included): the reaper kills and removes every container and network
+labelled with the job, says so in one line, and exits.  It outlives the launcher only for
+that.  Should the reaper be killed too, the next launcher removes the job (its launcher label
+names a process that is gone).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+#: What the launcher writes once it has removed the job itself.
+DONE = b"done"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m training_toolkit.local.reaper JOB_ID\n")
+        return 64
+    job_id = args[0]
+    said = sys.stdin.buffer.read()  # until the launcher closes the pipe, or dies
+    if said.strip() == DONE:
+        return 0
+    from training_toolkit.errors import ToolkitError
+    from training_toolkit.local import engine
+    from training_toolkit.log import log
+
+    try:
+        client = engine.connect()
+        left = engine.leftovers(client, job_id)
+        problems = engine.remove_job(client, job_id) if left else []
+    except ToolkitError as exc:
+        log(f"local: the launcher of job {job_id} died; removing the job failed: {exc}")
+        return 1
+    if left:
+        log(f"local: the launcher of job {job_id} died: removed {', '.join(left)}"
+            + (f"; could not remove: {'; '.join(problems)}" if problems else ""))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
