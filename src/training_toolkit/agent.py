@@ -275,8 +275,12 @@ class HostAgent(StallWatch):
             return
         self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
 
+    def setup_failure(self, exc: ToolkitError) -> str:
+        """A setup failure's reason, naming this host (a job of one host names none, as the reference)."""
+        return str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
-        reason = str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+        reason = self.setup_failure(exc)
         with _signals_held():
             actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
         outcome = self._carry_out(actions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.membership import SoloSeat
+from training_toolkit.errors import CodeError, ToolkitError
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -31,7 +32,14 @@ class SingleAgent(HostAgent):
         super().__init__(ctx, SoloSeat, hosts=(ctx.plan.current_host,))
 
     def start(self) -> list[Local]:
-        return [Local("script", self.supervise(self.ctx.argv, self.ctx.script_env, cwd=str(self.ctx.code_dir)))]
+        try:
+            child = self.supervise(self.ctx.argv, self.ctx.script_env, cwd=str(self.ctx.code_dir))
+        except OSError as exc:
+            raise CodeError(f"cannot run {self.ctx.argv[0]}: {exc.strerror or exc}") from None
+        return [Local("script", child)]
+
+    def setup_failure(self, exc: ToolkitError) -> str:
+        return str(exc)  # one host: the reason names no host, as before
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         return outcome_of(local.child, status)  # one host: the reason names no host, as before
