@@ -38,6 +38,8 @@ def one_round(tmp: Path, fault: str, rank: int, host: str) -> tuple[bool, str, f
            "TRAINING_TOOLKIT_GRACE_PERIOD": "10", "STEPS": "8", "STEP_S": "0.3"}
     if fault != "sigterm":
         env.update({"FAULT": fault, "FAULT_RANK": str(rank), "FAULT_STEP": "2"})
+    else:
+        env["STEPS"] = "40"  # 12 s of steps: the signal (4-6 s after the start) always lands while the ranks run
     job = LocalJob(hosts=HOSTS, env=env, hyperparameters=hps("mpi_stall.py", src, sagemaker_mpi_enabled=True,
                                                                sagemaker_mpi_num_of_processes_per_host=2))
     tags: list[str] = []
