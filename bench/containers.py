@@ -7,7 +7,9 @@ Two figures, from runs interleaved round by round, through the engine DOCKER_HOS
    started, the toolkit's join, keys and sshd, mpirun, teardown of every container and the network,
    artifacts), vs ``mpirun`` exec'ed in algo-1 of two containers of the same image that are already
    running, with sshd and the job's ssh files in place, with the options our runner passes.
-   Target: ours <= bare + 1.5 s.
+   Target: ours <= bare + 1.5 s.  Each rank prints CLOCK_MONOTONIC when it starts and ends, so each
+   run splits into: the call (or exec) to the first rank's start, the ranks, the last rank's end to
+   the return; the medians of each, ours beside bare, say where the difference is.
 2. containers started to every host past the barrier, 4 containers, one process each (the
    torch-style launcher: no framework import): from just before the first container's start to
    the moment the last host's script starts (each writes ``time.monotonic()`` first thing;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import statistics
 import sys
@@ -41,10 +44,27 @@ PYTHON = "/opt/venv/bin/python"  # the image's venv
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 ALLREDUCE = """\
+import sys, time
+sys.stdout.write(f"STAMP start {time.monotonic()}\\n")  # one write: mpirun tags each write on its own
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 assert comm.allreduce(comm.Get_rank() + 1) == comm.Get_size() * (comm.Get_size() + 1) // 2
+sys.stdout.write(f"STAMP end {time.monotonic()}\\n")
+sys.stdout.flush()
 """
+STAMP_LINE = re.compile(rb"STAMP (start|end) ([0-9.]+)")
+
+
+def phases(output: bytes, t0: float, t1: float) -> tuple[float, float, float]:
+    """(call to the first rank's start, first start to last end, last end to return): where a job's time went.
+
+    Each rank prints CLOCK_MONOTONIC, the kernel's, the same in every container and here."""
+    found = [(kind, float(value)) for kind, value in STAMP_LINE.findall(output)]
+    starts = [t for kind, t in found if kind == b"start"]
+    ends = [t for kind, t in found if kind == b"end"]
+    if len(starts) != 4 or len(ends) != 4:
+        raise SystemExit(f"expected 4 ranks' stamps, got {len(starts)} starts and {len(ends)} ends")
+    return min(starts) - t0, max(ends) - min(starts), t1 - max(ends)
 SSH_DIR = "/run/bench-ssh"
 
 def mpi_job(hosts) -> LocalJob:
@@ -53,16 +73,16 @@ def mpi_job(hosts) -> LocalJob:
         "sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "2"})
 
 
-def ours(client, src: Path, workdir: Path) -> float:
+def ours(client, src: Path, workdir: Path) -> tuple[float, tuple[float, float, float], float]:
     out = io.BytesIO()
     t0 = time.monotonic()
     run = run_containers(mpi_job(host_names(2, secrets.token_hex(3))), workdir, image=IMAGE, source=src, out=out,
                          client=client, timeout_s=300)
-    wall = time.monotonic() - t0
+    t1 = time.monotonic()
     if [r.exit_code for r in run.results] != [0, 0] or run.leftovers:
         sys.stdout.buffer.write(out.getvalue())
         raise SystemExit(f"ours: exit codes {[r.exit_code for r in run.results]}, left {run.leftovers}")
-    return wall
+    return t1 - t0, phases(out.getvalue(), t0, t1), run.starting_at - t0  # the last: network and containers created
 
 
 class Prepared:
@@ -101,10 +121,11 @@ class Prepared:
             raise SystemExit(f"prepare {self.hosts[index]}: {argv[:3]} exited {code}: {output.decode(errors='replace')}")
         return output
 
-    def bare(self) -> float:
+    def bare(self) -> tuple[float, tuple[float, float, float]]:
         t0 = time.monotonic()
-        self._exec(0, self.mpirun)
-        return time.monotonic() - t0
+        output = self._exec(0, self.mpirun)
+        t1 = time.monotonic()
+        return t1 - t0, phases(output, t0, t1)
 
     def close(self) -> list[str]:
         return engine.remove_job(self.client, self.id)
@@ -131,6 +152,9 @@ def main() -> None:
     client = engine.connect()
     engine.check_image(client, IMAGE)
     wall_ours, wall_bare, barriers = [], [], []
+    parts_ours: list[tuple[float, float, float]] = []
+    parts_bare: list[tuple[float, float, float]] = []
+    created: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-containers-") as tmp:
         src, keys = Path(tmp) / "src", Path(tmp) / "keys"
         src.mkdir()
@@ -141,21 +165,33 @@ def main() -> None:
         try:
             prepared.bare()  # warm-up: the first exec pays for page cache
             for i in range(rounds):
-                wall_ours.append(ours(client, src, Path(tmp) / f"ours-{i}"))
-                wall_bare.append(prepared.bare())
+                mine = ours(client, src, Path(tmp) / f"ours-{i}")
+                created.append(mine[2])
+                for walls, parts, result in ((wall_ours, parts_ours, mine), (wall_bare, parts_bare, prepared.bare())):
+                    walls.append(result[0])
+                    parts.append(result[1])
                 barriers.append(barrier(client, src, Path(tmp) / f"barrier-{i}"))
                 print(f"round {i + 1}/{rounds}: mpi 2x2 ours {wall_ours[-1]:.2f} s, bare {wall_bare[-1]:.2f} s; "
                       f"4 containers started to barrier {barriers[-1]:.2f} s", flush=True)
         finally:
             problems = prepared.close()
-    left = sorted(c.name for c in client.containers.list(all=True, filters={"label": LABEL_JOB}))
-    left += sorted(n.name for n in client.networks.list(filters={"label": LABEL_JOB}))
+    # Only what this benchmark made: others' jobs may share the engine's storage (another service, same podman).
+    mine = {"label": f"{LABEL_JOB}={prepared.id}"}
+    left = sorted(c.name for c in client.containers.list(all=True, filters=mine))
+    left += sorted(n.name for n in client.networks.list(filters=mine))
     print(f"engine {client.version().get('Components', [{}])[0].get('Name', '?')} {client.version()['Version']}, "
           f"image {IMAGE}, {rounds} interleaved rounds:")
     print(f"  MPI 2 containers x 2 ranks, bare mpirun (prepared)   {stats(wall_bare)}")
     print(f"  MPI 2 containers x 2 ranks, local --image (whole)    {stats(wall_ours)}   "
           f"(+{statistics.median(wall_ours) - statistics.median(wall_bare):.2f} s over bare; target <= 1.5)")
     print(f"  4 containers: started to every host past the barrier {stats(barriers)}   (target <= 2)")
+    print("  where the MPI job's time went, medians (ours / bare / ours - bare):")
+    for k, name in enumerate(("call to the first rank's start", "first rank's start to the last one's end",
+                              "last rank's end to return")):
+        o, b = (statistics.median(p[k] for p in parts) for parts in (parts_ours, parts_bare))
+        print(f"    {name:42s} {o:5.2f} s / {b:5.2f} s / {o - b:+5.2f} s")
+    print(f"    of ours' first part, the network and containers created (before the first start): "
+          f"{statistics.median(created):.2f} s")
     if problems or left:
         raise SystemExit(f"left behind: {problems + left}")
     print("  nothing left at the engine (containers, networks)")

@@ -90,7 +90,7 @@ class HostAgent(StallWatch):
         self.host = ctx.plan.current_host
         self.hosts = tuple(hosts or ctx.plan.hosts)  # the job's hosts as this agent sees them
         self.is_master = self.hosts[0] == self.host
-        self.secret = job_secret(ctx.job, ctx.environ)  # None: the platform gave none
+        self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
         self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()

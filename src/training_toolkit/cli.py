@@ -62,6 +62,7 @@ def build_parser():
     _add_platform_flag(run)
     plan = sub.add_parser("plan", help="print what `run` would do, running nothing", description="Print the resolved job, runner, command and environment (secrets redacted), running nothing.")
     _add_job_flags(plan)
+    _add_platform_flag(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("local", help="run a job on N local hosts (network namespaces, needs root; or containers with --image); see `local --help`")
     return parser
@@ -84,7 +85,7 @@ def _main(argv: list[str]) -> int:
     if args.command == "run":
         return run(args.base_dir, args.grace_period, dict(os.environ), args.platform)
     if args.command == "plan":
-        return show_plan(args.base_dir, args.json, dict(os.environ))
+        return show_plan(args.base_dir, args.json, dict(os.environ), args.platform)
     build_parser().print_help(sys.stderr)
     return errors.EXIT_USAGE
 
@@ -109,18 +110,29 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], platform: str | None = None) -> int:
+    """The one flow (docs/architecture.md): settings, the platform's view, /opt/ml, the job, the verdict."""
     from training_toolkit import report
 
     # The job directory first: a bad setting is a verdict too, and the verdict goes there.
     paths = Paths.at(settings.value_of("base_dir", environ, base_dir))
-    adapter = _platform_adapter(paths, environ, platform)
     report.clear_verdict(paths)
+    found = None  # (platform, facts, view): the platform reports the end even when its view could not be made
     try:
-        if adapter is not None:  # Kubernetes: build the /opt/ml view and the environment from the operator's facts
-            environ = adapter.prepare(environ)
-        config = settings.parse(environ, base_dir=base_dir, grace_s=grace_s, platform=platform)
+        config = settings.parse(environ, read=_read_bytes, base_dir=base_dir, grace_s=grace_s, platform=platform)
+        environ = settings.without_secrets(environ)  # the one point where secrets leave the environment
         _warn_unknown(environ)
-        outcome = _run(paths, config, environ)
+        chosen, facts = _platform(paths, config, environ)
+        found = (chosen, facts, None)
+        view = chosen.view(facts)
+        found = (chosen, facts, view)
+        for note in view.notes:
+            log(note)
+        config = settings.override(config, view.overrides)
+        chosen.wait(view, config)
+        from training_toolkit.platforms.opt_ml import write_view
+
+        write_view(paths, view)
+        outcome = _run(paths, config, environ, facts.hardware)
     except errors.ToolkitError as exc:
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
@@ -133,23 +145,40 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
     if not outcome.ok:
         log(f"failed: {outcome.reason}")
     report.write_verdict(paths, outcome)
-    if adapter is not None:
-        adapter.finish(outcome.exit_code, outcome.reason)
+    if found is None:
+        found = _platform_despite_bad_settings(paths, environ)
+    if found is not None:
+        found[0].report_end(found[1], found[2], outcome.exit_code, outcome.reason)
     return outcome.exit_code
 
 
-def _platform_adapter(paths: Paths, environ: Mapping[str, str], platform: str | None):
-    """The Kubernetes adapter when this is a pod an operator started (or the setting says so); None elsewhere."""
-    if not environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            chosen = settings.value_of("platform", environ, platform)
-        except errors.ConfigError:
-            chosen = None  # the adapter reports it
-        if chosen in ("auto", "sagemaker"):
-            return None  # SageMaker and local hosts: no import on the launch path
-    from training_toolkit.platforms.kubernetes import adapter_for
+def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
+    """A bad setting is a verdict too: the platform (with every other setting at its default) still reports it."""
+    try:
+        config = settings.parse({}, base_dir=str(paths.base))._replace(
+            termination_log=settings.value_of("termination_log", environ))
+        chosen, facts = _platform(paths, config, settings.without_secrets(environ))
+        return chosen, facts, None
+    except Exception:  # noqa: BLE001 - nothing more can be told, and the verdict files are written already
+        return None
 
-    return adapter_for(paths, environ, platform)
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise errors.ConfigError(path, None, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _platform(paths: Paths, config: Settings, environ: Mapping[str, str]):
+    """The platform this container is on (detected, or named by the setting), and the facts it looked at."""
+    from training_toolkit import hardware, platforms
+
+    facts = platforms.gather(environ, paths, config, hardware.probe(config.num_gpus))
+    return platforms.choose(config.platform, facts), facts
 
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:
@@ -157,19 +186,13 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
         log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
 
 
-def _resolve(paths: Paths, config: Settings, environ: Mapping[str, str]):
-    from training_toolkit import hardware, job, plan
-
-    spec = job.load_job(paths, environ, hardware.probe(config.num_gpus))
-    return spec, plan.make_plan(spec)
-
-
-def _run(paths: Paths, config: Settings, environ: dict[str, str]):
-    from training_toolkit import code, contract
+def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware):
+    from training_toolkit import code, contract, job, plan
     from training_toolkit.process import become_subreaper
     from training_toolkit.runners.base import RunContext
 
-    spec, launch = _resolve(paths, config, environ)
+    spec = job.load_job(paths, environ, hardware)
+    launch = plan.make_plan(spec)
     python = code.python_for(config.python)
     setup_error, code_dir, argv = None, spec.paths.code_dir, ()
     try:
@@ -201,7 +224,7 @@ def _runner(name: str):
     return runner(name)
 
 
-def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> int:
+def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], platform: str | None = None) -> int:
     import json
     import shlex
 
@@ -209,10 +232,14 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     from training_toolkit.redact import redact
 
     try:
-        config = settings.parse(environ, base_dir=base_dir)
+        config = settings.parse(environ, read=_read_bytes, base_dir=base_dir, platform=platform)
+        environ = settings.without_secrets(environ)
         _warn_unknown(environ)
         paths = Paths.at(config.base_dir)
-        spec, launch = _resolve(paths, config, environ)
+        chosen, facts = _platform(paths, config, environ)
+        view = chosen.view(facts)
+        config = settings.override(config, view.overrides)
+        spec, launch = _planned_job(paths, view, environ, facts.hardware)
         python = code.python_for(config.python)
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)
@@ -231,6 +258,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
         return exc.exit_code
     shown_env = redact({k: v for k, v in script_env.items() if environ.get(k) != v or k.startswith("SM_")})
     doc = {
+        "platform": view.platform,
         "base_dir": str(paths.base),
         "current_host": spec.resource.current_host,
         "hosts": list(spec.resource.hosts),
@@ -244,6 +272,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     if as_json:
         print(json.dumps(doc, indent=2))
         return 0
+    print(f"platform:     {doc['platform']}")
     print(f"base dir:     {doc['base_dir']}")
     print(f"current host: {doc['current_host']} of {', '.join(doc['hosts'])}")
     print(f"runner:       {launch.runner} on {', '.join(launch.hosts)}")
@@ -257,6 +286,20 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str]) -> i
     for key, value in doc["environment"].items():
         print(f"  {key}={value}")
     return 0
+
+
+def _planned_job(paths: Paths, view, environ: Mapping[str, str], hardware):
+    """The JobSpec and LaunchPlan ``run`` would make from ``view``, without writing it: the same documents."""
+    from training_toolkit import job, plan
+    from training_toolkit.platforms.opt_ml import documents
+
+    files = documents(view)
+    if not files:
+        spec = job.load_job(paths, environ, hardware)
+    else:
+        spec = job.build_job(paths, files["hyperparameters.json"], files["resourceconfig.json"],
+                             files["inputdataconfig.json"], environ, hardware)
+    return spec, plan.make_plan(spec)
 
 
 def _planned_command(spec, python: str) -> list[str]:

@@ -45,17 +45,6 @@ class ResourceConfig(NamedTuple):
     instance_groups: tuple[InstanceGroup, ...]
     raw: Mapping[str, Any]  # the file as read, for SM_RESOURCE_CONFIG
 
-    @property
-    def host_index(self) -> int:
-        return self.hosts.index(self.current_host)
-
-    @property
-    def current_group_hosts(self) -> tuple[str, ...]:
-        for group in self.instance_groups:
-            if group.name == self.current_group_name:
-                return group.hosts
-        return self.hosts
-
 
 class JobSpec(NamedTuple):
     paths: Paths
@@ -245,10 +234,16 @@ def _read_json_object(path: Path, required: bool) -> dict[str, Any]:
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), None, f"cannot be read: {exc}") from None
+    return parse_json_object(text, str(path))
+
+
+def parse_json_object(text: str, source: str) -> dict[str, Any]:
+    """One JSON object from ``text``; a ConfigError naming ``source`` otherwise.  Every JSON file and variable the
+    toolkit reads (the config files, a platform's hyperparameters) goes through here."""
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(str(path), None, f"malformed JSON: {exc}") from None
+        raise ConfigError(source, None, f"malformed JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise ConfigError(str(path), None, f"expected a JSON object, got {type(value).__name__}")
+        raise ConfigError(source, None, f"expected a JSON object, got {type(value).__name__}")
     return value

@@ -33,6 +33,10 @@ MPI_FLAVORS = (OPENMPI4, OPENMPI5)
 MPI_PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
 TORCH_PROCESSES_PER_HOST = "sagemaker_distributed_processes_per_host"
 DISTRIBUTION_INSTANCE_GROUPS = "sagemaker_distribution_instance_groups"
+PS_WORKER_PORT_KEY = "sagemaker_parameter_server_worker_port"  # plan, and the TFJob platform's defaults
+PS_NAMING_KEY = "sagemaker_parameter_server_naming"  # "chief" or "master": the first host's task type
+MWMS_PORT_KEY = "sagemaker_multi_worker_mirrored_strategy_port"
+TORCH_MASTER_PORT_KEY = "sagemaker_distributed_master_port"
 
 
 class Distribution(NamedTuple):

@@ -65,10 +65,6 @@ class LaunchPlan(NamedTuple):
         return self.current_host == self.master
 
     @property
-    def host_index(self) -> int:
-        return self.hosts.index(self.current_host)
-
-    @property
     def multi_host(self) -> bool:
         return len(self.hosts) > 1
 
@@ -112,7 +108,7 @@ def make_plan(job: JobSpec) -> LaunchPlan:
     elif runner == PARAMETER_SERVER:
         options = _ps_options(job, source, len(hosts))
     elif runner == MULTI_WORKER_MIRRORED:
-        options = MultiWorkerMirroredOptions(_port(job.framework_params, "sagemaker_multi_worker_mirrored_strategy_port",
+        options = MultiWorkerMirroredOptions(_port(job.framework_params, names.MWMS_PORT_KEY,
                                                    names.TF_MWMS_PORT, source))
     else:
         assert runner == TORCH_DISTRIBUTED, runner
@@ -129,15 +125,15 @@ def _port(params: Mapping[str, Any], key: str, default: int, source: str) -> int
 
 def _ps_options(job: JobSpec, source: str, host_count: int) -> ParameterServerOptions:
     params = job.framework_params
-    naming = params.get("sagemaker_parameter_server_naming", "chief")
+    naming = params.get(names.PS_NAMING_KEY, "chief")
     if naming not in ("chief", "master"):
-        raise ConfigError(source, "sagemaker_parameter_server_naming", f"expected \"chief\" or \"master\", got {naming!r}")
+        raise ConfigError(source, names.PS_NAMING_KEY, f"expected \"chief\" or \"master\", got {naming!r}")
     num_ps = params.get("sagemaker_parameter_server_num_ps")
     if num_ps is not None:
         num_ps = positive_int(num_ps, source, "sagemaker_parameter_server_num_ps")
         if num_ps > host_count:
             raise ConfigError(source, "sagemaker_parameter_server_num_ps", f"{num_ps} parameter servers for {host_count} hosts")
-    worker_port = _port(params, "sagemaker_parameter_server_worker_port", names.TF_WORKER_PORT, source)
+    worker_port = _port(params, names.PS_WORKER_PORT_KEY, names.TF_WORKER_PORT, source)
     ps_port = _port(params, "sagemaker_parameter_server_port", names.TF_PS_PORT, source)
     if worker_port == ps_port:
         raise ConfigError(source, "sagemaker_parameter_server_port", "must differ from the worker port")
@@ -149,7 +145,7 @@ def _torch_options(job: JobSpec, source: str) -> TorchDistributedOptions:
     key = names.TORCH_PROCESSES_PER_HOST
     per_host = params.get(key)
     per_host = positive_int(per_host, source, key) if per_host is not None else max(1, job.hardware.num_gpus)
-    return TorchDistributedOptions(per_host, _port(params, "sagemaker_distributed_master_port",
+    return TorchDistributedOptions(per_host, _port(params, names.TORCH_MASTER_PORT_KEY,
                                                    names.TORCH_MASTER_PORT, source))
 
 

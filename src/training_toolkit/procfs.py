@@ -113,9 +113,11 @@ def descendants(root: int, table: dict[int, Proc] | None = None) -> list[Proc]:
 
 
 #: A process in the middle of ``execve`` reads as an empty environment for a moment (the new
-#: image's is not laid out yet): measured here in most of the forks a reader catches.  An empty
-#: read of a live process is tried again for this long before it counts as "no marker".
-EXEC_WINDOW_S = 0.05
+#: image's is not laid out yet): measured here in most of the forks a reader catches, for up to
+#: 56 ms on this 2-core machine under a load average of 12 (50 ms was too short: a stop routine
+#: missed a process being exec'd).  An empty read of a live process is tried again for this long
+#: before it counts as "no marker"; only a descendant whose environment is really empty pays it.
+EXEC_WINDOW_S = 0.5
 _PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (its environment is always empty)
 
 

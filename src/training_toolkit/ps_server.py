@@ -1,7 +1,9 @@
-"""``python -m training_toolkit.ps_server``: a TensorFlow parameter server owned by the toolkit.
+"""A TensorFlow parameter server owned by the toolkit, run as a file by the user's interpreter.
 
-It reads its task from ``TF_CONFIG`` and serves until it is stopped.  It runs
-on the CPU only (``CUDA_VISIBLE_DEVICES`` is cleared by the runner), so it
+It imports TensorFlow, which lives with the user's interpreter (``TRAINING_TOOLKIT_PYTHON``),
+not necessarily with the toolkit's, so the runner starts this file with that interpreter and it
+imports nothing of the toolkit.  It reads its task from ``TF_CONFIG`` and serves until it is
+stopped.  It runs on the CPU only (``CUDA_VISIBLE_DEVICES`` is cleared by the runner), so it
 never takes a GPU from the training processes.
 """
 
@@ -9,8 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
-from training_toolkit.log import log
+
+def log(message: str) -> None:
+    """As ``training_toolkit.log.log`` writes (this file cannot import the toolkit)."""
+    print(f"training-toolkit: {message}", file=sys.stderr, flush=True)
 
 
 def main() -> int:

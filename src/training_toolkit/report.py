@@ -42,7 +42,7 @@ def summary_line(description: str, tail: Sequence[str]) -> str:
     """``description`` plus the last meaningful stderr line, usually the exception."""
     for line in reversed(tail):
         text = line.strip()
-        if text:
+        if text and text.strip("-=*_ ") != "":  # not one of the rules Open MPI draws around its messages
             return f"{description}: {text}"[:900]
     return description
 

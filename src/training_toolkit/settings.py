@@ -9,8 +9,12 @@ starts.  Flags (``--base-dir``, ``--grace-period``) win over variables.  An
 empty variable counts as unset.
 
 The result, ``Settings``, reaches the runners through ``RunContext``; nothing
-else reads these variables from the environment (the job secret excepted:
-``cluster/secret.py`` still reads it itself, with its file fallback).
+else reads these variables from the environment.  The job secret is read here
+too (the variable, else the file ``input/config/job_secret``), once; the caller
+then drops it from the environment it passes on (``without_secrets``), so no
+child can inherit it.  A platform adds what it knows as typed ``Overrides``
+(``override``): they stand in for a variable the job did not set, and never
+win over one that it did.
 
 On the launch path: ``NamedTuple``s and small functions, no ``dataclasses``,
 no ``argparse`` (see docs/benchmarks.md).
@@ -105,11 +109,41 @@ def _seconds_or_off(raw: str) -> float | None:
 
 
 def _platform(raw: str) -> str:
-    from training_toolkit.platforms.view import PLATFORMS
+    """A platform's name; which names exist is the registry's to say (``platforms.PLATFORMS``), not this table's."""
+    if not raw.isascii() or not raw.replace("-", "").replace("_", "").isalnum() or not raw[0].isalpha():
+        raise ValueError("expected a platform's name (auto, sagemaker, tfjob, pytorchjob, mpijob, jobset, job, pod)")
+    return raw.lower()
 
-    if raw not in PLATFORMS:
-        raise ValueError(f"expected one of {', '.join(PLATFORMS)}")
-    return raw
+
+def _secret(raw: str) -> bytes:
+    value = raw.encode()
+    if len(value) < MIN_SECRET_BYTES:
+        raise ValueError(f"the job secret must be at least {MIN_SECRET_BYTES} bytes")
+    return value
+
+
+class KeyFiles(NamedTuple):
+    """Where mounted ssh keys are, by file name; ``host`` None: no host key is mounted, one is made on the host.
+
+    ``TRAINING_TOOLKIT_SSH_KEYS`` names a directory in the toolkit's own naming; a platform that mounts keys
+    under other names (mpi-operator: ``id_rsa``, no host key) says so with its own ``KeyFiles``.
+    """
+
+    directory: str
+    client: str = "id_ed25519"
+    client_public: str = "id_ed25519.pub"
+    host: str | None = "ssh_host_ed25519_key"
+    host_public: str | None = "ssh_host_ed25519_key.pub"
+
+
+def _key_files(raw: str) -> KeyFiles:
+    return KeyFiles(raw)
+
+
+def _completions(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError("expected a whole number of pods, 1 or more")
+    return int(raw)
 
 
 def _mpi_flavor(raw: str) -> str:
@@ -122,7 +156,7 @@ VARIABLES = (
     Variable("SAGEMAKER_BASE_DIR", "base_dir", _text, "/opt/ml", "`/opt/ml`", "the job directory", "--base-dir"),
     Variable("TRAINING_TOOLKIT_GRACE_PERIOD", "grace_s", _grace, 120.0, "120",
              "seconds between forwarding SIGTERM to the script and killing it", "--grace-period"),
-    Variable(JOB_SECRET, "job_secret", _text, None, "none",
+    Variable(JOB_SECRET, "job_secret", _secret, None, "none",
              "the platform's job secret (or the file `input/config/job_secret`); without one, hosts are admitted by "
              "address and every key is random (docs/security.md)"),
     Variable("TRAINING_TOOLKIT_CONTROL_PORT", "control_port", _port, names.CONTROL_PORT, str(names.CONTROL_PORT),
@@ -135,7 +169,7 @@ VARIABLES = (
              "seconds of silence after which a host is declared lost"),
     Variable("TRAINING_TOOLKIT_SSH_PORT", "ssh_port", _port, names.SSH_PORT, str(names.SSH_PORT),
              "port of the toolkit's own sshd on each host (MPI)"),
-    Variable("TRAINING_TOOLKIT_SSH_KEYS", "ssh_keys", _text, None, "random",
+    Variable("TRAINING_TOOLKIT_SSH_KEYS", "ssh_keys", _key_files, None, "random",
              "a directory of mounted keys (`id_ed25519`, `ssh_host_ed25519_key`, with `.pub`, any modes) instead of "
              "keys made for the job"),
     Variable("TRAINING_TOOLKIT_SSHD", "sshd", _text, None, "`sshd` on PATH", "the sshd binary"),
@@ -146,8 +180,9 @@ VARIABLES = (
     Variable("TRAINING_TOOLKIT_NUM_GPUS", "num_gpus", _count, None, "probed", "the GPU count, instead of probing"),
     # Kubernetes (docs/kubernetes.md): what builds /opt/ml when no platform did
     Variable("TRAINING_TOOLKIT_PLATFORM", "platform", _platform, "auto", "auto",
-             "`sagemaker` (use /opt/ml as it is), `tfjob`, `pytorchjob`, `mpijob`, `jobset` or `pod`; `auto`: "
-             "an operator's facts in a pod without `resourceconfig.json` choose", "--platform"),
+             "`sagemaker` (use /opt/ml as it is), `tfjob`, `pytorchjob`, `mpijob`, `jobset`, `job` (a plain indexed "
+             "Job) or `pod`; `auto`: the first platform whose facts this container has (docs/kubernetes.md)",
+             "--platform"),
     Variable("TRAINING_TOOLKIT_HYPERPARAMETERS", "hyperparameters", _text, None, "none",
              "on Kubernetes: a JSON object of hyperparameters, over the mounted file's"),
     Variable("TRAINING_TOOLKIT_HYPERPARAMETERS_FILE", "hyperparameters_file", _text,
@@ -159,6 +194,8 @@ VARIABLES = (
              "/dev/termination-log", "on Kubernetes: where the verdict's cause goes (`terminationMessagePath`)"),
     Variable("TRAINING_TOOLKIT_JOBSET_SHAPE", "jobset_shape", _text, None, "none",
              "under JobSet: `NAME:JOBS:PODS` per replicated job, in rank order (the pods cannot see it)"),
+    Variable("TRAINING_TOOLKIT_COMPLETIONS", "completions", _completions, None, "none",
+             "under a plain indexed Job: its `completions`, the number of pods (the pods cannot see it)"),
     # Resilience (docs/resilience.md)
     Variable("TRAINING_TOOLKIT_STALL_TIMEOUT", "stall_timeout_s", _seconds_or_off, None, "0 (never)",
              "seconds the job may go without progress (an output line of any rank, or a heartbeat) before it "
@@ -180,13 +217,13 @@ class Settings(NamedTuple):
 
     base_dir: str
     grace_s: float
-    job_secret: str | None
+    job_secret: bytes | None  # the variable's, else input/config/job_secret's (when parse is given ``read``)
     control_port: int
     join_timeout_s: float
     heartbeat_s: float
     peer_timeout_s: float
     ssh_port: int
-    ssh_keys: str | None
+    ssh_keys: KeyFiles | None
     sshd: str | None
     mpi_flavor: str | None  # None: detected at run time
     python: str | None  # None: the toolkit's own interpreter
@@ -197,22 +234,61 @@ class Settings(NamedTuple):
     dns_timeout_s: float = 300.0
     termination_log: str = "/dev/termination-log"
     jobset_shape: str | None = None
+    completions: int | None = None
     stall_timeout_s: float | None = None  # None: stalls are not watched for
     stall_startup_s: float = 600.0
     py_spy: str | None = None
     max_restarts: int = 0
+    given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
         shown = self._replace(job_secret="<redacted>") if self.job_secret else self
-        return "Settings(" + ", ".join(f"{f}={getattr(shown, f)!r}" for f in self._fields) + ")"
+        return "Settings(" + ", ".join(f"{f}={getattr(shown, f)!r}" for f in self._fields if f != "given") + ")"
 
 
-def parse(environ: Mapping[str, str], **flags: Any) -> Settings:
-    """The settings from ``environ``; a flag given (not None, already a value) wins over its variable."""
+class Overrides(NamedTuple):
+    """What a platform knows of settings, typed: each stands in for its variable when the job did not set it.
+
+    None leaves the setting alone.  Kubernetes: a grace period that fits ``terminationGracePeriodSeconds``;
+    MPIJob: the mounted keys under mpi-operator's names, and a job secret derived from them.
+    """
+
+    grace_s: float | None = None
+    ssh_keys: KeyFiles | None = None
+    job_secret: bytes | None = None
+
+
+NO_OVERRIDES = Overrides()
+
+
+def parse(environ: Mapping[str, str], read: Callable[[str], bytes | None] | None = None, **flags: Any) -> Settings:
+    """The settings from ``environ``; a flag given (not None, already a value) wins over its variable.
+
+    ``read`` (a path's bytes, or None when it is missing) lets the job secret come from
+    ``input/config/job_secret`` when its variable is unset; without it no file is consulted.
+    """
     unknown = set(flags) - set(Settings._fields)
     if unknown:
         raise TypeError(f"no such setting: {', '.join(sorted(unknown))}")
-    return Settings(*(value_of(var.field, environ, flags.get(var.field)) for var in VARIABLES))
+    values = {var.field: value_of(var.field, environ, flags.get(var.field)) for var in VARIABLES}
+    given = {var.field for var in VARIABLES
+             if environ.get(var.name) or flags.get(var.field) not in (None, "")}
+    if values["job_secret"] is None and read is not None:
+        path = f"{values['base_dir'].rstrip('/')}/input/config/job_secret"
+        data = read(path)
+        if data is not None and data.strip():
+            if len(data.strip()) < MIN_SECRET_BYTES:
+                raise ConfigError(path, None, f"the job secret must be at least {MIN_SECRET_BYTES} bytes")
+            values["job_secret"] = data.strip()
+            given.add("job_secret")
+    return Settings(**values, given=frozenset(given))
+
+
+def override(config: Settings, overrides: Overrides) -> Settings:
+    """``config`` with a platform's overrides standing in for the settings the job left unset."""
+    changes = {field: value for field, value in overrides._asdict().items()
+               if value is not None and field not in config.given}
+    return config._replace(**changes) if changes else config
 
 
 def value_of(field: str, environ: Mapping[str, str], flag: Any = None) -> Any:

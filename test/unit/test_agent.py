@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit import settings
+from training_toolkit import procfs, settings
 from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.channel import PeerFailed, Verdict
 from training_toolkit.errors import ClusterError, CodeError
@@ -106,11 +106,18 @@ def test_the_first_host_names_an_earlier_failure_that_arrived_later(tmp_path):
     seats: list[FakeSeat] = []
     earlier = PeerFailed("algo-3", "algo-3: train.py exited with code 7", 7, at=time.time() - 0.2)
     agent = ScriptAgent(context(tmp_path, "algo-1"), seat_factory(seats))
-    agent.code = "import sys, time; time.sleep(0.3); sys.exit(3)"
+    exited = tmp_path / "exited"
+    agent.code = f"import os, sys; open({str(exited)!r}, 'w').write(str(os.getpid())); sys.exit(3)"
     events = agent.events
 
     def arrives_late() -> None:
-        time.sleep(0.45)  # after the local failure (0.3 s) was seen, inside the window
+        # Once the script has exited (not after a fixed time, which a loaded machine can overrun):
+        # inside the window (FAILURE_WINDOW_S) the agent opens on seeing that exit.
+        deadline = time.monotonic() + 30
+        while not (exited.exists() and exited.read_text()) or procfs.alive(int(exited.read_text())):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
         events.put(earlier)
 
     threading.Thread(target=arrives_late, daemon=True).start()

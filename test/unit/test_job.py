@@ -53,7 +53,7 @@ def test_resource_defaults_and_roles():
     assert res.network_interface_name == "eth0"
     assert res.current_group_name == "homogeneousCluster"
     assert res.current_instance_type == "local"
-    assert res.host_index == 0 and master_host(spec) == "algo-1"
+    assert res.hosts.index(res.current_host) == 0 and master_host(spec) == "algo-1"
 
 
 def test_heterogeneous_cluster():
@@ -63,7 +63,7 @@ def test_heterogeneous_cluster():
                               {"instance_group_name": "cpu", "instance_type": "ml.c5.xlarge", "hosts": ["algo-2", "algo-3"]}]}
     spec = job(rc=rc)
     assert spec.is_hetero
-    assert spec.resource.current_group_hosts == ("algo-2", "algo-3")
+    assert spec.resource.instance_groups[1].hosts == ("algo-2", "algo-3")
     assert [g.name for g in spec.resource.instance_groups] == ["gpu", "cpu"]
 
 

@@ -42,7 +42,7 @@ def test_parameter_server_needs_several_hosts_as_the_reference():
 ])
 def test_switches(key, runner):
     p = plan({key: "true"})
-    assert p.runner == runner and p.hosts == ("algo-1", "algo-2") and not p.is_master and p.host_index == 1
+    assert p.runner == runner and p.hosts == ("algo-1", "algo-2") and not p.is_master and p.hosts.index(p.current_host) == 1
 
 
 def test_mpi_processes_default_to_gpus_else_one():
@@ -147,7 +147,7 @@ def test_heterogeneous_groups_choose_the_hosts_that_take_part():
           "instance_groups": [{"instance_group_name": "data", "instance_type": "c5", "hosts": ["algo-1"]},
                               {"instance_group_name": "train", "instance_type": "p3", "hosts": ["algo-4", "algo-2", "algo-3"]}]}
     p = plan({"sagemaker_parameter_server_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc)
-    assert (p.runner, p.hosts, p.is_master, p.host_index) == ("parameter_server", ("algo-4", "algo-2", "algo-3"), False, 2)
+    assert (p.runner, p.hosts, p.is_master, p.hosts.index(p.current_host)) == ("parameter_server", ("algo-4", "algo-2", "algo-3"), False, 2)
     assert PsLayout(p.hosts).script_config("algo-3")["task"] == {"type": "worker", "index": 1}
     assert PsLayout(p.hosts).cluster()["chief"] == ["algo-4:2222"]
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc, gpus=8)

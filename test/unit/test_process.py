@@ -25,7 +25,7 @@ def test_stop_gives_the_grace_period_then_kills_the_group_and_says_so():
     began = time.monotonic()
     child.stop(signal.SIGTERM, grace_s=0.5)
     status = child.wait(10)
-    assert 0.5 <= time.monotonic() - began < 3
+    assert 0.5 <= time.monotonic() - began < 10
     assert status is not None and status.killed_by_us and status.signal == signal.SIGKILL
     assert "after the stop grace period" in status.describe()
     child.finish(linger_s=0.5)
@@ -57,7 +57,10 @@ script = "sleep 100 & setsid sh -c 'trap \"\" TERM; exec sleep 100' & echo ready
 child = Supervised(["/bin/sh", "-c", script], dict(os.environ), stdout=subprocess.PIPE, relay_stderr=False)
 assert child.proc.stdout.readline() == b"ready\n"
 assert child.wait(10).ok
-time.sleep(0.2)  # the setsid'd shell has set its trap
+deadline = time.monotonic() + 10
+while len([p for p in procfs.descendants(os.getpid()) if not p.zombie and procfs.comm(p.pid) == "sleep"]) < 2:
+    assert time.monotonic() < deadline, "the leftovers never exec'd sleep"
+    time.sleep(0.01)  # both exec'd: the setsid'd shell's trap was set before, and an ignored SIGTERM survives exec
 left = [p.pid for p in procfs.descendants(os.getpid()) if not p.zombie and procfs.comm(p.pid) == "sleep"]
 began = time.monotonic()
 child.finish(linger_s=0.3)
@@ -75,7 +78,7 @@ def test_finish_ends_what_the_script_left_in_its_group_and_outside_it():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["left"] == 2
-    assert 0.3 <= result["seconds"] < 3  # one of them needed SIGKILL after the linger
+    assert 0.3 <= result["seconds"] < 10  # one of them needed SIGKILL after the linger
     assert result["after"] == []  # ended and reaped
 
 

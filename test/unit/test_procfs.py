@@ -73,7 +73,7 @@ def test_a_process_caught_in_the_middle_of_exec_still_shows_its_marker():
     for _ in range(30):
         pid = os.fork()
         if pid == 0:
-            os.execve("/bin/sh", ["sh", "-c", "exec /bin/sleep 0.2"], {"PROCFS_EXEC": "yes"})
+            os.execve("/bin/sh", ["sh", "-c", "exec /bin/sleep 30"], {"PROCFS_EXEC": "yes"})  # killed below
         try:
             deadline = time.monotonic() + 5
             while procfs.comm(pid) not in ("sh", "sleep"):

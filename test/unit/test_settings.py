@@ -39,20 +39,23 @@ def test_every_variable_read():
         "TRAINING_TOOLKIT_NUM_GPUS": "0",
         "UNRELATED": "x",
     }
-    assert parse(env) == Settings(
-        base_dir="/jobs/1", grace_s=0.0, job_secret="s" * 32, control_port=9000, join_timeout_s=2.5, heartbeat_s=0.2,
-        peer_timeout_s=3.0, ssh_port=2200, ssh_keys="/keys", sshd="/usr/sbin/sshd", mpi_flavor="openmpi5",
-        python="/venv/bin/python", num_gpus=0,
+    assert parse(env)._replace(given=frozenset()) == Settings(
+        base_dir="/jobs/1", grace_s=0.0, job_secret=b"s" * 32, control_port=9000, join_timeout_s=2.5, heartbeat_s=0.2,
+        peer_timeout_s=3.0, ssh_port=2200, ssh_keys=settings.KeyFiles("/keys"), sshd="/usr/sbin/sshd",
+        mpi_flavor="openmpi5", python="/venv/bin/python", num_gpus=0,
     )
+    assert parse(env).given == {var.field for var in VARIABLES if var.name in env}
     assert parse({"TRAINING_TOOLKIT_MPI_FLAVOR": "openmpi4", "TRAINING_TOOLKIT_NUM_GPUS": "8"})[10:13] == \
         ("openmpi4", None, 8)
     kubernetes = {"TRAINING_TOOLKIT_PLATFORM": "jobset", "TRAINING_TOOLKIT_HYPERPARAMETERS": "{}",
                   "TRAINING_TOOLKIT_HYPERPARAMETERS_FILE": "/hp.json", "TRAINING_TOOLKIT_DNS_TIMEOUT": "5",
                   "TRAINING_TOOLKIT_TERMINATION_LOG": "/tl", "TRAINING_TOOLKIT_JOBSET_SHAPE": "w:1:2"}
     assert parse(kubernetes)[13:19] == ("jobset", "{}", "/hp.json", 5.0, "/tl", "w:1:2")
-    resilience = {"TRAINING_TOOLKIT_STALL_TIMEOUT": "10", "TRAINING_TOOLKIT_STALL_STARTUP": "30",
-                  "TRAINING_TOOLKIT_PY_SPY": "none", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"}
-    assert parse(resilience)[19:] == (10.0, 30.0, "none", 2)
+    assert parse({"TRAINING_TOOLKIT_COMPLETIONS": "4"}).completions == 4
+    resilience = parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "10", "TRAINING_TOOLKIT_STALL_STARTUP": "30",
+                        "TRAINING_TOOLKIT_PY_SPY": "none", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    assert (resilience.stall_timeout_s, resilience.stall_startup_s, resilience.py_spy, resilience.max_restarts) == \
+        (10.0, 30.0, "none", 2)
     assert parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "0"}).stall_timeout_s is None  # 0: never
 
 
@@ -90,7 +93,10 @@ def test_flags_win_over_variables_even_bad_ones():
     ("TRAINING_TOOLKIT_NUM_GPUS", "two", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_NUM_GPUS", "-1", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_NUM_GPUS", "1.5", "expected a whole number, 0 or more"),
-    ("TRAINING_TOOLKIT_PLATFORM", "k8s", "expected one of auto, sagemaker, tfjob, pytorchjob, mpijob, jobset, pod"),
+    ("TRAINING_TOOLKIT_PLATFORM", "k8s!", "expected a platform's name (auto, sagemaker, tfjob, pytorchjob, mpijob, "
+                                          "jobset, job, pod)"),
+    ("TRAINING_TOOLKIT_JOB_SECRET", "short", "the job secret must be at least 16 bytes"),
+    ("TRAINING_TOOLKIT_COMPLETIONS", "0", "expected a whole number of pods, 1 or more"),
     ("TRAINING_TOOLKIT_DNS_TIMEOUT", "0", "expected a positive number of seconds"),
     ("TRAINING_TOOLKIT_STALL_TIMEOUT", "-5", "expected a number of seconds (0: never)"),
     ("TRAINING_TOOLKIT_STALL_TIMEOUT", "ten", "expected a number of seconds (0: never)"),
@@ -118,6 +124,26 @@ def test_value_of_reads_one_setting_by_the_same_rule():
     assert settings.value_of("base_dir", {"SAGEMAKER_BASE_DIR": "/env"}, "") == "/env"
 
 
+def test_platform_overrides_stand_in_only_for_what_the_job_did_not_set():
+    overrides = settings.Overrides(grace_s=25.0, ssh_keys=settings.KeyFiles("/root/.ssh", "id_rsa", "id_rsa.pub",
+                                                                             None, None), job_secret=b"d" * 64)
+    assert settings.override(parse({}), overrides)[1:3] == (25.0, b"d" * 64)
+    given = parse({"TRAINING_TOOLKIT_GRACE_PERIOD": "50", "TRAINING_TOOLKIT_JOB_SECRET": "e" * 32})
+    assert settings.override(given, overrides)[1:3] == (50.0, b"e" * 32)
+    assert settings.override(parse({}, grace_s=0.0), overrides).grace_s == 0.0  # a flag is given too
+    assert settings.override(parse({}), settings.NO_OVERRIDES) == parse({})
+
+
+def test_the_secret_file_is_read_once_by_parse(tmp_path):
+    files = {"/jobs/1/input/config/job_secret": b"f" * 40 + b"\n"}
+    assert parse({"SAGEMAKER_BASE_DIR": "/jobs/1"}, read=files.get).job_secret == b"f" * 40
+    assert parse({"SAGEMAKER_BASE_DIR": "/jobs/1", "TRAINING_TOOLKIT_JOB_SECRET": "e" * 32},
+                 read=files.get).job_secret == b"e" * 32
+    assert parse({"SAGEMAKER_BASE_DIR": "/jobs/1"}).job_secret is None  # no reader, no file
+    with pytest.raises(ConfigError, match="/jobs/1/input/config/job_secret: the job secret must be at least 16 bytes"):
+        parse({"SAGEMAKER_BASE_DIR": "/jobs/1"}, read={"/jobs/1/input/config/job_secret": b"short"}.get)
+
+
 def test_the_secret_is_never_shown():
     shown = repr(parse({"TRAINING_TOOLKIT_JOB_SECRET": "hunter2-hunter2-hunter2"}))
     assert "hunter2" not in shown and "job_secret='<redacted>'" in shown
@@ -131,7 +157,7 @@ def test_unknown_variables_are_listed_internal_ones_are_not():
 
 
 def test_one_field_per_variable_in_order():
-    assert Settings._fields == tuple(var.field for var in VARIABLES)
+    assert Settings._fields == (*(var.field for var in VARIABLES), "given")
     assert len({var.name for var in VARIABLES}) == len(VARIABLES)
     assert all(var.name.startswith("TRAINING_TOOLKIT_") or var.name == "SAGEMAKER_BASE_DIR" for var in VARIABLES)
     for var in VARIABLES:  # the shown default is the default

@@ -58,14 +58,14 @@ def test_nothing_to_stop_returns_at_once():
     began = time.monotonic()
     assert stop_processes([], 30) == []
     assert stop_processes(lambda: [], 30) == []
-    assert time.monotonic() - began < 0.1
+    assert time.monotonic() - began < 1  # not the grace (30 s); room for a loaded machine
 
 
 def test_a_process_that_obeys_ends_within_the_grace_and_is_reaped_by_its_popen():
     proc = start("echo ready; exec sleep 100")
     began = time.monotonic()
     assert stop_processes([proc], 30) == []
-    assert time.monotonic() - began < 2
+    assert time.monotonic() - began < 10  # well within the grace (30 s)
     assert proc.returncode == -signal.SIGTERM
 
 
@@ -77,7 +77,7 @@ def test_processes_that_ignore_sigterm_get_sigkill_after_the_grace():
     elapsed = time.monotonic() - began
     assert sorted(killed) == sorted(p.pid for p in procs)
     assert noted == [killed]
-    assert 0.5 <= elapsed < 2.0
+    assert 0.5 <= elapsed < 10
     assert [p.returncode for p in procs] == [-signal.SIGKILL, -signal.SIGKILL]
 
 
@@ -88,7 +88,7 @@ def test_a_pid_that_is_not_our_child_is_ended_too():
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert stop_processes([pid], 0.3) == [pid]
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 10
     while procfs.alive(pid):  # init reaps it, not us
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -99,7 +99,7 @@ def test_a_zombie_counts_as_gone_and_a_zombie_child_of_ours_is_reaped():
     wait_zombie(pid)
     began = time.monotonic()
     assert stop_processes([pid], 30) == []
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 5  # not the grace (30 s)
     assert procfs.read(pid) is None  # reaped: no zombie of ours left behind
 
 
@@ -164,10 +164,14 @@ def test_a_pid_that_is_no_longer_ours_is_never_signalled():
 
 
 def test_a_process_group_is_signalled_once_not_once_per_member(tmp_path: Path):
+    # The script lives until its first SIGTERM (not a fixed time the routine might miss on a loaded
+    # machine), then 0.3 s more, in which a second signal would be counted too.
     counter = tmp_path / "count"
     script = (f"import signal, sys, time\n"
-              f"signal.signal(signal.SIGTERM, lambda *_: open({str(counter)!r}, 'a').write('x'))\n"
-              f"print('ready', flush=True)\ntime.sleep(0.5)\n")
+              f"got = []\n"
+              f"def on_term(*_):\n    open({str(counter)!r}, 'a').write('x')\n    got.append(1)\n"
+              f"signal.signal(signal.SIGTERM, on_term)\n"
+              f"print('ready', flush=True)\nwhile not got:\n    time.sleep(0.05)\ntime.sleep(0.3)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout.readline() == "ready\n"
     assert stop_processes([proc], 10, group=proc.pid) == []

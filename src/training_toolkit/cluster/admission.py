@@ -4,7 +4,9 @@ With a platform secret, a peer proves it knows the secret; where it connects
 from does not matter.  Without one (as SageMaker starts jobs), a seat is
 admitted by address: ``algo-2`` only from an address that the name
 ``algo-2`` resolves to on the first host, the first such claimant wins and
-keeps the seat; anything else is refused before its handshake.  This trusts
+keeps the seat (the server lets the same address take it again before the
+host said ready: ``ControlServer._stale_seat``); anything else is refused
+before its handshake.  This trusts
 the network to deliver packets from the address they claim (an outsider
 cannot take over a host's address); docs/security.md says what that does
 and does not stop.

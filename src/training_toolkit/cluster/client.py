@@ -11,7 +11,7 @@ from queue import SimpleQueue
 from training_toolkit.cluster import wire
 from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
-from training_toolkit.cluster.timing import HEARTBEAT_S, TIMEOUT_S
+from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
 from training_toolkit.errors import ClusterError, JobFailed
 
 # Retries while the first host is not listening yet: a refused connection costs nothing, and every host
@@ -24,7 +24,10 @@ class ControlClient:
     """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
 
     After ``connect``: ``job_id`` and the first host's ``introduction`` are
-    what its welcome carried.
+    what its welcome carried.  ``source`` is the local address to join from
+    (None: the one the route picks); the first host admits by address where
+    there is no secret, so a host with several addresses joins from the one
+    its name resolves to (and a benchmark gives each of its hosts its own).
     """
 
     def __init__(
@@ -38,8 +41,10 @@ class ControlClient:
         introduction: Mapping[str, str] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = TIMEOUT_S,
+        source: str | None = None,
     ):
         self._secret = secret
+        self._source = source
         self.host = host
         self.master = master
         self.port = port
@@ -62,7 +67,7 @@ class ControlClient:
         last = "no attempt"
         while True:
             try:
-                self._join(min(5.0, max(0.5, end - time.monotonic())))
+                self._join(min(JOIN_ATTEMPT_S, max(0.5, end - time.monotonic())))
                 return
             except Refused as exc:
                 raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
@@ -77,7 +82,8 @@ class ControlClient:
 
     def _join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        sock = socket.create_connection((self.master, self.port), timeout=timeout)
+        sock = socket.create_connection((self.master, self.port), timeout=timeout,
+                                        source_address=(self._source, 0) if self._source else None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link = Link(sock, self.master)
         try:

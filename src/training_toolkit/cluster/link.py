@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 from training_toolkit.cluster import wire
 
@@ -48,7 +49,33 @@ class Link:
             self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields))
 
     def recv(self) -> dict:
-        message = wire.open_signed(self.key, self._recv_seq + 1, self.recv_raw())
+        return self._open(self.recv_raw())
+
+    @property
+    def buffered(self) -> bool:
+        return bool(self._buffer)
+
+    def first_raw(self, chunk: bytes) -> dict | None:
+        """The first raw frame once ``chunk`` completes it, else None: a join read by a reader of many links."""
+        self._buffer += chunk
+        if b"\n" not in self._buffer:
+            if len(self._buffer) > wire.MAX_FRAME:
+                raise wire.FrameError(f"frame longer than {wire.MAX_FRAME} bytes")
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return wire.decode(line + b"\n")
+
+    def frames(self, chunk: bytes) -> Iterator[dict]:
+        """The signed messages that ``chunk`` completes, in order: for a reader that waits on many links at once."""
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            yield self._open(wire.decode(line + b"\n"))
+        if len(self._buffer) > wire.MAX_FRAME:
+            raise wire.FrameError(f"frame longer than {wire.MAX_FRAME} bytes")
+
+    def _open(self, frame: dict) -> dict:
+        message = wire.open_signed(self.key, self._recv_seq + 1, frame)
         self._recv_seq += 1
         return message
 

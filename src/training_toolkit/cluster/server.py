@@ -13,8 +13,10 @@ from training_toolkit.cluster.admission import Admission, RefusalLog
 from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress, Verdict,
                                              earliest, reported_time)
 from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
+from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
+from training_toolkit.limits import open_files_needed, raise_open_files
 from training_toolkit.log import log as log_line
 
 
@@ -49,10 +51,13 @@ class ControlServer:
         self._introduction = dict(introduction or {})
         self._events = events
         self._bind = bind
-        self._heartbeat_s = heartbeat_s
+        # Its own heartbeats only need to keep each host from hearing nothing for ``timeout_s``: a quarter of
+        # it is ample, and at 1,000 hosts each send costs (docs/scale.md). The hosts' own stay at ``heartbeat_s``.
+        self._heartbeat_s = max(heartbeat_s, timeout_s / 4)
         self._timeout_s = timeout_s
         self._handshake_timeout_s = handshake_timeout_s
         self._admission = admission or Admission(self.expected, by_address=secret is None)
+        self._log = log
         self._refusals = RefusalLog(log)
         self.introductions: dict[str, dict[str, str]] = {}
         self._links: dict[str, Link] = {}
@@ -67,8 +72,14 @@ class ControlServer:
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
+        self._reader = LinkReader(self._on_message, self._lost, timeout_s)
 
     def start(self) -> None:
+        needed = open_files_needed(len(self.expected) + 1)  # a socket per host here, an ssh session per host in mpirun
+        soft, hard = raise_open_files(needed)
+        if soft < needed:
+            self._log(f"control channel: {len(self.expected) + 1} hosts need about {needed} open files, and the hard "
+                      f"limit is {hard} (ulimit -Hn): hosts past it may not join")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -78,6 +89,7 @@ class ControlServer:
             raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
         sock.listen(max(1024, len(self.expected) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
         self._sock = sock
+        self._reader.start()
         start_thread(self._accept_loop, "control-accept")
         start_thread(self._heartbeat_loop, "control-heartbeat")
 
@@ -97,51 +109,45 @@ class ControlServer:
                 self._refusals.refused(address, refusal)
                 close_quietly(conn)
                 continue
-            try:
-                start_thread(self._serve, f"control-{address}", conn, address)
-            except RuntimeError:  # no thread to be had: drop this one, the others go on
-                self._admission.done(address)
-                close_quietly(conn)
+            self._begin(conn, address)
 
-    def _serve(self, conn: socket.socket, address: str) -> None:
+    def _begin(self, conn: socket.socket, address: str) -> None:
+        """On the accept thread: check the address, send the challenge; the reader waits for the hello."""
         link = Link(conn, address)
-        try:
-            host = self._admit(link, address)
-        finally:
-            self._admission.done(address)
-        if host is None:
-            link.close()
-            return
-        conn.settimeout(self._timeout_s)
-        try:
-            while not self._closed.is_set():
-                self._on_message(host, link.recv())
-        except (OSError, ValueError, ConnectionError) as exc:
-            if not self._closed.is_set():
-                reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
-                self._lost(host, link, reason)
-
-    def _admit(self, link: Link, address: str) -> str | None:
-        """The host that joined on ``link``, or None (refused, with one log line)."""
         deadline = time.monotonic() + self._handshake_timeout_s  # from accept, the address check included
         try:
             refusal = self._admission.check_peer(address)
             if refusal is not None:
                 raise Refused(refusal)
-            link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return self._handshake(link, address, deadline)
-        except Refused as exc:
-            self._refusals.refused(address, str(exc))
-        except socket.timeout:
-            self._refusals.refused(address, f"no complete join within {self._handshake_timeout_s:g} s")
-        except (OSError, ValueError, ConnectionError) as exc:
-            self._refusals.refused(address, str(exc) or type(exc).__name__)
-        return None
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(self._timeout_s)  # bounds a send to a host that stopped reading
+            exchange, server_nonce = wire.KeyExchange(), wire.nonce()
+            link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
+        except (Refused, OSError) as exc:
+            self._join_failed(link, address, str(exc) or type(exc).__name__)
+            return
 
-    def _handshake(self, link: Link, address: str, deadline: float) -> str:
-        exchange, server_nonce = wire.KeyExchange(), wire.nonce()
-        link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
-        hello = link.recv_raw(deadline)
+        late = f"no complete join within {self._handshake_timeout_s:g} s"
+        self._reader.join(link, deadline, lambda hello: self._hello(link, address, exchange, server_nonce, hello),
+                          lambda reason: self._join_failed(link, address, late if reason == "deadline" else reason))
+
+    def _join_failed(self, link: Link, address: str, reason: str) -> None:
+        """A join that ends without a seat: one log line (per address and reason), its slot freed, closed."""
+        self._refusals.refused(address, reason)
+        self._admission.done(address)
+        link.close()
+
+    def _hello(self, link: Link, address: str, exchange: wire.KeyExchange, server_nonce: str, hello: dict) -> str | None:
+        """On the reader: the rest of the join; the host now seated on ``link``, or None (refused, closed)."""
+        try:
+            host = self._handshake(link, address, exchange, server_nonce, hello)
+        except (Refused, OSError, ValueError, ConnectionError) as exc:
+            self._join_failed(link, address, str(exc) or type(exc).__name__)
+            return None
+        self._admission.done(address)
+        return host
+
+    def _handshake(self, link: Link, address: str, exchange: wire.KeyExchange, server_nonce: str, hello: dict) -> str:
         if hello.get("t") != "hello":
             raise wire.FrameError("expected a hello")
         host = wire.text(hello, "host", limit=255)
@@ -156,8 +162,9 @@ class ControlServer:
             # The reason leaves out the name the peer sent: refusals are logged once per (address, reason).
             raise Refused("failed authentication" + (" (a different job secret?)" if self._secret else ""))
         with self._state:
-            reason = "the job is over" if self._closed.is_set() else \
-                self._admission.seat(host, address, seated=[*self._links, *self._joining])
+            stale = self._stale_seat(host, address)
+            seated = [h for h in [*self._links, *self._joining] if h != host or stale is None]
+            reason = "the job is over" if self._closed.is_set() else self._admission.seat(host, address, seated=seated)
             if reason is None:
                 self._joining.add(host)
         if reason is not None:
@@ -174,6 +181,7 @@ class ControlServer:
         # Seated only once it can sign: a broadcast never reaches a half-joined link.
         with self._state:
             self._joining.discard(host)
+            stale = self._links.get(host)
             self._links[host] = link
             self.introductions[host] = introduction
             verdict = self._verdict
@@ -182,7 +190,19 @@ class ControlServer:
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
             self._joined.add(host)
             self._state.notify_all()
+        if stale is not None:
+            stale.close()  # the reader hears it end; no loss: it is no longer the host's link
         return host
+
+    def _stale_seat(self, host: str, address: str) -> Link | None:
+        """The seat ``host`` may take again: its link from the same address, before it said ready.
+
+        A host whose welcome came after its own join deadline joins again while its seat is held:
+        refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
+        proof as any join, from the same address, before any message: nothing said is lost.
+        """
+        link = self._links.get(host)
+        return link if link is not None and link.peer == address and host not in self._ready else None
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
@@ -213,8 +233,9 @@ class ControlServer:
     def _lost(self, host: str, link: Link, reason: str) -> None:
         link.close()
         with self._state:
-            if self._links.get(host) is link:
-                del self._links[host]
+            if self._closed.is_set() or self._links.get(host) not in (link, None):
+                return  # the job is over, or the seat was taken again (_stale_seat): no loss
+            self._links.pop(host, None)
             self._failures.append((time.time(), time.monotonic(),
                                    JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)))
             self._state.notify_all()
@@ -315,6 +336,7 @@ class ControlServer:
             except OSError:
                 pass
             close_quietly(self._sock)
+        self._reader.close()
         with self._state:
             links = list(self._links.values())
             self._links.clear()

@@ -13,6 +13,7 @@ from training_toolkit import names
 from training_toolkit.errors import EXIT_USAGE, ToolkitError
 from training_toolkit.local.containers import CODE_DIR, host_names
 from training_toolkit.local.job import job_exit_code, summary_lines
+from training_toolkit.local.run_loop import DEFAULT_STOP_GRACE_S, DEFAULT_TIMEOUT_S
 from training_toolkit.log import log
 
 NONE = "none"
@@ -51,8 +52,9 @@ def _distributions_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="training-toolkit local",
-        description="Run a training job on N local hosts, each a network namespace with its own hostname, "
-        "address and /opt/ml, as a platform would; output is prefixed by host. Needs root.",
+        description="Run a training job on N local hosts, each made of namespaces as a container is (its own "
+        "hostname, address, /opt/ml and PID namespace), as a platform would; output is prefixed by host; nothing "
+        "of the job outlives local, even killed. Needs root.",
         epilog=_distributions_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -70,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: GPUs, else 1)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment for every host")
     parser.add_argument("--workdir", type=Path, help="where the hosts' /opt/ml trees are kept (default: a new temp dir)")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is stopped (default 3600)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds before the job is stopped (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE_S,
+                        help="seconds a stopped job's hosts get between SIGTERM and SIGKILL, each host's train "
+                        f"passing them on to its ranks (default {DEFAULT_STOP_GRACE_S:g}); a stop is Ctrl-C or "
+                        "SIGTERM to local, or --timeout")
     parser.add_argument("--host-suffix", metavar="SUFFIX",
                         help="name the hosts algo-1-SUFFIX .. (as SageMaker's local mode does), so that jobs' "
                         "container names never clash")
@@ -83,8 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     images.add_argument("--gpus", choices=("auto", "all", "none"), default="auto",
                         help="give the containers the machine's GPUs (a device request for all of them): "
                         "auto (default) when this machine has NVIDIA GPUs, all, or none")
-    images.add_argument("--stop-grace", type=float, default=10.0,
-                        help="seconds a stopped job's ranks get between SIGTERM and SIGKILL (default 10)")
     return parser
 
 
@@ -135,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
         if args.image:
             results = _run_in_containers(job, workdir, args, source)
         else:
-            results = run_local(job, workdir, timeout_s=args.timeout)
+            results = run_local(job, workdir, timeout_s=args.timeout, stop_grace_s=args.stop_grace)
     except ToolkitError as exc:  # the hosts could not start (not root, no engine, no image, ...)
         log(f"local: {exc}")
         return exc.exit_code

@@ -17,7 +17,6 @@ machine does, before it starts its own job.
 from __future__ import annotations
 
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from training_toolkit import procfs
-from training_toolkit.local import artifacts, engine, reaper
+from training_toolkit.local import artifacts, engine, reaper, run_loop
 from training_toolkit.local.containers import ContainerJob, container_job, host_opt_ml, new_job_id
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix
@@ -49,8 +48,9 @@ class ContainerRun:
     leftovers: tuple[str, ...]  # what the engine still held of the job after teardown (should be nothing)
 
 
-def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, timeout_s: float = 3600,
-                   out: BinaryIO | None = None, stop_grace_s: float = 10.0, gpus: bool = False,
+def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
+                   timeout_s: float = run_loop.DEFAULT_TIMEOUT_S, out: BinaryIO | None = None,
+                   stop_grace_s: float = run_loop.DEFAULT_STOP_GRACE_S, gpus: bool = False,
                    client: Any = None, job_id: str | None = None, interface: str | None = INTERFACE,
                    abort_on_exit: bool = False, on_start: Callable[[Mapping[str, Any]], None] | None = None) -> ContainerRun:
     """Run ``job`` in one container of ``image`` per host; nothing labelled with the job survives the call.
@@ -80,43 +80,29 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, ti
     # Its own session: what kills the caller's process group (a CI job's timeout) must not reach it.
     reaping = subprocess.Popen([sys.executable, "-m", "training_toolkit.local.reaper", job_id],
                                stdin=subprocess.PIPE, start_new_session=True)
-    stop = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda _signum, _frame: stop.set())
     streams = engine.connect(pool_size=2 * len(job.hosts) + 4, timeout_s=None)
     watch = _Watch(client, streams, spec, out)
     started_at = None
-    try:
-        watch.create_and_start(stop)
-        started_at = time.monotonic()
-        if on_start is not None:
-            on_start(watch.containers)
-        deadline = started_at + timeout_s
-        while not watch.all_ended.is_set() and not stop.is_set() and time.monotonic() < deadline:
-            if abort_on_exit and watch.ended:
-                break
-            watch.all_ended.wait(0.05)
-        if abort_on_exit and watch.ended and not watch.all_ended.is_set():
-            log(f"local: {min(watch.ended, key=watch.ended.get)} exited: stopping the others (abort on exit)")
-            watch.stop_all()
-        elif not watch.all_ended.is_set():
-            why = "interrupted" if stop.is_set() else f"timed out after {timeout_s:g} s"
-            log(f"local: {why}: stopping the containers ({stop_grace_s:g} s grace)")
-            watch.stop_all()
-    finally:
-        watch.join_pumps(2.0 if watch.all_ended.is_set() else 0.2)  # the last lines, before the logs go
-        problems = engine.remove_job(client, job_id)
-        _dismiss(reaping)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        watch.join_pumps(1.0)
-        streams.close()
-        if problems:
-            log(f"local: removing job {job_id}: {'; '.join(problems)}")
+    with run_loop.stopped_by_signals(threading.Event()) as stop:
+        try:
+            watch.create_and_start(stop)
+            started_at = time.monotonic()
+            if on_start is not None:
+                on_start(watch.containers)
+            if not stop.is_set():
+                run_loop.run(watch, len(job.hosts), stop, timeout_s=timeout_s, stop_grace_s=stop_grace_s,
+                             abort_on_exit=abort_on_exit)
+        finally:
+            watch.join_pumps(2.0 if watch.all_ended.is_set() else 0.2)  # the last lines, before the logs go
+            problems = engine.remove_job(client, job_id)
+            _dismiss(reaping)
+    watch.join_pumps(1.0)
+    streams.close()
+    if problems:
+        log(f"local: removing job {job_id}: {'; '.join(problems)}")
     left = tuple(engine.leftovers(client, job_id))
-    results = [read_result(host, host_opt_ml(workdir, host), watch.codes.get(host), watch.ended.get(host))
+    ended = watch.ended()
+    results = [read_result(host, host_opt_ml(workdir, host), watch.codes.get(host), ended.get(host))
                for host in job.hosts]
     model_tar, output_tar = artifacts.collect([r.opt_ml for r in results], workdir)
     return ContainerRun(job_id, results, model_tar, output_tar, watch.starting_at, started_at, left)
@@ -168,7 +154,7 @@ class _Watch:
         self._client, self._streams, self._spec, self._out = client, streams, spec, out
         self.containers: dict[str, Any] = {}
         self.codes: dict[str, int] = {}
-        self.ended: dict[str, float] = {}
+        self._ended: dict[str, float] = {}
         self.all_ended = threading.Event()
         self.starting_at: float | None = None
         self._lock = threading.Lock()
@@ -205,13 +191,18 @@ class _Watch:
             return
         with self._lock:
             self.codes[name] = code
-            self.ended[name] = time.monotonic()
-            if len(self.ended) == len(self._spec.containers):
+            self._ended[name] = time.monotonic()
+            if len(self._ended) == len(self._spec.containers):
                 self.all_ended.set()
 
-    def stop_all(self) -> None:
-        """SIGTERM to every container still running, at once; the engine kills what outlives the grace."""
-        threads = [threading.Thread(target=self._stop, args=(c,), daemon=True) for c in self.containers.values()]
+    def ended(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._ended)
+
+    def stop(self, kill_after_s: float) -> None:
+        """SIGTERM to every container still running, at once; the engine kills what outlives ``kill_after_s``."""
+        threads = [threading.Thread(target=self._stop, args=(c, kill_after_s), daemon=True)
+                   for c in self.containers.values()]
         for t in threads:
             t.start()
         for t in threads:
@@ -219,10 +210,9 @@ class _Watch:
         for t in self._waiters:
             t.join(timeout=5)
 
-    def _stop(self, container: Any) -> None:
-        timeout = self._spec.containers[0].stop_timeout_s
+    def _stop(self, container: Any, kill_after_s: float) -> None:
         try:
-            container.stop(timeout=timeout)
+            container.stop(timeout=int(kill_after_s + 0.999))
         except Exception as exc:
             log(f"local: stopping {container.name}: {engine.cause(exc)}")
 

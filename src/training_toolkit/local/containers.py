@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training_toolkit.local import run_loop
 from training_toolkit.local.job import LocalJob
 from training_toolkit.settings import JOB_SECRET
 
@@ -39,13 +40,6 @@ OPT_ML = "/opt/ml"
 
 #: The command each container runs: ``train`` from the image's PATH, as SageMaker starts an image.
 TRAIN = ("train",)
-
-#: The toolkit's own grace period inside a container (``train`` forwards SIGTERM, waits, then kills).
-GRACE_VARIABLE = "TRAINING_TOOLKIT_GRACE_PERIOD"
-
-#: What the engine adds to the grace when it stops a container, so ``train`` can kill its ranks and
-#: write its verdict before the engine's SIGKILL.
-STOP_MARGIN_S = 5.0
 
 #: /dev/shm of each container: MPI's and NCCL's shared-memory transports between a host's ranks
 #: outgrow the engines' default of 64 MB.
@@ -87,7 +81,6 @@ class ContainerSpec:
     gpus: bool = False
     entrypoint: Sequence[str] = TRAIN
     shm_size: str = SHM_SIZE
-    stop_timeout_s: int = 15  # given to the engine's stop (the SDK's create has no stop timeout)
 
     def create_kwargs(self) -> dict:
         """Keyword arguments of ``DockerClient.containers.create`` for this container (pure)."""
@@ -138,7 +131,7 @@ def container_job(job: LocalJob, *, image: str, workdir: Path, source: Path, job
     labels = {LABEL_JOB: job_id, **({LABEL_LAUNCHER: launcher} if launcher else {})}
     containers = []
     for host in job.hosts:
-        environment = {GRACE_VARIABLE: _seconds(grace_s), **job.env, **job.host_env.get(host, {})}
+        environment = {**run_loop.grace_environment(grace_s), **job.env, **job.host_env.get(host, {})}
         if secret is not None:
             environment[JOB_SECRET] = secret
         mounts = [Mount(host_opt_ml(workdir, host), OPT_ML), Mount(source, CODE_DIR, read_only=True)]
@@ -147,10 +140,6 @@ def container_job(job: LocalJob, *, image: str, workdir: Path, source: Path, job
         containers.append(ContainerSpec(
             name=host, image=image, network=job_id, labels={**labels, LABEL_HOST: host},
             environment=environment, mounts=tuple(mounts), gpus=gpus,
-            entrypoint=tuple(job.train) or TRAIN, stop_timeout_s=int(grace_s + STOP_MARGIN_S + 0.999),
+            entrypoint=tuple(job.train) or TRAIN,
         ))
     return ContainerJob(job_id=job_id, network=job_id, labels=labels, containers=tuple(containers))
-
-
-def _seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

@@ -50,9 +50,17 @@ MARKER = "TT_LOCAL_CLUSTER"
 #   would otherwise keep those namespaces alive as long as this host lives;
 # - a tmpfs on /run gives the host its own /run/sshd (sshd's privilege separation directory)
 #   and pid files; one on /dev/shm its own shared memory, as a container has;
+# - pids start at a random place: every host shares the machine's /tmp, where Open MPI names its
+#   session directory /tmp/ompi.HOST.UID/pid.PID: two clusters' algo-1 must not meet there (pids
+#   starting at 1 everywhere made them meet, and one job's end removed the other's directory);
 # - "ready" tells the cluster that every mount is in place, before the init starts.
 HOLDER_SCRIPT = r"""set -e
 exec 2>&1
+max=$(cat /proc/sys/kernel/pid_max)
+if [ "$max" -gt 20000 ]; then
+    r=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+    echo $((1000 + r % (max - 11000))) > /proc/sys/kernel/ns_last_pid
+fi
 printf '%s' "$1" > /proc/sys/kernel/hostname
 umount --recursive --lazy /run/netns 2>/dev/null || :
 mount --bind "$2" /opt/ml

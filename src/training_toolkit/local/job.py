@@ -7,17 +7,18 @@ the tree a host's ``train`` reads and what is reported back are the same.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training_toolkit.paths import Paths
+from training_toolkit.platforms.opt_ml import FILE_CHANNEL, write_view
+from training_toolkit.platforms.opt_ml import resource_config as view_resource_config
+from training_toolkit.platforms.view import JobView
+
 #: The interface the hosts' resourceconfig names: a namespace's veth, a container's first interface.
 INTERFACE = "eth0"
-
-#: The directories a host's tree has before its ``train`` starts, as a platform creates them.
-TREE_DIRS = ("model", "output/data", "code")
 
 
 @dataclass(frozen=True)
@@ -51,23 +52,20 @@ class HostResult:
         return self.opt_ml / "model"
 
 
+def view(job: LocalJob, host: str, interface: str | None = INTERFACE) -> JobView:
+    """What a local launcher, as a platform, gives ``host`` (pure): the job's view, laid out by ``write_view``."""
+    return JobView("local", tuple(job.hosts), host, interface, dict(job.hyperparameters),
+                   input_data_config(list(job.channels)), instance_groups=tuple(job.instance_groups))
+
+
 def resource_config(job: LocalJob, host: str, interface: str | None = INTERFACE) -> dict:
     """resourceconfig.json of ``host`` (pure); ``interface`` None leaves the name out, as SageMaker's local mode does."""
-    resource: dict = {"current_host": host, "hosts": list(job.hosts)}
-    if interface is not None:
-        resource["network_interface_name"] = interface
-    if job.instance_groups:
-        resource["instance_groups"] = [dict(g) for g in job.instance_groups]
-        group = next(g for g in job.instance_groups if host in g["hosts"])
-        resource["current_group_name"] = group["instance_group_name"]
-        resource["current_instance_type"] = group["instance_type"]
-    return resource
+    return view_resource_config(view(job, host, interface))
 
 
 def input_data_config(channels: Sequence[str]) -> dict:
     """inputdataconfig.json for local channels (pure): every channel a File-mode, replicated one."""
-    return {name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
-                   "RecordWrapperType": "None"} for name in channels}
+    return {name: dict(FILE_CHANNEL) for name in channels}
 
 
 def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = True,
@@ -78,19 +76,13 @@ def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = T
     channel's directory there instead of copying it.  ``interface`` None writes no interface name
     in resourceconfig.json, as SageMaker's local mode does.
     """
-    config = opt_ml / "input" / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    (config / "hyperparameters.json").write_text(json.dumps(dict(job.hyperparameters)))
-    (config / "resourceconfig.json").write_text(json.dumps(resource_config(job, host, interface)))
-    (config / "inputdataconfig.json").write_text(json.dumps(input_data_config(list(job.channels))))
+    write_view(Paths(opt_ml), view(job, host, interface))
     for name, source in job.channels.items():
         target = opt_ml / "input" / "data" / name
         if copy_channels:
             shutil.copytree(source, target, dirs_exist_ok=True)
         else:
             target.mkdir(parents=True, exist_ok=True)
-    for sub in TREE_DIRS:
-        (opt_ml / sub).mkdir(parents=True, exist_ok=True)
 
 
 def read_result(host: str, opt_ml: Path, exit_code: int | None, ended_at: float | None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,8 @@ from typing import BinaryIO
 
 from training_toolkit import procfs
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
-from training_toolkit.local.netns import NamespaceCluster
+from training_toolkit.local import run_loop
+from training_toolkit.local.netns import EnteredProcess, NamespaceCluster
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.settings import JOB_SECRET
 from training_toolkit.stopping import stop_processes
@@ -35,67 +35,48 @@ def default_train() -> list[str]:
     return [str(Path(sys.executable).with_name("train"))]
 
 
-def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: BinaryIO | None = None,
-              stop_grace_s: float = 10.0, before_start: Callable[[NamespaceCluster], None] | None = None,
-              on_start: Callable[[Mapping[str, subprocess.Popen]], None] | None = None) -> list[HostResult]:
+def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAULT_TIMEOUT_S,
+              out: BinaryIO | None = None, stop_grace_s: float = run_loop.DEFAULT_STOP_GRACE_S,
+              before_start: Callable[[NamespaceCluster], None] | None = None,
+              on_start: Callable[[Mapping[str, EnteredProcess]], None] | None = None) -> list[HostResult]:
     """Run ``job`` on local hosts under ``workdir``; every host's result, in host order.
 
-    Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller is
-    passed to every host's ``train`` (which stops its part of the job), then the
-    cluster is torn down.
+    Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller, or the
+    timeout, stops every host's ``train`` (which stops its part of the job within
+    ``stop_grace_s``: ``run_loop``), then the cluster is torn down.
     """
     out = out if out is not None else sys.stdout.buffer
     starting = list(job.start_hosts) if job.start_hosts is not None else list(job.hosts)
     lock = threading.Lock()
-    procs: dict[str, subprocess.Popen] = {}
-    ended: dict[str, float] = {}
-    stop = threading.Event()
     width = max(len(h) for h in job.hosts)
-    previous = {}
-
-    def on_signal(signum, _frame):
-        stop.set()
-
-    with NamespaceCluster([*job.hosts, *job.outsiders], workdir) as cluster:
+    watched = _Trains()
+    with NamespaceCluster([*job.hosts, *job.outsiders], workdir) as cluster, \
+            run_loop.stopped_by_signals(threading.Event()) as stop:
         for name in job.hosts:
             host_tree(cluster.host(name).opt_ml, job, name)
         if before_start is not None:
             before_start(cluster)
         holders = {name: set(pids) for name, pids in cluster.pids().items()}
         base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-                    "HOME": os.environ.get("HOME", "/root"), **job.env}
+                    "HOME": os.environ.get("HOME", "/root"), **run_loop.grace_environment(stop_grace_s), **job.env}
         if job.platform_secret:
             base_env[JOB_SECRET] = secrets.token_hex(32)
         pumps = []
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
         try:
             for name in starting:
                 env = {**base_env, **job.host_env.get(name, {})}
                 proc = cluster.popen(name, list(job.train or default_train()), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-                procs[name] = proc
+                watched.procs[name] = proc
                 prefix = host_prefix(name, width)
                 pumps += [Pump(read_chunks(stream), LinePrefixer(out, prefix, lock)) for stream in (proc.stdout, proc.stderr)]
             if on_start is not None:
-                on_start(procs)
-            deadline = time.monotonic() + timeout_s
-            while len(ended) < len(procs) and time.monotonic() < deadline and not stop.is_set():
-                for name, proc in procs.items():
-                    if name not in ended and proc.poll() is not None:
-                        ended[name] = time.monotonic()
-                time.sleep(0.01)
-            if stop.is_set():
-                stop_processes(list(procs.values()), stop_grace_s)
-                for name, proc in procs.items():
-                    if name not in ended and proc.poll() is not None:
-                        ended[name] = time.monotonic()
+                on_start(watched.procs)
+            run_loop.run(watched, len(watched.procs), stop, timeout_s=timeout_s, stop_grace_s=stop_grace_s)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            codes = {name: proc.poll() for name, proc in procs.items()}
-            survivors = _survivors(cluster, holders) if len(ended) == len(procs) else {}
+            ended = dict(watched.ended())
+            codes = {name: proc.poll() for name, proc in watched.procs.items()}
+            survivors = _survivors(cluster, holders) if len(ended) == len(watched.procs) else {}
     for pump in pumps:
         pump.thread.join(timeout=2)
     results = []
@@ -104,6 +85,24 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = 600, out: Bina
         results.append(read_result(host, workdir / host / "opt" / "ml", codes.get(host) if host in ended else None,
                                    ended.get(host), survivors.get(host, ())))
     return results
+
+
+class _Trains:
+    """The hosts' ``train`` processes, as the run loop watches and stops them."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, EnteredProcess] = {}
+        self._ended: dict[str, float] = {}
+
+    def ended(self) -> Mapping[str, float]:
+        for name, proc in self.procs.items():
+            if name not in self._ended and proc.poll() is not None:
+                self._ended[name] = time.monotonic()
+        return self._ended
+
+    def stop(self, kill_after_s: float) -> None:
+        stop_processes([p for name, p in self.procs.items() if name not in self.ended()], kill_after_s)
+        self.ended()
 
 
 def _survivors(cluster: NamespaceCluster, before: Mapping[str, set[int]]) -> dict[str, list[str]]:

@@ -1,22 +1,22 @@
-"""JobSet (and a plain indexed Job): an index and labels, no framework variables.
+"""JobSet: an index, a hostname and a subdomain; the shape comes from the manifest.
 
-A JobSet pod gets ``JOB_COMPLETION_INDEX`` (its index in its Job) from Kubernetes, and
-its labels (``jobset.sigs.k8s.io/jobset-name``, ``replicatedjob-name``, ``job-index``,
-``restart-attempt``) only through the downward API, as the variables below; its DNS name
-is ``<jobset>-<replicatedjob>-<jobindex>-<podindex>.<subdomain>`` (the subdomain is the
-JobSet's name unless ``network.subdomain`` says otherwise).  Neither the labels nor the
-pod know how many Jobs and pods there are: the manifest says it in
-``TRAINING_TOOLKIT_JOBSET_SHAPE`` (``NAME:JOBS:PODS`` per replicated job, in rank order).
-No distribution is switched on: the job's hyperparameters choose one.
+A JobSet pod gets no variable from JobSet itself: ``JOB_COMPLETION_INDEX`` comes from its
+indexed Job; its labels (``jobset.sigs.k8s.io/jobset-name``, ``replicatedjob-name``,
+``job-index``, ``restart-attempt``) reach it only through the manifest's downward API, as the
+variables below.  Its hostname is ``<jobset>-<replicatedjob>-<jobindex>-<podindex>`` and only
+``<hostname>.<subdomain>`` (and longer) resolves, not the bare name; the subdomain (the
+JobSet's name unless ``network.subdomain`` says otherwise) is read from the kubelet's
+``/etc/hosts``.  Pods cannot see how many Jobs and pods there are: the manifest says it in
+``TRAINING_TOOLKIT_JOBSET_SHAPE`` (``NAME:JOBS:PODS`` per replicated job, in rank order;
+``replicatedjob-replicas`` is one replicated job's Jobs, not every job's pods).  No
+distribution is switched on: the job's hyperparameters choose one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from training_toolkit import settings
 from training_toolkit.errors import ConfigError
-from training_toolkit.platforms.view import JOBSET, PodView, integer
+from training_toolkit.platforms.kubernetes import PodPlatform, in_a_pod, pod_name
+from training_toolkit.platforms.view import EMPTY, Facts, integer
 
 INDEX = "JOB_COMPLETION_INDEX"
 # Downward-API variables the manifests set from the JobSet labels:
@@ -24,8 +24,32 @@ JOBSET_NAME = "JOBSET_NAME"  # jobset.sigs.k8s.io/jobset-name
 REPLICATED_JOB = "REPLICATED_JOB_NAME"  # jobset.sigs.k8s.io/replicatedjob-name
 JOB_INDEX = "JOB_INDEX"  # jobset.sigs.k8s.io/job-index
 RESTART_ATTEMPT = "JOBSET_RESTART_ATTEMPT"  # jobset.sigs.k8s.io/restart-attempt
-SUBDOMAIN = "JOBSET_SUBDOMAIN"  # network.subdomain, when it is not the JobSet's name
-SHAPE = settings.variable("jobset_shape").name
+SHAPE = "TRAINING_TOOLKIT_JOBSET_SHAPE"
+SOURCE = "JobSet pod environment"
+
+
+class JobSet(PodPlatform):
+    name = "jobset"
+
+    def detected(self, facts: Facts) -> bool:
+        return in_a_pod(facts) and bool(facts.environ.get(JOBSET_NAME))
+
+    def hosts_of(self, facts: Facts):
+        env = facts.environ
+        jobset = env.get(JOBSET_NAME, "")
+        if not jobset:
+            raise ConfigError(SOURCE, JOBSET_NAME, "missing: set it from the label jobset.sigs.k8s.io/jobset-name")
+        if not facts.settings.jobset_shape:
+            raise ConfigError(SOURCE, SHAPE, "missing: the manifest must say NAME:JOBS:PODS per replicated job")
+        shape = parse_shape(facts.settings.jobset_shape)
+        subdomain = pod_name(facts).subdomain
+        if subdomain is None:
+            raise ConfigError("/etc/hosts", None, f"no line names this pod as {facts.hostname}.<subdomain>.<ns>.svc: "
+                              "JobSet gives every pod a subdomain unless network.enableDNSHostnames is false")
+        mine = (env.get(REPLICATED_JOB, ""), integer(env, JOB_INDEX, SOURCE), integer(env, INDEX, SOURCE))
+        hosts, current = hosts_in_shape(jobset, subdomain, shape, mine)
+        attempt = integer(env, RESTART_ATTEMPT, SOURCE) if env.get(RESTART_ATTEMPT) else 0
+        return hosts, current, EMPTY, attempt
 
 
 def parse_shape(raw: str) -> tuple[tuple[str, int, int], ...]:
@@ -39,14 +63,7 @@ def parse_shape(raw: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(parts)
 
 
-def view(environ: Mapping[str, str]) -> PodView:
-    source = "JobSet pod environment"
-    jobset = environ.get(JOBSET_NAME, "")
-    if not jobset:
-        raise ConfigError(source, JOBSET_NAME, "missing: set it from the label jobset.sigs.k8s.io/jobset-name")
-    shape = parse_shape(settings.value_of("jobset_shape", environ) or "")
-    subdomain = environ.get(SUBDOMAIN) or jobset
-    mine = (environ.get(REPLICATED_JOB, ""), integer(environ, JOB_INDEX, source), integer(environ, INDEX, source))
+def hosts_in_shape(jobset: str, subdomain: str, shape, mine: tuple[str, int, int]) -> tuple[tuple[str, ...], str]:
     hosts, current = [], None
     for name, jobs, pods in shape:
         for j in range(jobs):
@@ -55,6 +72,5 @@ def view(environ: Mapping[str, str]) -> PodView:
                 if (name, j, p) == mine:
                     current = hosts[-1]
     if current is None:
-        raise ConfigError(source, REPLICATED_JOB, f"pod {mine} is not in the shape {settings.value_of('jobset_shape', environ)!r}")
-    attempt = integer(environ, RESTART_ATTEMPT, source) if environ.get(RESTART_ATTEMPT) else 0
-    return PodView(JOBSET, tuple(hosts), current, restart_attempt=attempt)
+        raise ConfigError(SOURCE, REPLICATED_JOB, f"pod {mine} is not in the shape {SHAPE}")
+    return tuple(hosts), current

@@ -1,37 +1,79 @@
 """mpi-operator v2 MPIJob: a launcher pod that runs mpirun, worker pods that only serve ssh.
 
-What each pod gets (mpi-operator ``pkg/controller/mpi_job_controller.go``):
-``K_MPI_JOB_ROLE=launcher|worker``; the ConfigMap ``<job>-config`` at ``/etc/mpi`` with
-``hostfile`` (``<job>-worker-<i>.<job>.<ns>.svc slots=<slotsPerWorker>``, the launcher
-first when ``runLauncherAsWorker: true``) and ``discover_hosts.sh``; the secret
-``<job>-ssh`` (an ECDSA key, named ``id_rsa``, ``id_rsa.pub`` and ``authorized_keys``)
-mounted at ``sshAuthMountPath`` (``/root/.ssh``), 0644 unless ``defaultMode`` says
-otherwise; ``OMPI_MCA_orte_default_hostfile`` and ``OMPI_MCA_orte_keep_fqdn_hostnames``.
+What each pod gets (mpi-operator ``pkg/controller/mpi_job_controller.go``, v0.8.2):
 
-Mapping: the hostfile's names in its order are the hosts; the launcher must be the first
-(``runLauncherAsWorker: true``), since the toolkit's MPI runner runs ranks on the host that
-runs mpirun.  Every pod runs ``train``: the launcher runs mpirun, the workers keep only the
-toolkit's sshd and report through the control channel.  The job's key is the mounted one;
-no host key is mounted, so each pod makes its own and the channel's introductions pin it.
+- the launcher: ``K_MPI_JOB_ROLE=launcher``, ``OMPI_MCA_orte_default_hostfile`` and the
+  ConfigMap ``<job>-config`` at ``/etc/mpi`` (``hostfile``: ``<pod>.<job>.<ns>.svc slots=N``,
+  the launcher first when ``runLauncherAsWorker: true``), hostname ``<job>-launcher``;
+- a worker: ``K_MPI_JOB_ROLE=worker`` **and nothing else** (no hostfile), hostname
+  ``<job>-worker-<i>``, subdomain ``<job>``, so the kubelet's ``/etc/hosts`` holds its FQDN
+  ``<job>-worker-<i>.<job>.<ns>.svc.<domain>``;
+- every pod: the secret ``<job>-ssh`` (an ECDSA key as ``id_rsa``, ``id_rsa.pub``,
+  ``authorized_keys``, no host key) at ``sshAuthMountPath`` (``/root/.ssh``, mode 0600 there; the toolkit reads it there).
+A job that sets ``TRAINING_TOOLKIT_SSH_KEYS`` uses its own keys instead, in the toolkit's naming.
+
+Mapping: the launcher's hosts are the hostfile's, in order; it must be the first
+(``runLauncherAsWorker: true``), since the toolkit's MPI runner runs ranks on the host that runs
+mpirun.  A worker finds the launcher from its own FQDN (same job, same subdomain and
+namespace) and knows itself; that is all it needs, since it only joins the launcher's control
+channel and serves ssh to it (no tree spawn), so its view lists those two hosts only.  The job's
+client key is the mounted one, read under the operator's names; each pod makes its own host key
+(the channel's introductions pin it); the channel's secret is derived from the mounted key,
+which every pod of the job holds and nobody outside it does.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
+import re
 from types import MappingProxyType
 
 from training_toolkit import names
-from training_toolkit.cluster.ssh import keys
 from training_toolkit.errors import ConfigError
-from training_toolkit.platforms.view import MPIJOB, PodView
+from training_toolkit.platforms.kubernetes import GRACE_S, PodPlatform, in_a_pod, pod_name
+from training_toolkit.platforms.view import Facts
+from training_toolkit.settings import KeyFiles, Overrides
 
 ROLE = "K_MPI_JOB_ROLE"
 LAUNCHER, WORKER = "launcher", "worker"
 HOSTFILE = "/etc/mpi/hostfile"
-HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # the operator points Open MPI at its hostfile
+HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # the operator points Open MPI at its hostfile (launcher only)
 SSH_DIR = "/root/.ssh"  # mpi-operator's default sshAuthMountPath
 PRIVATE, PUBLIC = "id_rsa", "id_rsa.pub"
+_WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
+
+
+class MPIJob(PodPlatform):
+    name = "mpijob"
+
+    def detected(self, facts: Facts) -> bool:
+        return in_a_pod(facts) and bool(facts.environ.get(ROLE))
+
+    def hosts_of(self, facts: Facts):
+        role = facts.environ.get(ROLE)
+        if role == LAUNCHER:
+            path = facts.environ.get(HOSTFILE_VARIABLE) or HOSTFILE
+            text = facts.read(path)
+            if text is None:
+                raise ConfigError(path, None, "missing: mpi-operator mounts its ConfigMap at /etc/mpi on the launcher")
+            hosts, current, slots = launcher_view(text, facts.hostname, path)
+            params = {names.distribution("mpi").switch: True, names.MPI_PROCESSES_PER_HOST: slots}
+        elif role == WORKER:
+            name = pod_name(facts)
+            hosts, current = worker_view(facts.hostname, name.subdomain, name.namespace)
+            params = {names.distribution("mpi").switch: True}
+        else:
+            raise ConfigError(f"environment variable {ROLE}", None, f"expected {LAUNCHER} or {WORKER}, got {role!r}")
+        return hosts, current, MappingProxyType(params), 0
+
+    def overrides(self, facts: Facts) -> Overrides:
+        if facts.settings.ssh_keys is not None:  # the job mounts keys of its own, in the toolkit's naming
+            return Overrides(grace_s=GRACE_S)
+        private = facts.read(f"{SSH_DIR}/{PRIVATE}")
+        if private is None:
+            raise ConfigError(f"{SSH_DIR}/{PRIVATE}", None, "missing: mpi-operator mounts the job's ssh secret at "
+                              "sshAuthMountPath, which must be /root/.ssh (its default) for the toolkit to find it")
+        return Overrides(grace_s=GRACE_S, ssh_keys=KeyFiles(SSH_DIR, PRIVATE, PUBLIC, None, None),
+                         job_secret=job_secret(private.encode()))
 
 
 def parse_hostfile(text: str, source: str = HOSTFILE) -> tuple[tuple[str, ...], int]:
@@ -58,30 +100,32 @@ def parse_hostfile(text: str, source: str = HOSTFILE) -> tuple[tuple[str, ...], 
     return tuple(hosts), slots.pop()
 
 
-def view(environ: Mapping[str, str], hostfile: str | None, hostname: str) -> PodView:
-    role = environ.get(ROLE)
-    if role not in (LAUNCHER, WORKER):
-        raise ConfigError(f"environment variable {ROLE}", None, f"expected {LAUNCHER} or {WORKER}, got {role!r}")
-    if hostfile is None:
-        raise ConfigError(HOSTFILE, None, "missing: mpi-operator mounts its ConfigMap at /etc/mpi")
-    hosts, slots = parse_hostfile(hostfile)
-    mine = [h for h in hosts if h.split(".", 1)[0] == hostname]
-    if not mine:
-        hint = (" (set runLauncherAsWorker: true: the toolkit's MPI runner runs ranks on the launcher too)"
-                if role == LAUNCHER else "")
-        raise ConfigError(HOSTFILE, None, f"does not list this pod, {hostname}{hint}")
-    if role == LAUNCHER and mine[0] != hosts[0]:
-        raise ConfigError(HOSTFILE, None, f"the launcher {hostname} must be the first host")
-    params = {names.distribution("mpi").switch: True, names.MPI_PROCESSES_PER_HOST: slots}
-    return PodView(MPIJOB, hosts, mine[0], MappingProxyType(params))
+def launcher_view(hostfile: str, hostname: str, source: str = HOSTFILE) -> tuple[tuple[str, ...], str, int]:
+    hosts, slots = parse_hostfile(hostfile, source)
+    if hosts[0].split(".", 1)[0] != hostname:
+        listed = any(h.split(".", 1)[0] == hostname for h in hosts)
+        problem = (f"the launcher {hostname} must be the first host" if listed else
+                   f"does not list this pod, {hostname} (set runLauncherAsWorker: true: the toolkit's MPI runner "
+                   "runs ranks on the launcher too)")
+        raise ConfigError(source, None, problem)
+    return hosts, hosts[0], slots
 
 
-def key_files(private: bytes, public: str, host_key: keys.KeyPair) -> dict[str, bytes]:
-    """The toolkit's key directory (``TRAINING_TOOLKIT_SSH_KEYS``) from mpi-operator's secret and a fresh host key."""
-    return {keys.MOUNTED_CLIENT_KEY: private, keys.MOUNTED_CLIENT_PUBLIC: public.encode(),
-            keys.MOUNTED_HOST_KEY: host_key.private, keys.MOUNTED_HOST_PUBLIC: (host_key.public + "\n").encode()}
+def worker_view(hostname: str, subdomain: str | None, namespace: str | None) -> tuple[tuple[str, ...], str]:
+    """A worker's view: the launcher and itself, named as the launcher's hostfile names them."""
+    match = _WORKER_NAME.match(hostname)
+    if not match:
+        raise ConfigError("MPIJob worker", "hostname", f"expected <job>-worker-<i>, got {hostname!r}")
+    job = match["job"]
+    if subdomain != job or not namespace:
+        raise ConfigError("/etc/hosts", None, f"no line names this pod as {hostname}.{job}.<namespace>.svc: "
+                          "mpi-operator gives every worker the subdomain of its job")
+    suffix = f"{job}.{namespace}.svc"
+    return (f"{job}-launcher.{suffix}", f"{hostname}.{suffix}"), f"{hostname}.{suffix}"
 
 
-def job_secret(private: bytes) -> str:
+def job_secret(private: bytes) -> bytes:
     """A secret every pod of the job holds and nobody outside it does: derived from the job's private key."""
-    return hashlib.sha256(b"training-toolkit mpijob channel secret\0" + private.strip()).hexdigest()
+    import hashlib  # in an MPIJob pod only: off every other platform's launch path
+
+    return hashlib.sha256(b"training-toolkit mpijob channel secret\0" + private.strip()).hexdigest().encode()

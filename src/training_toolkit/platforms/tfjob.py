@@ -2,8 +2,11 @@
 
 The training-operator writes ``{"cluster": {type: ["<job>-<type>-<i>.<ns>.svc:<port>"]},
 "task": {"type", "index"}, "environment": "cloud"}`` (training-operator
-``pkg/controller.v1/tensorflow/tensorflow.go``, ``genClusterSpec``); evaluators are left out
-of the cluster.  The hosts are the cluster's names, chief (or master) first, then the
+``pkg/controller.v1/tensorflow/tensorflow.go``, ``genClusterSpec``), every replica type present
+in ``cluster``, into the container named ``tensorflow`` only, and only when the job has more
+than one replica.  A pod whose container has another name gets nothing: with
+``TRAINING_TOOLKIT_PLATFORM=tfjob`` it is refused by name (``pod.py`` refuses one that merely
+looks like a replica).  The hosts are the cluster's names, chief (or master) first, then the
 workers by index: the order the toolkit's TensorFlow runners rebuild ``TF_CONFIG`` in, so
 every task keeps its type and index.  A chief means parameter servers (the toolkit runs
 them on the first hosts, as on SageMaker); workers alone mean MultiWorkerMirroredStrategy.
@@ -17,13 +20,32 @@ from types import MappingProxyType
 
 from training_toolkit import names
 from training_toolkit.errors import ConfigError
-from training_toolkit.platforms.view import TFJOB, PodView, split_endpoint
+from training_toolkit.platforms.kubernetes import PodPlatform, in_a_pod
+from training_toolkit.platforms.view import Facts, split_endpoint
 
 VARIABLE = "TF_CONFIG"
+CONTAINER = "tensorflow"  # the only container the training-operator gives TF_CONFIG (TFJobDefaultContainerName)
 _CHIEFS = ("chief", "master")
 
 
-def view(environ: Mapping[str, str]) -> PodView:
+class TFJob(PodPlatform):
+    name = "tfjob"
+
+    def detected(self, facts: Facts) -> bool:
+        return in_a_pod(facts) and bool(facts.environ.get(VARIABLE))
+
+    def hosts_of(self, facts: Facts):
+        if not facts.environ.get(VARIABLE):
+            raise ConfigError(f"environment variable {VARIABLE}", None,
+                              f"missing: the training-operator sets it only in the container named {CONTAINER!r}, "
+                              "and only when the job has more than one replica; name the container "
+                              f"{CONTAINER!r} (a one-replica job: set TRAINING_TOOLKIT_PLATFORM=pod)")
+        hosts, current, params = cluster_of(facts.environ)
+        return hosts, current, params, 0
+
+
+def cluster_of(environ: Mapping[str, str]):
+    """(hosts, this host, default hyperparameters) from ``TF_CONFIG``."""
     source = f"environment variable {VARIABLE}"
     try:
         config = json.loads(environ.get(VARIABLE, ""))
@@ -64,9 +86,9 @@ def view(environ: Mapping[str, str]) -> PodView:
     params: dict = {}
     if chiefs and len(hosts) > 1:
         params = {names.distribution("parameter_server").switch: True,
-                  "sagemaker_parameter_server_worker_port": port,
-                  "sagemaker_parameter_server_naming": chiefs[0]}
+                  names.PS_WORKER_PORT_KEY: port,
+                  names.PS_NAMING_KEY: chiefs[0]}
     elif len(hosts) > 1:
         params = {names.distribution("multi_worker_mirrored").switch: True,
-                  "sagemaker_multi_worker_mirrored_strategy_port": port}
-    return PodView(TFJOB, hosts, hosts[matching[0]], MappingProxyType(params))
+                  names.MWMS_PORT_KEY: port}
+    return hosts, hosts[matching[0]], MappingProxyType(params)

@@ -1,33 +1,72 @@
-"""What an operator's facts become: the job's hosts, this pod's host, and framework defaults.
+"""The platform seam's shapes: the facts a platform looks at, the job view it makes, and the protocol.
 
-A pure value; ``kubernetes.py`` writes it out as ``/opt/ml/input/config/*.json``.
+A platform is detected from what it gives a container and turns it, purely, into one
+``JobView``; ``write_view`` (``platforms/opt_ml.py``) lays the view out as ``/opt/ml``, and
+the core reads ``/opt/ml`` as it reads SageMaker's.  Everything a platform may look at comes
+in ``Facts``, read once by the caller, so ``detected`` and ``view`` are pure and testable with
+exact values, and ``plan`` shows in a pod what ``run`` does (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from training_toolkit.errors import ConfigError
+from training_toolkit.hardware import Hardware
+from training_toolkit.paths import Paths
+from training_toolkit.settings import NO_OVERRIDES, Overrides, Settings
 
-TFJOB = "tfjob"
-PYTORCHJOB = "pytorchjob"
-MPIJOB = "mpijob"
-JOBSET = "jobset"
-POD = "pod"  # a plain pod or Job on Kubernetes: one host, no operator
-OPERATORS = (TFJOB, PYTORCHJOB, MPIJOB, JOBSET, POD)
-SAGEMAKER = "sagemaker"  # /opt/ml is already there: nothing to adapt
-AUTO = "auto"
-PLATFORMS = (AUTO, SAGEMAKER, *OPERATORS)
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+IN_A_POD = "KUBERNETES_SERVICE_HOST"  # the kubelet gives it to every container of every pod
 
 
-class PodView(NamedTuple):
-    operator: str
-    hosts: tuple[str, ...]  # resolvable names, in rank order: hosts[0] is the job's first host
+class Facts(NamedTuple):
+    """Everything a platform may look at, read once: no platform reads the environment or a file itself."""
+
+    environ: Mapping[str, str]
+    hostname: str
+    read: Callable[[str], str | None]  # a file's text (a mounted ConfigMap, /etc/hosts), or None when missing
+    listdir: Callable[[str], tuple[str, ...]]  # the directories in a directory (channels mounted under input/data)
+    paths: Paths
+    settings: Settings  # parsed once, before any platform looks: the platforms' own settings included
+    hardware: Hardware
+
+
+class JobView(NamedTuple):
+    """What every platform turns its facts into; ``write_view`` lays it out as ``/opt/ml``."""
+
+    platform: str
+    hosts: tuple[str, ...]  # names the job uses for its hosts, in rank order: hosts[0] is the first host
     current_host: str
-    framework_params: Mapping[str, Any] = MappingProxyType({})  # defaults from the operator's facts
-    restart_attempt: int = 0  # JobSet's restart attempt (0 elsewhere)
+    interface: str | None = "eth0"  # None: resourceconfig.json names none (SageMaker's local mode)
+    hyperparameters: Mapping[str, str] | None = None  # JSON text per key as SageMaker stores them; None: given
+    channels: Mapping[str, Mapping[str, str]] | None = None  # inputdataconfig.json; None: given
+    overrides: Overrides = NO_OVERRIDES
+    restart_attempt: int = 0  # what the platform says of restarts (JobSet's restart-attempt label)
+    instance_groups: tuple[Mapping[str, Any], ...] = ()  # heterogeneous clusters (local launchers)
+    container_restarts: int = 0  # earlier runs of this container in its pod (Kubernetes restarts it in place)
+    given: bool = False  # True: /opt/ml already holds this view (SageMaker); write_view leaves it as it is
+    notes: tuple[str, ...] = ()  # what the platform wants logged about the view (a restart, a worker's partial view)
+
+
+class Platform(Protocol):
+    """One platform.  ``detected`` and ``view`` are pure; ``wait`` and ``report_end`` are the only side effects."""
+
+    name: str  # the value of TRAINING_TOOLKIT_PLATFORM / --platform
+
+    def detected(self, facts: Facts) -> bool:
+        """Are these this platform's facts?  Walked in registry order (``platforms.PLATFORMS``)."""
+
+    def view(self, facts: Facts) -> JobView:
+        """The job as this platform gives it; a ConfigError naming the fact on bad input."""
+
+    def wait(self, view: JobView, settings: Settings) -> None:
+        """Bounded: until the platform's peers can be reached (pod DNS), a ClusterError naming what never came."""
+
+    def report_end(self, facts: Facts, view: JobView | None, exit_code: int, reason: str | None) -> None:
+        """The platform's own way to report the verdict (the termination log); ``view`` None: it could not be made."""
 
 
 def integer(environ: Mapping[str, str], name: str, source: str, minimum: int = 0) -> int:

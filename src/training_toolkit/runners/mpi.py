@@ -89,7 +89,7 @@ class MpiAgent(HostAgent):
 
     def introduction(self) -> dict[str, str]:
         keys_dir = self.ctx.settings.ssh_keys
-        mounted = ssh.load_keys(Path(keys_dir)) if keys_dir else None
+        mounted = ssh.load_keys(keys_dir) if keys_dir else None
         if self.is_master:
             self._keys = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
             return {INTRO_CLIENT_KEY: self._keys.public}
@@ -314,7 +314,10 @@ def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: in
         cause = f"exited with code {code.group(1)}" if code else "exited with a non-zero code"
     last_error = _last_rank_error(tail, rank)
     if rank is None:
-        return summary_line(f"{hosts[0]}: mpirun {status.describe()}", tail)
+        # No rank started: the cause is the rsh agent's own line (ssh: Could not resolve hostname ...), which
+        # Open MPI prints before its help text and row of dashes.
+        agent = [line for line in tail if line.lstrip().startswith("ssh:")]
+        return summary_line(f"{hosts[0]}: mpirun {status.describe()}", agent[-1:] or tail)
     host = host or (hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else "?")
     line = f"rank {rank} on {host} {cause}"
     return f"{line}: {last_error}"[:900] if last_error else line

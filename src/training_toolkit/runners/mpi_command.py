@@ -45,7 +45,12 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         raise ValueError(f"unknown MPI flavour {flavor!r}")
     # num_processes fits the hosts' slots and custom_options are split: the plan checked both (plan._mpi_options)
     rsh = "plm_rsh" if flavor == OPENMPI4 else "plm_ssh"
-    cmd = [mpirun, "--host", ",".join(f"{h}:{job.processes_per_host}" for h in job.hosts),
+    keep_fqdn = any("." in host for host in job.hosts)
+    # With whole names kept, Open MPI 5 (PRRTE) no longer knows its own host by a dotted name and would ssh
+    # to itself: the first host, where mpirun runs, goes by its host name, the first label of its name (a pod's
+    # hostname is the first label of its DNS name).
+    named = (job.hosts[0].split(".", 1)[0], *job.hosts[1:]) if keep_fqdn else job.hosts
+    cmd = [mpirun, "--host", ",".join(f"{h}:{job.processes_per_host}" for h in named),
            "-np", str(job.num_processes)]
     if job.as_root:
         cmd.append("--allow-run-as-root")
@@ -66,6 +71,11 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
     # it need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with
     # prefix-by-default) starts the remote prted by absolute path with PRTE_PREFIX/LD_LIBRARY_PATH set,
     # so the install must only sit at the same path on every host.
+    if keep_fqdn:
+        # A pod under JobSet (or a plain indexed Job) resolves only <host>.<subdomain>: without this, Open MPI
+        # cuts every name to its first label and ssh cannot resolve it (mpi-operator sets the same on its launcher).
+        cmd += (["--mca", "orte_keep_fqdn_hostnames", "1"] if flavor == OPENMPI4
+                else ["--prtemca", "prte_keep_fqdn_hostnames", "1"])
     cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
     for name in job.forward_env:
         cmd += ["-x", name]

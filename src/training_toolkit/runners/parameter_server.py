@@ -11,8 +11,8 @@ A ps or worker dying fails the job everywhere.
 from __future__ import annotations
 
 import json
-import sys
 
+from training_toolkit import ps_server
 from training_toolkit.agent import HostAgent, Local
 from training_toolkit.plan import ParameterServerOptions
 from training_toolkit.report import Outcome
@@ -51,7 +51,7 @@ class ParameterServerAgent(HostAgent):
         ps = layout.ps_config(self.host)
         if ps is not None:
             env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
-            server = self.supervise([sys.executable, "-m", "training_toolkit.ps_server"], env, cwd=str(self.ctx.code_dir))
+            server = self.supervise([self.ctx.python, ps_server.__file__], env, cwd=str(self.ctx.code_dir))
             started.append(Local("parameter server", server, primary=False, program=False))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
         # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve

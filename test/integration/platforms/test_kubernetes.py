@@ -1,59 +1,73 @@
 """The same image and script under each Kubernetes operator, simulated on local namespace clusters.
 
 No Kubernetes cluster runs here: each pod is a host of a local cluster that gets exactly the
-variables, mounted files (modes included), DNS names and signals its operator would give
-(helpers/kubernetes.py), and runs the toolkit's ``train`` with no ``/opt/ml`` view of its own.
+variables, volumes (modes and symlink layout included), /etc/hosts, resolver and DNS records
+its operator gives it (helpers/kubernetes.py, from ../shared/reference/kubernetes-operators.md),
+and runs the toolkit's real ``train`` with no ``/opt/ml`` view of its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
 import pytest
 
 from helpers import kubernetes as k8s
-from helpers.multihost import hps, rank_files, run, source_dir
+from helpers.multihost import hps, rank_files, source_dir
 
 pytestmark = [pytest.mark.root]
-FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2", "TRAINING_TOOLKIT_DNS_TIMEOUT": "20"}
+FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2", "TRAINING_TOOLKIT_DNS_TIMEOUT": "30"}
 
 
-def run_pods(pods, tmp_path, hyperparameters, timeout_s=180, env=None, channels=None, **kw):
-    job, before_start = k8s.job(pods, tmp_path / "cluster", hyperparameters, channels=channels, env={**FAST, **(env or {})})
-    return run(job, tmp_path, timeout_s=timeout_s, before_start=before_start, **kw)
+def run_pods(pods, tmp_path, hyperparameters, env=None, **kw):
+    return k8s.run(pods, tmp_path, hyperparameters, env={**FAST, **(env or {})}, **kw)
 
 
-def single_process_pods(operator, tmp_path):
-    return {"tfjob": lambda: k8s.tfjob("tfj", "ns1", chief=False, workers=1),
-            "pytorchjob": lambda: k8s.pytorchjob("ptj", workers=0, nproc=1),
-            "jobset": lambda: k8s.jobset("js", "workers", 1, 1),
-            "pod": lambda: [k8s.Pod("plain-pod")]}[operator]()
+def log(tmp_path, pod):
+    return k8s.termination_log(tmp_path / "cluster", pod.name)
 
 
-@pytest.mark.parametrize("operator", ["tfjob", "pytorchjob", "jobset", "pod"])
-def test_a_single_process_job_sees_the_view_the_adapter_built(operator, tmp_path):
+SINGLE = {
+    "tfjob": (lambda: k8s.tfjob("tfj", "ns1", {"Worker": 1}), "tfj-worker-0"),  # one replica: no TF_CONFIG
+    "pytorchjob": (lambda: k8s.pytorchjob("ptj", "ns1", workers=0, nproc=1), "ptj-master-0"),
+    "jobset": (lambda: k8s.jobset("js", "ns1", [("workers", 1, 1)]), "js-workers-0-0.js"),
+    "job": (lambda: k8s.indexed_job("idx", "ns1", 1, subdomain=None), "idx-0"),
+    "pod": (lambda: [k8s.Pod("plain-pod", "ns1")], "plain-pod"),
+}
+
+
+@pytest.mark.parametrize("operator", sorted(SINGLE))
+def test_a_single_process_job_sees_the_view_the_platform_built(operator, tmp_path):
     src = source_dir(tmp_path, "k8s_view.py")
     data = tmp_path / "data"
     data.mkdir()
     (data / "part-0.csv").write_text("1,2\n")
-    pods = single_process_pods(operator, tmp_path)
+    make, expected_host = SINGLE[operator]
+    pods = make()
     results = run_pods(pods, tmp_path, hps("k8s_view.py", src, epochs=3), channels={"train": data})
     assert [r.exit_code for r in results] == [0], [r.failure for r in results]
     info = rank_files(results)[0]
-    expected_host = {"tfjob": "tfj-worker-0.ns1.svc", "pytorchjob": "ptj-master-0",
-                     "jobset": "js-workers-0-0.js", "pod": "plain-pod"}[operator]
     assert (info["current_host"], info["hosts"]) == (expected_host, [expected_host])
     assert info["args"] == ["--epochs", "3"] and info["hps"] == {"epochs": 3}
     assert info["channel"] == ["part-0.csv"] and info["checkpoints"]
-    assert k8s.termination_log(tmp_path / "cluster", pods[0].name) == "training completed (exit code 0)\n"
+    assert log(tmp_path, pods[0]) == "training completed (exit code 0)\n"
+
+
+def test_a_tfjob_whose_container_is_not_named_tensorflow_is_refused_by_name(tmp_path):
+    src = source_dir(tmp_path, "k8s_view.py")
+    pods = k8s.tfjob("tfj", "ns1", {"Worker": 2}, container="trainer")  # the operator gives neither pod TF_CONFIG
+    results = run_pods(pods, tmp_path, hps("k8s_view.py", src), timeout_s=60)
+    assert [r.exit_code for r in results] == [0, 78], [r.failure for r in results]  # worker 0 alone cannot tell
+    assert "only in the container named 'tensorflow'" in log(tmp_path, pods[1])
 
 
 @pytest.mark.tensorflow
 def test_tfjob_parameter_server_strategy_keeps_each_task_type_and_index(tmp_path):
     src = source_dir(tmp_path, "ps_train.py")
-    pods = k8s.tfjob("tfj", "ns1", chief=True, workers=2)
+    pods = k8s.tfjob("tfj", "ns1", {"Chief": 1, "Worker": 2})
     results = run_pods(pods, tmp_path, hps("ps_train.py", src), timeout_s=240)
     assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
     chief = json.loads((results[0].model_dir / "chief.json").read_text())
@@ -63,29 +77,32 @@ def test_tfjob_parameter_server_strategy_keeps_each_task_type_and_index(tmp_path
     assert config["cluster"] == {"chief": [f"{names[0]}:2222"], "worker": [f"{n}:2222" for n in names[1:]],
                                  "ps": [f"{n}:2223" for n in names]}
     assert json.loads((results[2].model_dir / "tf_config-worker-1.json").read_text())["task"] == {"type": "worker", "index": 1}
-    assert all(k8s.termination_log(tmp_path / "cluster", p.name).startswith("training completed") for p in pods)
+    assert all(log(tmp_path, p).startswith("training completed") for p in pods)
 
 
 @pytest.mark.horovod
 @pytest.mark.mpi
 @pytest.mark.sshd
-def test_mpijob_horovod_runs_from_the_launcher_with_the_mounted_key_at_0644(tmp_path):
+def test_mpijob_horovod_runs_from_the_launcher_and_the_worker_has_only_its_role(tmp_path):
     src = source_dir(tmp_path, "horovod_tf_train.py")
-    pods = k8s.mpijob("mpj", "ns1", workers=1, slots=2, workdir=tmp_path / "cluster")
+    pods = k8s.mpijob("mpj", "ns1", workers=1, slots=2)
+    assert pods[1].env == {"K_MPI_JOB_ROLE": "worker"} and "/etc/mpi" not in pods[1].volumes
     results = run_pods(pods, tmp_path, hps("horovod_tf_train.py", src), timeout_s=300)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]
     assert all(info["size"] == 4 and info["host"] == pods[rank // 2].name for rank, info in ranks.items())
     assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
-    key = tmp_path / "cluster" / pods[0].name / "k8s" / "root/.ssh/id_rsa"
-    assert oct(key.stat().st_mode & 0o777) == "0o644"  # used as mounted, never chmod-ed
+    worker_view = json.loads((results[1].opt_ml / "input/config/resourceconfig.json").read_text())
+    assert worker_view["hosts"] == ["mpj-launcher.mpj.ns1.svc", "mpj-worker-0.mpj.ns1.svc"]
+    assert all(log(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
 
 
 @pytest.mark.torch
 def test_pytorchjob_ddp_across_master_and_worker(tmp_path):
     src = source_dir(tmp_path, "torch_ddp_train.py")
-    pods = k8s.pytorchjob("ptj", workers=1, nproc=2)
+    pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=2)
+    assert pods[0].env["WORLD_SIZE"] == "4"  # pods x nprocPerNode, as the operator sets it
     results = run_pods(pods, tmp_path, hps("torch_ddp_train.py", src), timeout_s=240)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     ranks = rank_files(results)
@@ -95,9 +112,18 @@ def test_pytorchjob_ddp_across_master_and_worker(tmp_path):
 
 
 @pytest.mark.torch
-def test_jobset_job_chooses_its_distribution_by_hyperparameters(tmp_path):
+def test_pytorchjob_nproc_per_node_auto_is_this_pods_cpus_without_a_gpu(tmp_path):
     src = source_dir(tmp_path, "torch_ddp_train.py")
-    pods = k8s.jobset("js", "workers", jobs=1, pods=2)
+    pods = k8s.pytorchjob("ptj", "ns1", workers=0)  # nprocPerNode defaults to "auto"
+    results = run_pods(pods, tmp_path, hps("torch_ddp_train.py", src), timeout_s=240)
+    assert [r.exit_code for r in results] == [0], [r.failure for r in results]
+    assert sorted(rank_files(results)) == list(range(os.cpu_count() or 1))
+
+
+@pytest.mark.torch
+def test_jobset_ddp_chooses_its_distribution_by_hyperparameters(tmp_path):
+    src = source_dir(tmp_path, "torch_ddp_train.py")
+    pods = k8s.jobset("js", "ns1", [("workers", 1, 2)])
     results = run_pods(pods, tmp_path, hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True,
                                            sagemaker_distributed_processes_per_host=1), timeout_s=240)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
@@ -108,34 +134,85 @@ def test_jobset_job_chooses_its_distribution_by_hyperparameters(tmp_path):
                         "network_interface_name": "eth0"}
 
 
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_jobset_mpi_runs_with_the_names_only_the_subdomain_resolves(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    pods = k8s.jobset("jsm", "ns1", [("workers", 1, 2)], subdomain="net")
+    results = run_pods(pods, tmp_path, hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
+                                           sagemaker_mpi_num_of_processes_per_host=1), timeout_s=180)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1] and {info["sum"] for info in ranks.values()} == {3}
+    assert {info["hostname"] for info in ranks.values()} == {p.name for p in pods}
+
+
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+@pytest.mark.sshd
+def test_jobset_mpi_under_open_mpi_5_keeps_the_names_whole_too(tmp_path):
+    from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ranks").write_text(f"""#!{TOOLKIT_PYTHON}
+import json, os, socket
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w") as f:
+    json.dump({{"rank": rank, "hostname": socket.gethostname()}}, f)
+""")
+    (src / "ranks").chmod(0o755)
+    pods = k8s.jobset("jsm", "ns1", [("workers", 1, 2)], subdomain="net")
+    results = run_pods(pods, tmp_path, hps("ranks", src, sagemaker_mpi_enabled=True,
+                                           sagemaker_mpi_num_of_processes_per_host=1),
+                       env={"PATH": f"{OMPI5_BIN}:{os.environ.get('PATH', os.defpath)}"}, timeout_s=180)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    assert {i["hostname"] for i in rank_files(results).values()} == {p.name for p in pods}
+
+
 @pytest.mark.torch
 def test_a_failing_rank_ends_every_pod_with_its_cause_in_the_termination_log(tmp_path):
     src = source_dir(tmp_path, "k8s_view.py")
-    pods = k8s.pytorchjob("ptj", workers=1, nproc=1)
+    pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=1)
     results = run_pods(pods, tmp_path, hps("k8s_view.py", src), env={"FAIL_ON_HOST": "ptj-worker-0"}, timeout_s=120)
     assert all(r.exit_code not in (0, None) for r in results), [(r.exit_code, r.failure) for r in results]
     for pod in pods:
-        message = k8s.termination_log(tmp_path / "cluster", pod.name)
+        message = log(tmp_path, pod)
         assert "ptj-worker-0" in message and "\n" == message[-1] and len(message.encode()) <= 4096, message
 
 
 def test_a_pod_whose_name_never_resolves_is_named_within_the_dns_timeout(tmp_path):
     src = source_dir(tmp_path, "k8s_view.py")
-    pods = k8s.jobset("js", "workers", jobs=1, pods=3)
-    pods[2].resolvable = False  # never scheduled: no DNS record
+    pods = k8s.jobset("js", "ns1", [("workers", 1, 3)])
+    pods[2].scheduled = False  # never scheduled: never started, no DNS record
     started = time.monotonic()
     results = run_pods(pods, tmp_path, hps("k8s_view.py", src), env={"TRAINING_TOOLKIT_DNS_TIMEOUT": "3"}, timeout_s=60)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 45
     assert [r.exit_code for r in results] == [69, 69]
-    for pod in pods[:2]:
-        assert k8s.termination_log(tmp_path / "cluster", pod.name) == (
-            "pod name(s) js-workers-0-2.js did not resolve within 3 s (pod not scheduled or not running, "
-            "or its headless service missing)\n")
+    never = ("pod name(s) js-workers-0-2.js did not resolve within 3 s (pod not scheduled or not running, or its "
+             "headless service missing)\n")
+    messages = [log(tmp_path, pod) for pod in pods[:2]]
+    assert never in messages  # the first to give up names the pod that never came; the other, maybe, that one
+    assert all(m == never or m.startswith(f"pod(s) {other}.js ended while this pod waited")
+               for m, other in zip(messages, ["js-workers-0-1", "js-workers-0-0"])), messages
+
+
+def test_a_peer_that_ends_while_a_pod_waits_for_names_ends_the_wait_with_its_name(tmp_path):
+    src = source_dir(tmp_path, "k8s_view.py")
+    pods = k8s.jobset("js", "ns1", [("workers", 1, 3)])
+    pods[2].scheduled = False
+    pods[1].env["TRAINING_TOOLKIT_DNS_TIMEOUT"] = "3"  # this one gives up first; pod 0 would wait 60 s
+    started = time.monotonic()
+    results = run_pods(pods, tmp_path, hps("k8s_view.py", src), env={"TRAINING_TOOLKIT_DNS_TIMEOUT": "60"},
+                       timeout_s=90)
+    assert [r.exit_code for r in results] == [69, 69]
+    assert time.monotonic() - started < 40  # not pod 0's 60 s
+    assert log(tmp_path, pods[0]).startswith("pod(s) js-workers-0-1.js ended while this pod waited for its peers")
 
 
 def test_sigterm_gives_the_script_its_grace_within_the_pods_termination_grace_period(tmp_path):
     src = source_dir(tmp_path, "k8s_view.py")
-    pods = k8s.jobset("js", "workers", jobs=1, pods=2)
+    pods = k8s.jobset("js", "ns1", [("workers", 1, 2)])
     ended = {}
 
     def kubelet_stops_the_pods(procs):  # as the kubelet does on delete or preemption: SIGTERM to every container
@@ -153,4 +230,5 @@ def test_sigterm_gives_the_script_its_grace_within_the_pods_termination_grace_pe
     assert max(r.ended_at for r in results) - ended["sent"] < 30  # terminationGracePeriodSeconds' default
     for r, pod in zip(results, pods):
         assert json.loads((r.opt_ml / "checkpoints/saved.json").read_text())["signal"] == signal.SIGTERM
-        assert k8s.termination_log(tmp_path / "cluster", pod.name) == "k8s_view.py exited with code 143\n"
+        assert log(tmp_path, pod) == "k8s_view.py exited with code 143\n"
+

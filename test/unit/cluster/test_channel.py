@@ -21,18 +21,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Silence declares a peer lost after TIMEOUT_S: long enough that a loaded machine (a thread not
+# scheduled for a second) never makes a test's peer look lost; the test of silence sets its own.
+TIMEOUT_S = 10.0
+
+
+def start_server(timeout_s: float = TIMEOUT_S):
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, ["w1", "w2"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=timeout_s)
+    srv.start()
+    return srv, events
+
+
 @pytest.fixture
 def server():
-    events = SimpleQueue()
-    srv = ControlServer(SECRET, ["w1", "w2"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=1.0)
-    srv.start()
+    srv, events = start_server()
     yield srv, events
     srv.close()
 
 
 def client(srv, host, secret=SECRET, **kw):
     events = SimpleQueue()
-    c = ControlClient(secret, host, "127.0.0.1", srv.port, events, heartbeat_s=0.1, timeout_s=1.0, **kw)
+    c = ControlClient(secret, host, "127.0.0.1", srv.port, events, heartbeat_s=0.1, timeout_s=TIMEOUT_S, **kw)
     return c, events
 
 
@@ -58,7 +68,7 @@ def test_barrier_release_and_verdict(server):
     srv.broadcast(Verdict(3, "algo-1: boom", "algo-1"))
     assert get(e1) == Verdict(3, "algo-1: boom", "algo-1")
     assert get(e2) == Verdict(3, "algo-1: boom", "algo-1")
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 2  # at once (not at a heartbeat or a timeout), with room for a loaded machine
     c1.close(), c2.close()
 
 
@@ -69,7 +79,7 @@ def test_barrier_deadline_names_missing_hosts(server):
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"never joined: w2; joined but never ready: w1"):
         srv.wait_ready(0.5)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 5
     c1.close()
 
 
@@ -112,7 +122,7 @@ def test_wrong_secret_is_refused_both_ways(server):
     with pytest.raises(ClusterError, match="refused w1: authentication failed"):
         bad.connect(2)
     good, _ = client(srv, "w1")
-    good.connect(2)  # the refused attempt did not take the seat
+    good.connect(10)  # the refused attempt did not take the seat
     good.close()
 
 
@@ -131,11 +141,33 @@ def test_unknown_and_duplicate_hosts_are_refused(server):
     with pytest.raises(ClusterError, match="'w9' is not a host of this job"):
         stranger.connect(2)
     c1, _ = client(srv, "w1")
-    c1.connect(2)
-    twin, _ = client(srv, "w1")
+    c1.connect(10)
+    twin, _ = client(srv, "w1", source="127.0.0.2")  # the secret, but not where w1 joined from
     with pytest.raises(ClusterError, match="'w1' has joined already"):
         twin.connect(2)
     c1.close()
+
+
+def test_a_host_that_joins_again_before_it_is_ready_takes_its_seat_back(server):
+    """Its welcome came too late for it (it gave up): the held seat is its own, from the same address."""
+    srv, events = server
+    first, _, welcome = raw_join(srv.port, "w1")
+    assert welcome["t"] == "welcome"
+    again, _ = client(srv, "w1")
+    again.connect(10)
+    first.settimeout(5)
+    while first.recv(4096):  # the server closes the first link (after any heartbeat it sent)
+        pass
+    first.close()
+    other, _ = client(srv, "w2")
+    other.connect(10)
+    again.ready(), other.ready()
+    srv.wait_ready(10)
+    srv.release()
+    again.wait_go(10)
+    with pytest.raises(Empty):  # the first link's end was no loss
+        events.get(timeout=0.5)
+    again.close(), other.close()
 
 
 def test_master_unreachable_within_deadline():
@@ -143,7 +175,7 @@ def test_master_unreachable_within_deadline():
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"could not reach the control channel on 127.0.0.1:\d+ within 1 s"):
         c.connect(1.0)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 5
 
 
 def test_lost_peers_are_reported_both_ways(server):
@@ -172,16 +204,19 @@ def raw_join(port: int, host: str, secret: bytes | None = SECRET, intro: dict | 
     return raw, f, json.loads(f.readline())
 
 
-def test_silent_peer_times_out(server):
+def test_silent_peer_times_out():
     """A peer that stops talking (no close, no heartbeat) is declared lost after the timeout."""
-    srv, events = server
-    raw, _, welcome = raw_join(srv.port, "w1")
-    assert welcome["t"] == "welcome"
-    t0 = time.monotonic()
-    lost = get(events, timeout=5)
-    assert isinstance(lost, PeerLost) and lost.reason == "timed out"
-    assert 0.8 < time.monotonic() - t0 < 3
-    raw.close()
+    srv, events = start_server(timeout_s=1.0)
+    try:
+        raw, _, welcome = raw_join(srv.port, "w1")
+        assert welcome["t"] == "welcome"
+        t0 = time.monotonic()
+        lost = get(events, timeout=10)
+        assert isinstance(lost, PeerLost) and lost.reason == "timed out"
+        assert 0.8 < time.monotonic() - t0 < 5
+        raw.close()
+    finally:
+        srv.close()
 
 
 def test_forged_or_replayed_messages_drop_the_peer(server):
@@ -228,7 +263,7 @@ def table_server(table, lines, **kw):
     hosts = ["w1", "w2"]
     admission = Admission(hosts, by_address=True, addresses=Addresses(hosts, lambda n: table.get(n, frozenset())), **kw)
     events = SimpleQueue()
-    srv = ControlServer(None, hosts, free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=1.0,
+    srv = ControlServer(None, hosts, free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=TIMEOUT_S,
                         job_id="j0b", introduction={"ssh_client_key": "ssh-ed25519 AAAA c"}, admission=admission,
                         log=lines.append, handshake_timeout_s=1.0)
     srv.start()
@@ -245,12 +280,16 @@ def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductio
         c1 = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue(), introduction={"ssh_host_key": "k1"})
         c1.connect(5)
         assert (c1.job_id, c1.introduction) == ("j0b", {"ssh_client_key": "ssh-ed25519 AAAA c"})
-        assert srv.introductions == {"w1": {"ssh_host_key": "k1"}}
+        # recorded by the server's reader just after it sent the welcome the client has read (before it reads
+        # anything more from w1: so always before w1's "ready", which is when a runner reads it)
+        assert eventually(lambda: srv.introductions == {"w1": {"ssh_host_key": "k1"}})
         # w2 resolves to 127.0.0.2, but this claimant comes from 127.0.0.1: refused, and named in the log
         c2 = ControlClient(None, "w2", "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="'w2' does not resolve to 127.0.0.1"):
             c2.connect(2)
-        # a second claimant of a taken seat
+        # a second claimant of a seat whose host is ready
+        c1.ready()
+        assert eventually(lambda: "w1" in srv._ready)
         twin = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
         with pytest.raises(ClusterError, match="'w1' has joined already"):
             twin.connect(2)
@@ -306,7 +345,7 @@ def test_garbage_is_refused_with_one_line_and_the_job_goes_on(payload):
             pass
         raw.close()
         good = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
-        good.connect(3)
+        good.connect(10)
         good.close()
     finally:
         srv.close()
@@ -323,7 +362,7 @@ def test_a_silent_connection_is_dropped_at_the_handshake_deadline():
         raw.recv(4096)
         t0 = time.monotonic()
         assert raw.recv(4096) == b""  # the server hangs up
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 5
         raw.close()
     finally:
         srv.close()
@@ -362,7 +401,7 @@ def test_a_flood_of_connections_does_not_stall_the_barrier():
         t0 = time.monotonic()
         c1 = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
         c1.connect(10)  # retries until a slot frees (the held ones time out after 1 s)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 8
         c1.close()
     finally:
         for sock in held:

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from training_toolkit.cluster.ssh.errors import KeyMaterialError
+from training_toolkit.settings import KeyFiles
 
 # Names of mounted key files (any key type OpenSSH accepts, whatever the name says:
 # these are the names users already know).
@@ -64,8 +65,11 @@ def check_public_line(line: str, source: str) -> str:
     return " ".join(parts)
 
 
-def load_keys(directory: Path) -> MountedKeys:
-    """Read mounted key files (``MOUNTED_FILES``) and check that each pair belongs together.
+def load_keys(source: Path | KeyFiles) -> MountedKeys:
+    """Read mounted key files (``MOUNTED_FILES``, or as ``KeyFiles`` names them) and check each pair.
+
+    A ``KeyFiles`` without a host key (mpi-operator mounts none) gets a fresh one, made here
+    from the OS's random generator, as for a job without mounted keys.
 
     Only the contents are taken: the ssh directory is written again with the
     modes OpenSSH insists on, so a Kubernetes secret mounted 0644 (which ssh
@@ -73,9 +77,13 @@ def load_keys(directory: Path) -> MountedKeys:
     user never has to fix permissions.  Mismatches are caught here, where the
     file can be named, rather than as "Permission denied (publickey)" later.
     """
-    directory = Path(directory)
+    files = source if isinstance(source, KeyFiles) else KeyFiles(str(source))
+    directory = Path(files.directory)
     pairs = []
-    for private_name, public_name in ((MOUNTED_CLIENT_KEY, MOUNTED_CLIENT_PUBLIC), (MOUNTED_HOST_KEY, MOUNTED_HOST_PUBLIC)):
+    for private_name, public_name in ((files.client, files.client_public), (files.host, files.host_public)):
+        if private_name is None or public_name is None:
+            pairs.append(generate_keypair("training-toolkit-host"))
+            continue
         private = _normalized_private(_read_mounted(directory, private_name), directory / private_name)
         public = _read_public(directory, public_name)
         _check_pair(directory / private_name, private, directory / public_name, public)

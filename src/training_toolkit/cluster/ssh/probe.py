@@ -8,7 +8,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from training_toolkit.cluster.ssh.errors import SshUnreachable
 from training_toolkit.cluster.ssh.layout import SshLayout, ssh_command
@@ -35,6 +34,8 @@ def wait_for_ssh(
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
         return
+    from concurrent.futures import ThreadPoolExecutor  # the first host's only: 4 ms of imports (logging) for every host
+
     deadline = time.monotonic() + deadline_s
     prefix = ssh_command(layout, ssh=ssh)
     workers = max(1, min(len(hosts), max_parallel))
