@@ -36,6 +36,7 @@ from training_toolkit import decisions
 from training_toolkit.agent_watch import StallWatch
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
                                            ShareProgress, StopPart)
+from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
@@ -136,6 +137,13 @@ class HostAgent(StallWatch):
         """Stop this host's part of the attempt for a restart (grace period, then kill); return once it is gone."""
         self._stop_locals(self.ctx.grace_s)
 
+    def prepare_attempt(self) -> None:
+        """Before a restart's barrier: what this host's next attempt needs ready (e.g. MPI's rank file)."""
+
+    def guard_spec(self) -> GuardSpec | None:
+        """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
+        return None
+
     def signal_job(self, signum: int) -> None:
         """Pass a signal ``train`` received to this host's part of the job.
 
@@ -157,6 +165,7 @@ class HostAgent(StallWatch):
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
+        guard: ListenerGuard | None = None
         try:
             with SignalForwarder(self._on_signal):
                 try:
@@ -168,6 +177,7 @@ class HostAgent(StallWatch):
                     membership.barrier(0)
                     if self.is_master:
                         self.after_barrier()
+                    guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
                     self._say_attempt("")
                     self.locals = self.start()
                 except ToolkitError as exc:
@@ -179,6 +189,8 @@ class HostAgent(StallWatch):
                     outcome = self._carry_out(self._step(self._next_event()))
         finally:
             self._stop_locals(FAILURE_GRACE_S)
+            if guard is not None:
+                guard.stop()
             self.cleanup()
             membership.close()
             ended = end_descendants()
@@ -260,6 +272,7 @@ class HostAgent(StallWatch):
         try:
             self._say_attempt(action.reason)
             self.locals = []
+            self.prepare_attempt()
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
             self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
             self.locals = self.start()

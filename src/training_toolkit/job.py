@@ -103,6 +103,7 @@ def build_job(
     user = {k: v for k, v in decoded.items() if k not in reserved and k not in framework}
     hp_source = str(paths.hyperparameters_file)
 
+    refuse_training_module(environ)
     # As the reference: the SAGEMAKER_PROGRAM variable wins over the hyperparameter,
     # the hyperparameter wins over SAGEMAKER_SUBMIT_DIRECTORY.
     entry_point = environ.get("SAGEMAKER_PROGRAM") or _optional_str(reserved, names.PROGRAM, hp_source)
@@ -247,3 +248,23 @@ def parse_json_object(text: str, source: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(source, None, f"expected a JSON object, got {type(value).__name__}")
     return value
+
+
+TRAINING_MODULE = "SAGEMAKER_TRAINING_MODULE"
+
+
+def refuse_training_module(environ: Mapping[str, str]) -> None:
+    """``SAGEMAKER_TRAINING_MODULE`` is refused by name, never ignored.
+
+    AWS's framework images set it (``sagemaker_tensorflow_container.training:main``); the
+    reference then imports that module and calls it, and the framework's own code runs the
+    job with the reference's internals.  This toolkit runs the entry point itself: handing
+    the job to code written against another toolkit's internals cannot keep its promises
+    (signals, verdict, ranks), and ignoring the variable silently would run something else
+    than the image's author meant.  Empty counts as unset, so an image can clear it.
+    """
+    value = environ.get(TRAINING_MODULE)
+    if value:
+        raise ConfigError("environment", TRAINING_MODULE,
+                          f"{value!r}: this toolkit runs the entry point itself and does not hand the job to a framework "
+                          "module; unset the variable (or set it empty) to run the entry point (docs/contract.md)")

@@ -84,6 +84,10 @@ TORCH_MASTER_PORT = 29500
 TF_WORKER_PORT = 2222
 TF_PS_PORT = 2223
 TF_MWMS_PORT = 8890
+# Open MPI's BTL (the ranks' data plane) listens in this range (btl_tcp_port_min_v4/_v6 and _range), below
+# Linux's ephemeral ports, so that the listener guard can tell its listeners from a script's own (cluster/guard.py)
+MPI_BTL_PORT_MIN = 31000
+MPI_BTL_PORT_RANGE = 1000
 
 
 class DefaultPort(NamedTuple):

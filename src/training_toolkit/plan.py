@@ -8,7 +8,6 @@ typed tuple (``MpiOptions``...), so a runner reads fields, never dict keys.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Union
 
@@ -16,6 +15,7 @@ from training_toolkit import names
 from training_toolkit.contract import participating_hosts
 from training_toolkit.errors import ConfigError
 from training_toolkit.job import JobSpec
+from training_toolkit.mpi_options import CustomMpiOptions, parse_custom_options
 from training_toolkit.names import MPI, MULTI_WORKER_MIRRORED, PARAMETER_SERVER, SINGLE, TORCH_DISTRIBUTED
 
 
@@ -26,7 +26,7 @@ class NoOptions(NamedTuple):
 class MpiOptions(NamedTuple):
     processes_per_host: int
     num_processes: int  # at most processes_per_host x hosts
-    custom_mpi_options: tuple[str, ...]  # split like a shell would, never run by one
+    custom: CustomMpiOptions  # sagemaker_mpi_custom_mpi_options, split: mpirun's, --NCCL_DEBUG, -x variables
     smddp: bool  # SageMaker's data parallel library (its env, smddprun when installed)
 
 
@@ -162,18 +162,7 @@ def _mpi_options(job: JobSpec, source: str, host_count: int) -> MpiOptions:
     if total > per_host * host_count:
         raise ConfigError(source, total_key,
                           f"{total} processes do not fit {host_count} host(s) x {per_host} slots")
-    custom = _shell_words(params.get("sagemaker_mpi_custom_mpi_options", ""), source, "sagemaker_mpi_custom_mpi_options")
-    if smddp and not custom:
+    key = "sagemaker_mpi_custom_mpi_options"
+    if smddp and not params.get(key):
         key = "sagemaker_distributed_dataparallel_custom_mpi_options"
-        custom = _shell_words(params.get(key, ""), source, key)
-    return MpiOptions(per_host, total, custom, smddp)
-
-
-def _shell_words(value: Any, source: str, key: str) -> tuple[str, ...]:
-    """Options split like a shell would, but never run by one."""
-    if not isinstance(value, str):
-        raise ConfigError(source, key, f"expected a string, got {value!r}")
-    try:
-        return tuple(shlex.split(value))
-    except ValueError as exc:
-        raise ConfigError(source, key, f"cannot be parsed: {exc}") from None
+    return MpiOptions(per_host, total, parse_custom_options(params.get(key, ""), source, key), smddp)

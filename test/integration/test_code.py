@@ -277,9 +277,13 @@ def test_plan_shows_the_mpirun_line_without_the_secret(job_dir):
     out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
                          text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr
-    mpirun = json.loads(out.stdout)["mpirun"]
+    doc = json.loads(out.stdout)
+    mpirun = doc["mpirun"]
     assert mpirun[:5] == ["mpirun", "--host", "algo-1:1,algo-2:1", "-np", "2"]
-    assert mpirun[-3:] == ["train.py", "--msg", "a b"]
+    assert Path(mpirun[-2]).name == "training-toolkit-rank" and mpirun[-1].endswith("/training-toolkit-ranks-JOBID/rank.env")
+    assert "a b" not in mpirun  # nothing of the job on mpirun's line: each host's ranks read it from their own file
+    assert doc["rank_command"][-3:] == ["train.py", "--msg", "a b"]
+    assert doc["rank_environment_added"]["NCCL_DEBUG"] == "INFO"
     assert "x" * 32 not in out.stdout
 
 

@@ -47,6 +47,15 @@ def test_sagemaker_program_variable_wins_over_hyperparameter_as_the_reference():
     assert spec.entry_point == "b.py"
 
 
+def test_sagemaker_training_module_is_refused_by_name_and_empty_counts_as_unset():
+    with pytest.raises(ConfigError) as info:
+        job(environ={"SAGEMAKER_TRAINING_MODULE": "sagemaker_tensorflow_container.training:main"})
+    assert str(info.value).startswith("environment: SAGEMAKER_TRAINING_MODULE: 'sagemaker_tensorflow_container.training:main': "
+                                      "this toolkit runs the entry point itself")
+    assert info.value.exit_code == 78
+    assert job(environ={"SAGEMAKER_TRAINING_MODULE": ""}).entry_point is None
+
+
 def test_resource_defaults_and_roles():
     spec = job()
     res = spec.resource

@@ -6,6 +6,7 @@ from training_toolkit.contract import master_host, training_env
 from training_toolkit.errors import ConfigError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
+from training_toolkit.mpi_options import CustomMpiOptions
 from training_toolkit.paths import Paths
 from training_toolkit.names import DISTRIBUTIONS
 from training_toolkit.plan import (MpiOptions, MultiWorkerMirroredOptions, NoOptions, ParameterServerOptions,
@@ -48,17 +49,17 @@ def test_switches(key, runner):
 def test_mpi_processes_default_to_gpus_else_one():
     assert plan({"sagemaker_mpi_enabled": "true"}).options.processes_per_host == 1
     p = plan({"sagemaker_mpi_enabled": "true"}, gpus=4)
-    assert p.options == MpiOptions(4, 8, (), False)
+    assert p.options == MpiOptions(4, 8, CustomMpiOptions(), False)
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
               "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
-    assert p.options == MpiOptions(3, 5, ("-x", "FOO"), False)
+    assert p.options == MpiOptions(3, 5, CustomMpiOptions(rank_variables=(("FOO", None),)), False)
 
 
 def test_the_data_parallel_library_goes_through_mpi_with_its_own_options():
     p = plan({"sagemaker_distributed_dataparallel_enabled": "true",
               "sagemaker_distributed_dataparallel_custom_mpi_options": '"-x A=1"'}, gpus=8)
     assert p.runner == "mpi"
-    assert p.options == MpiOptions(8, 16, ("-x", "A=1"), True)
+    assert p.options == MpiOptions(8, 16, CustomMpiOptions(rank_variables=(("A", "1"),)), True)
 
 
 def test_the_library_switch_is_read_as_a_switch():
@@ -90,7 +91,8 @@ def test_parameter_server_options():
 
 def test_custom_mpi_options_are_split_safely():
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_custom_mpi_options": '"-x A=\'b c\' --mca x 1; rm -rf /"'})
-    assert p.options.custom_mpi_options == ("-x", "A=b c", "--mca", "x", "1;", "rm", "-rf", "/")
+    assert p.options.custom.mpirun_args == ("--mca", "x", "1;", "rm", "-rf", "/")
+    assert p.options.custom.rank_variables == (("A", "b c"),)
 
 
 def test_single_takes_no_options():

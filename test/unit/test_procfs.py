@@ -28,6 +28,11 @@ def test_a_process_tree_its_group_and_its_environment():
         assert set(procfs.marked_descendants(os.getpid(), marker.encode())) == {tree.pid} | {p.pid for p in below}
         assert set(procfs.marked_descendants(os.getpid(), marker.encode(), exclude=frozenset({tree.pid}))) == \
             {p.pid for p in below}
+        # the same tree through the children files, parents first
+        assert sorted(procfs.tree(tree.pid)) == sorted(p.pid for p in below)
+        mine = procfs.tree(os.getpid())
+        assert mine.index(tree.pid) < min(mine.index(p.pid) for p in below)
+        assert procfs.tree(2**22 + 1) == []  # no such process
         assert not procfs.has_marker(os.getpid(), marker.encode())
         sleeper = below[0].pid
         deadline = time.monotonic() + 5

@@ -212,10 +212,14 @@ def test_defaults_used_outside_settings_are_its_own():
     """Code that falls back on a default without Settings reads the table's, never a copy of it."""
     from training_toolkit import process
     from training_toolkit.cluster import channel, secret
-    from training_toolkit.runners import mpi_command
+    from training_toolkit.mpi_options import CustomMpiOptions
+    from training_toolkit.runners import rank_env
 
     assert (channel.HEARTBEAT_S, channel.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
     assert process.DEFAULT_GRACE_S == DEFAULTS.grace_s
     assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
-    assert {settings.JOB_SECRET, settings.SUPERVISOR_VAR} <= mpi_command.NOT_FORWARDED
+    secret_env = {name: "x" for name in settings.SECRET_VARIABLES}
+    assert rank_env.mpirun_environment(secret_env) == {}
+    assert rank_env.rank_environment(secret_env, interface="eth0", custom=CustomMpiOptions(), extra={}, preload=None).keys() \
+        .isdisjoint(settings.SECRET_VARIABLES)

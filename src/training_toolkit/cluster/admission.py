@@ -110,7 +110,12 @@ class Admission:
 
 
 class RefusalLog:
-    """One log line per (address, reason) the first time; repeats counted, summarised by ``summary``."""
+    """One log line per (address, kind of refusal) the first time; repeats counted, summarised by ``summary``.
+
+    ``kind`` is the reason without what the peer chose (the host name it
+    claimed, the bytes it sent): a peer that invents a new name for every
+    join still gets one line per address (issue 17).  Without one, the reason is the kind.
+    """
 
     def __init__(self, log: Callable[[str], None]):
         self._log = log
@@ -118,11 +123,12 @@ class RefusalLog:
         self._repeats: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def refused(self, address: str, reason: str) -> None:
+    def refused(self, address: str, reason: str, kind: str | None = None) -> None:
+        key = (address, reason if kind is None else kind)
         with self._lock:
-            first = (address, reason) not in self._seen
+            first = key not in self._seen
             if first:
-                self._seen.add((address, reason))
+                self._seen.add(key)
             else:
                 self._repeats[address] += 1
         if first:

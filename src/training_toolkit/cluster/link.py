@@ -88,7 +88,11 @@ class Link:
 
 
 class Refused(Exception):
-    """The join was refused; the message says why (one line)."""
+    """The join was refused; the message says why (one line), ``kind`` the same without what the peer chose."""
+
+    def __init__(self, reason: str, kind: str | None = None):
+        super().__init__(reason)
+        self.kind = kind
 
 
 def reject(link: Link, reason: str) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
+from collections.abc import Sequence
+
+from training_toolkit.errors import ClusterError
 
 _SIOCGIFADDR = 0x8915
 
@@ -16,6 +19,14 @@ def resolve(name: str) -> frozenset[str]:
     except (OSError, UnicodeError):
         return frozenset()
     return frozenset(plain(info[4][0]) for info in infos)
+
+
+def job_addresses(hosts: Sequence[str]) -> list[str]:
+    """Every address of the job's hosts: the only ones sshd admits the client key from, and the guard lets in."""
+    found = sorted({address for host in hosts for address in resolve(host)})
+    if not found:
+        raise ClusterError(f"none of the job's hosts resolves to an address: {', '.join(hosts)}")
+    return found
 
 
 def plain(address: str) -> str:

@@ -123,17 +123,23 @@ class ControlServer:
             conn.settimeout(self._timeout_s)  # bounds a send to a host that stopped reading
             exchange, server_nonce = wire.KeyExchange(), wire.nonce()
             link.send_raw({"t": "challenge", "v": wire.PROTOCOL, "nonce": server_nonce, "kx": exchange.public})
-        except (Refused, OSError) as exc:
-            self._join_failed(link, address, str(exc) or type(exc).__name__)
+        except Refused as exc:
+            self._join_failed(link, address, str(exc), exc.kind)
+            return
+        except OSError as exc:
+            self._join_failed(link, address, str(exc) or type(exc).__name__, type(exc).__name__)
             return
 
         late = f"no complete join within {self._handshake_timeout_s:g} s"
         self._reader.join(link, deadline, lambda hello: self._hello(link, address, exchange, server_nonce, hello),
                           lambda reason: self._join_failed(link, address, late if reason == "deadline" else reason))
 
-    def _join_failed(self, link: Link, address: str, reason: str) -> None:
-        """A join that ends without a seat: one log line (per address and reason), its slot freed, closed."""
-        self._refusals.refused(address, reason)
+    def _join_failed(self, link: Link, address: str, reason: str, kind: str | None = None) -> None:
+        """A join that ends without a seat: one log line (per address and kind of refusal), its slot freed, closed.
+
+        ``kind`` leaves out what the peer chose (a name it claimed, the text of an error that may quote its bytes).
+        """
+        self._refusals.refused(address, reason, kind)
         self._admission.done(address)
         link.close()
 
@@ -141,8 +147,11 @@ class ControlServer:
         """On the reader: the rest of the join; the host now seated on ``link``, or None (refused, closed)."""
         try:
             host = self._handshake(link, address, exchange, server_nonce, hello)
-        except (Refused, OSError, ValueError, ConnectionError) as exc:
-            self._join_failed(link, address, str(exc) or type(exc).__name__)
+        except Refused as exc:
+            self._join_failed(link, address, str(exc), exc.kind)
+            return None
+        except (OSError, ValueError, ConnectionError) as exc:  # the text may quote what the peer sent
+            self._join_failed(link, address, str(exc) or type(exc).__name__, type(exc).__name__)
             return None
         self._admission.done(address)
         return host
@@ -168,8 +177,8 @@ class ControlServer:
             if reason is None:
                 self._joining.add(host)
         if reason is not None:
-            reject(link, reason)
-            raise Refused(reason)
+            reject(link, reason)  # the peer is told the name it claimed; the log counts it once per address
+            raise Refused(reason, kind=reason.replace(repr(host), "<the name it claimed>"))
         try:
             link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
                            "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})

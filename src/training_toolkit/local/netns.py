@@ -192,14 +192,19 @@ class NamespaceCluster:
             raise ConfigError(f"cluster {self._tag}", "argv", "a command is needed")
         return holders.enter_argv(self._nsenter, self.host(host).pid, argv, cwd)
 
-    def bridge_command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
-        """The command line that runs ``argv`` in the network namespace of the hosts' bridge (``br0``); pure.
+    @property
+    def bridge_netns(self) -> str:
+        """The nsfs file of the hosts' bridge's network namespace (for ``setns``, ``nsenter --net=``).
 
         For watching the job's network as a switch would see it (e.g. capturing on ``br0``).
         """
         if not self._hosts:
             raise ClusterError(f"cluster {self._tag} is not running")
-        return [self._nsenter, f"--net={network.netns_file(self._holders[0].pid)}", "--"] + [os.fspath(a) for a in argv]
+        return network.netns_file(self._holders[0].pid)
+
+    def bridge_command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
+        """The command line that runs ``argv`` in the network namespace of the hosts' bridge (``br0``); pure."""
+        return [self._nsenter, f"--net={self.bridge_netns}", "--"] + [os.fspath(a) for a in argv]
 
     def popen(
         self,

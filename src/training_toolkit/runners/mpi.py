@@ -3,8 +3,9 @@
 Every host joins the channel, fetches the code, writes the job's ssh directory
 and starts its own sshd; the first host waits until all are ready, checks it
 can log in to each, and runs mpirun.  mpirun's end is the job's end: its
-verdict goes to every host at once.  Ranks go through ``training_toolkit.rank``
-so that each sees its own host's contract.
+verdict goes to every host at once.  Every host writes its own ranks' command and
+environment to a file first (``rank_env``): each rank sees its own host's contract,
+and mpirun carries nothing of the job across the network.
 """
 
 from __future__ import annotations
@@ -18,39 +19,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from training_toolkit import names, procfs, settings, stacks
+from training_toolkit import names, native, procfs, settings, stacks
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
+from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
-from training_toolkit.report import Outcome, summary_line
+from training_toolkit.redact import redact
+from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
-from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
+from training_toolkit.runners import rank_env
+from training_toolkit.runners.mpi_failure import describe_mpi_failure
+from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
-
-_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
-_ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
-# mpirun's own reports.  Open MPI 5 (prterun) wraps them at about 76 columns, anywhere between
-# words ("... exited on\nsignal 9 (Killed)."), and names a process [prterun-HOST-PID@1,RANK]
-# where Open MPI 4 writes [[JOBID,1],RANK]: \s+ between words, both name forms.
-_NOTICED = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+(\S+)\s+exited\s+on\s+signal\s+(\d+)")
-_ABORT = re.compile(r"MPI_ABORT\s+was\s+invoked\s+on\s+rank\s+(\d+)")
-_FIRST = re.compile(r"Process\s+name:\s*\[(?:\[\d+,\d+\]|[^\s\[\],]+@\d+),(\d+)\]")
-_EXIT = re.compile(r"Exit\s+code:\s*(\d+)")
 
 
 def run(ctx: RunContext) -> Outcome:
     return MpiAgent(ctx).run()
 
 
-RANK_TAG_VAR = settings.RANK_TAG_VAR  # forwarded to every rank: how each host finds its own ranks
+RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
 INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
 
@@ -81,6 +76,8 @@ class MpiAgent(HostAgent):
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
         self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
+        self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
+        self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
@@ -99,6 +96,7 @@ class MpiAgent(HostAgent):
     def prepare(self) -> None:
         assert self.membership is not None and self._keys is not None
         self.rank_tag = self.membership.job_id
+        self._write_rank_file()
         if self.is_master:
             return
         master = self.ctx.plan.hosts[0]
@@ -119,12 +117,36 @@ class MpiAgent(HostAgent):
                                             port=self.ssh_port)
         ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
 
+    def guard_spec(self) -> GuardSpec:
+        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
+        return GuardSpec(ports=range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE),
+                         every_port_of=RUNTIME)
+
+    def _write_rank_file(self) -> None:
+        """This host's ranks' command and environment, written before any rank can start."""
+        path = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
+        self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
+        rank_env.write_rank_file(path, self._rank_file_data())
+        self._rank_file = path
+
+    def _rank_file_data(self) -> bytes:
+        # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
+        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env))
+        return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
+                                         env)
+
+    def prepare_attempt(self) -> None:
+        """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
+        if self._rank_file is not None:
+            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
+
     def start(self) -> list[Local]:
         if not self.is_master:
             return []
-        assert self.layout is not None
-        env = self.job_env({**self.ctx.script_env, **smddp_env(self.ctx), RANK_TAG_VAR: self.rank_tag})
-        command = build_command(self.ctx, self.layout, mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ), env)
+        assert self.layout is not None and self._rank_file is not None
+        flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
+        command = build_command(self.ctx, self.layout, flavor, self._rank_file)
+        env = rank_env.mpirun_environment(self.ctx.environ, self.host, str(native.path_of(native.HOSTNAME_LIBRARY)))
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def watched(self) -> list[stacks.Watched]:
@@ -175,6 +197,10 @@ class MpiAgent(HostAgent):
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
         if self._tripwire is not None:
             self._tripwire.disarm()
+        if self._rank_file is not None:
+            shutil.rmtree(self._rank_file.parent, ignore_errors=True)
+        if self._rank_tripwire is not None:
+            self._rank_tripwire.disarm()
 
 
 def mpi_options(ctx: RunContext) -> MpiOptions:
@@ -189,11 +215,13 @@ def describe(ctx: RunContext) -> dict:
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
     layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
-    env = {**ctx.script_env, **smddp_env(ctx)}
+    rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
-    with_mpi4py = has_mpi4py(ctx.python, ask=False)
-    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, env, with_mpi4py)}
+    ranks = rank_environment(ctx, "JOBID")
+    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
+            "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
+            "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
 
 def _introduced(introductions, host: str, key: str) -> str:
@@ -204,12 +232,7 @@ def _introduced(introductions, host: str, key: str) -> str:
     return ssh.keys.check_public_line(line, f"{key.replace('_', ' ')} of {host}")
 
 
-def job_addresses(hosts: Sequence[str]) -> list[str]:
-    """Every address of the job's hosts: the only ones sshd admits the client key from."""
-    found = sorted({address for host in hosts for address in netaddr.resolve(host)})
-    if not found:
-        raise ClusterError(f"none of the job's hosts resolves to an address: {', '.join(hosts)}")
-    return found
+job_addresses = netaddr.job_addresses
 
 
 def listen_addresses(interface: str, host: str) -> list[str]:
@@ -262,8 +285,15 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
-def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None) -> tuple[str, ...]:
-    """What each rank runs: our wrapper, then the user's command (through mpi4py for Python).
+def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
+    return rank_env.rank_environment(ctx.script_env if script_env is None else script_env, interface=ctx.job.resource.network_interface_name,
+                                     custom=mpi_options(ctx).custom, preload=str(native.path_of(native.HOSTNAME_LIBRARY)),
+                                     extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
+
+
+def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
+    """What each rank runs after the rank program: the user's command, Python through mpi4py, as the reference.
 
     With the vendor's ``smddprun`` installed, the data parallel library's ranks go through it, as the reference does.
     """
@@ -271,62 +301,21 @@ def rank_command(ctx: RunContext, with_mpi4py: bool, smddprun: str | None = None
     is_python = len(argv) >= 2 and argv[0] == ctx.python
     if is_python and with_mpi4py:
         argv = [argv[0], "-m", "mpi4py", *argv[1:]]
-    if smddprun:
-        argv = [smddprun, *argv]
-    return (sys.executable, "-m", "training_toolkit.rank", "--base-dir", str(ctx.job.paths.base), "--", *argv)
+    smddprun = shutil.which("smddprun", path=ctx.script_env.get("PATH")) if mpi_options(ctx).smddp else None
+    return (smddprun, *argv) if smddprun else tuple(argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, env: dict[str, str],
-                  with_mpi4py: bool | None = None) -> list[str]:
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, rank_file: Path) -> list[str]:
+    """mpirun's line: every rank runs ``training-toolkit-rank FILE``; nothing of the job is on it."""
     options = mpi_options(ctx)
-    if with_mpi4py is None:
-        with_mpi4py = has_mpi4py(ctx.python)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options.processes_per_host,
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=rank_command(ctx, with_mpi4py, shutil.which("smddprun") if options.smddp else None),
-        forward_env=forwardable(list(env)),
+        rank_command=(str(native.path_of(native.RANK_PROGRAM)), str(rank_file)),
         rsh_agent=tuple(ssh.ssh_command(layout)),
-        custom_options=options.custom_mpi_options,
+        custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,
     )
     return mpirun_command(job, flavor)
-
-
-def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: int, status: ExitStatus) -> str:
-    """One line naming the rank, its host and the cause, from mpirun's own report and the ranks' stderr."""
-    text = "\n".join(tail)
-    rank: int | None = None
-    host: str | None = None
-    cause: str | None = None
-    if match := _NOTICED.search(text):
-        rank, host = int(match.group(1)), match.group(2)
-        signum = int(match.group(3))
-        cause = ExitStatus(-signum).describe()
-    elif match := _ABORT.search(text):
-        rank = int(match.group(1))
-        cause = "called MPI_Abort"
-    elif match := _FIRST.search(text):
-        rank = int(match.group(1))
-        code = _EXIT.search(text)
-        cause = f"exited with code {code.group(1)}" if code else "exited with a non-zero code"
-    last_error = _last_rank_error(tail, rank)
-    if rank is None:
-        # No rank started: the cause is the rsh agent's own line (ssh: Could not resolve hostname ...), which
-        # Open MPI prints before its help text and row of dashes.
-        agent = [line for line in tail if line.lstrip().startswith("ssh:")]
-        return summary_line(f"{hosts[0]}: mpirun {status.describe()}", agent[-1:] or tail)
-    host = host or (hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else "?")
-    line = f"rank {rank} on {host} {cause}"
-    return f"{line}: {last_error}"[:900] if last_error else line
-
-
-def _last_rank_error(tail: Sequence[str], rank: int | None) -> str | None:
-    for line in reversed(tail):
-        match = _TAGGED.match(line)
-        if match and match.group(2) == "stderr" and not _ONLY_TAGS.match(match.group(3)):
-            if rank is None or int(match.group(1)) == rank:
-                return match.group(3).strip()
-    return None

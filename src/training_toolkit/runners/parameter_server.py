@@ -14,6 +14,7 @@ import json
 
 from training_toolkit import ps_server
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import ParameterServerOptions
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -39,6 +40,11 @@ def describe(ctx: RunContext) -> dict:
 
 
 class ParameterServerAgent(HostAgent):
+    def guard_spec(self) -> GuardSpec:
+        """TensorFlow's gRPC servers (workers' and ps'): anyone who reaches one can run graphs on it."""
+        layout = layout_of(self.ctx)
+        return GuardSpec(ports=frozenset({layout.worker_port, layout.ps_port}))
+
     def prepare(self) -> None:
         layout = layout_of(self.ctx)
         check_free(layout.worker_port, "TensorFlow worker", self.host)

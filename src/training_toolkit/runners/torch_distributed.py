@@ -10,6 +10,8 @@ library) go through the MPI runner instead.
 from __future__ import annotations
 
 from training_toolkit.agent import HostAgent, Local
+from training_toolkit.cluster import netaddr
+from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import TorchDistributedOptions
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -35,6 +37,18 @@ def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: in
     }
 
 
+def interface_env(script_env: dict[str, str], interface: str | None, exists: bool) -> dict[str, str]:
+    """Gloo and NCCL bind their listeners to this interface's address rather than the host name's (pure).
+
+    Their ports are random and unauthenticated, so the guard cannot filter them
+    (docs/security.md): on the job's interface at least they are not on every
+    other network the host is on.  A value the script's environment sets wins.
+    """
+    if not interface or not exists:
+        return {}
+    return {name: interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if name not in script_env}
+
+
 def torch_options(ctx: RunContext) -> TorchDistributedOptions:
     options = ctx.plan.options
     assert isinstance(options, TorchDistributedOptions), options
@@ -50,6 +64,10 @@ def describe(ctx: RunContext) -> dict:
 class TorchDistributedAgent(HostAgent):
     wait_for_peers = True
 
+    def guard_spec(self) -> GuardSpec:
+        """torch's TCPStore on the first host: anyone who reaches it can read and write the rendezvous."""
+        return GuardSpec(ports=frozenset({torch_options(self.ctx).master_port}))
+
     def prepare(self) -> None:
         if self.is_master:
             check_free(torch_options(self.ctx).master_port, "torch.distributed store", self.host)
@@ -57,10 +75,12 @@ class TorchDistributedAgent(HostAgent):
     def start(self) -> list[Local]:
         options = torch_options(self.ctx)
         per_host = options.processes_per_host
+        interface = self.ctx.job.resource.network_interface_name
+        bind = interface_env(self.ctx.script_env, interface, netaddr.interface_ipv4(interface) is not None)
         started = []
         for local_rank in range(per_host):
             extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options.master_port)
             extra["TORCHELASTIC_RESTART_COUNT"] = str(self.attempt)  # as torchrun gives it
-            child = self.supervise(self.ctx.argv, {**self.ctx.script_env, **extra}, cwd=str(self.ctx.code_dir))
+            child = self.supervise(self.ctx.argv, {**self.ctx.script_env, **bind, **extra}, cwd=str(self.ctx.code_dir))
             started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
         return started

@@ -209,3 +209,14 @@ def test_a_toolkit_bug_still_gives_a_verdict(job_dir, tmp_path):
     assert result.returncode == 70
     assert "training-toolkit internal error: RuntimeError('simulated bug')" in (job_dir / "output" / "failure").read_text()
     assert b"Traceback" in result.stderr
+
+
+def test_a_framework_training_module_is_refused_by_name_before_anything_runs(job_dir, tmp_path):
+    marker = tmp_path / "ran"
+    write_job(job_dir, script=f"open({str(marker)!r}, 'w').close()\n")
+    result = run_train(job_dir, env={**clean_env(), "SAGEMAKER_TRAINING_MODULE": "sagemaker_pytorch_container.training:main"})
+    assert result.returncode == 78
+    assert not marker.exists()
+    first = (job_dir / "output" / "failure").read_text().splitlines()[0]
+    assert "SAGEMAKER_TRAINING_MODULE: 'sagemaker_pytorch_container.training:main'" in first, first
+    assert b"SAGEMAKER_TRAINING_MODULE" in result.stderr

@@ -70,3 +70,15 @@ def test_refusals_are_one_line_per_address_and_reason_then_counted():
     assert lines == ["control channel: refused a connection from 192.0.2.99: garbage",
                      "control channel: refused a connection from 192.0.2.99: other",
                      "control channel: refused 2 more connection(s) from 192.0.2.99"]
+
+
+def test_a_refusal_kind_leaves_out_what_the_peer_chose():
+    lines = []
+    log = RefusalLog(lines.append)
+    for name in ("x1", "x2", "x3"):
+        log.refused("192.0.2.12", f"{name!r} is not a host of this job", kind="<name> is not a host of this job")
+    log.refused("192.0.2.13", "'x1' is not a host of this job", kind="<name> is not a host of this job")
+    log.summary()
+    assert lines == ["control channel: refused a connection from 192.0.2.12: 'x1' is not a host of this job",
+                     "control channel: refused a connection from 192.0.2.13: 'x1' is not a host of this job",
+                     "control channel: refused 2 more connection(s) from 192.0.2.12"]

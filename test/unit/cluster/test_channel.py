@@ -301,6 +301,23 @@ def test_without_a_secret_hosts_join_from_their_address_and_exchange_introductio
     assert eventually(lambda: "control channel: refused a connection from 127.0.0.1: 'w1' has joined already" in lines)
 
 
+def test_a_job_address_claiming_invented_names_is_one_log_line_whatever_the_names():
+    """Issue 17: 30 invented names from one address were 30 lines on the first host; now one, then a count."""
+    lines = []
+    srv, _ = table_server(LOOPBACK, lines)
+    try:
+        for i in range(30):
+            with pytest.raises(ClusterError, match=f"'made-up-{i}' is not a host of this job"):
+                ControlClient(None, f"made-up-{i}", "127.0.0.1", srv.port, SimpleQueue()).connect(2)
+        # the server's thread records a refusal after the client has read it: wait for all 30
+        assert eventually(lambda: srv._refusals._repeats["127.0.0.1"] == 29), lines
+    finally:
+        srv.close()  # summarises the repeats
+    assert [line for line in lines if "127.0.0.1" in line] == [
+        "control channel: refused a connection from 127.0.0.1: 'made-up-0' is not a host of this job",
+        "control channel: refused 29 more connection(s) from 127.0.0.1"]
+
+
 def test_without_a_secret_a_stranger_address_is_dropped_before_any_handshake():
     lines = []
     srv, _ = table_server({"w1": frozenset({"127.0.0.9"})}, lines)

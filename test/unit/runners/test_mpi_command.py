@@ -1,12 +1,16 @@
 
 from training_toolkit.process import ExitStatus
 from training_toolkit.runners.mpi import describe_mpi_failure
-from training_toolkit.runners.mpi_command import MpiJob, forwardable, mpirun_command
+from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 
+RANK = ("/venv/native/training-toolkit-rank", "/run/training-toolkit-ranks-ab12/rank.env")
 JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
-             rank_command=("/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c"),
-             forward_env=("PATH", "SM_HOSTS"), rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
-             custom_options=("-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
+             rank_command=RANK, rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
+             custom_options=("--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
+
+# the BTL's listeners in the range the listener guard filters (cluster/guard.py), whatever the flavour
+BTL_PORTS = ("--mca", "btl_tcp_port_min_v4", "31000", "--mca", "btl_tcp_port_range_v4", "1000",
+             "--mca", "btl_tcp_port_min_v6", "31000", "--mca", "btl_tcp_port_range_v6", "1000")
 
 
 def test_openmpi4_command_exactly():
@@ -15,22 +19,20 @@ def test_openmpi4_command_exactly():
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_rsh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+        *BTL_PORTS,
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
-        "-x", "NCCL_SOCKET_IFNAME=eth0", "-x", "PATH", "-x", "SM_HOSTS",
-        "-x", "FOO=1", "--mca", "btl_tcp_eager_limit", "1024",
-        "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
+        "--mca", "btl_tcp_eager_limit", "1024", *RANK,
     ]
 
 
 def test_openmpi5_command_exactly():
-    job = MpiJob(**{**JOB.__dict__, "as_root": False, "custom_options": (), "forward_env": ()})
+    job = MpiJob(**{**JOB.__dict__, "as_root": False, "custom_options": ()})
     assert mpirun_command(job, "openmpi5", mpirun="/opt/bin/mpirun") == [
         "/opt/bin/mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--output", "tag",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_ssh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_ssh_no_tree_spawn", "1",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
-        "-x", "NCCL_SOCKET_IFNAME=eth0",
-        "/py", "-m", "training_toolkit.rank", "--", "/py", "-m", "mpi4py", "train.py", "--a", "b c",
+        *BTL_PORTS, *RANK,
     ]
 
 
@@ -40,11 +42,6 @@ def test_one_host_and_many_hosts():
     many = MpiJob(**{**JOB.__dict__, "hosts": tuple(f"algo-{i}" for i in range(1, 9)), "processes_per_host": 8,
                      "num_processes": 64})
     assert mpirun_command(many)[2] == ",".join(f"algo-{i}:8" for i in range(1, 9))
-
-
-def test_forwarded_variables_exclude_secrets_and_noise():
-    names = ["PATH", "SM_HOSTS", "TRAINING_TOOLKIT_JOB_SECRET", "HOSTNAME", "OMPI_COMM_WORLD_RANK", "BAD-NAME", "A"]
-    assert forwardable(names) == ("A", "PATH", "SM_HOSTS")
 
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
@@ -68,17 +65,6 @@ def test_describe_non_zero_exit_and_unknown():
     assert describe_mpi_failure(tail, HOSTS, 2, ExitStatus(3)) == "rank 4 on algo-3 exited with code 3: oops"
     assert describe_mpi_failure(["ssh: connect failed"], HOSTS, 2, ExitStatus(255)) == \
         "algo-1: mpirun exited with code 255: ssh: connect failed"
-
-
-def test_rank_wrapper_maps_open_mpi_ranks_to_torch_names():
-    from training_toolkit.rank import torch_style_variables
-
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-    assert torch_style_variables(env, "algo-1") == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
-                                                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
-    assert torch_style_variables({}, "algo-1") == {}
-    assert torch_style_variables({**env, "RANK": "9", "MASTER_PORT": "1"}, "a")["MASTER_PORT"] == "1"
 
 
 def test_describe_open_mpi_5_reports():

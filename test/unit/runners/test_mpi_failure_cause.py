@@ -40,7 +40,7 @@ def test_dotted_host_names_are_kept_whole_by_either_open_mpi():
     from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 
     job = MpiJob(hosts=("js-w-0-0.js", "js-w-0-1.js"), processes_per_host=1, num_processes=2, interface="eth0",
-                 rank_command=("/py", "t.py"), forward_env=(), rsh_agent=("ssh",))
+                 rank_command=("/py", "t.py"), rsh_agent=("ssh",))
     four, five = mpirun_command(job, "openmpi4"), mpirun_command(job, "openmpi5")
     assert four[four.index("orte_keep_fqdn_hostnames") - 1:][:3] == ["--mca", "orte_keep_fqdn_hostnames", "1"]
     assert five[five.index("prte_keep_fqdn_hostnames") - 1:][:3] == ["--prtemca", "prte_keep_fqdn_hostnames", "1"]

@@ -46,3 +46,12 @@ def test_torch_process_env():
         "RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
         "NODE_RANK": "1", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
     assert process_env(("solo",), "solo", 1, 0, 1234)["WORLD_SIZE"] == "1"
+
+
+def test_torch_binds_gloo_and_nccl_to_the_job_interface_unless_the_script_says_otherwise():
+    from training_toolkit.runners.torch_distributed import interface_env
+
+    assert interface_env({}, "eth0", True) == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert interface_env({"NCCL_SOCKET_IFNAME": "ib0"}, "eth0", True) == {"GLOO_SOCKET_IFNAME": "eth0"}
+    assert interface_env({}, "eth9", False) == {}  # not on this host: torch's own choice
+    assert interface_env({}, None, True) == {}

@@ -1,0 +1,237 @@
+"""Keep outsiders off the job's listeners: a socket filter on each, attached from outside the program.
+
+Open MPI's runtime (mpirun and orted; prterun and prted in Open MPI 5) listens
+on every address and trusts whoever connects, and so does every rank's BTL,
+whose handshake read blocks the rank's progress until the peer sends it all;
+TensorFlow's gRPC servers and torch's store listen on every address too, and
+none of them authenticates a peer (docs/security.md, "Every port a job
+opens").  No parameter binds them elsewhere (measured).  On each host, while
+the job runs, a thread looks at this host's processes below ``train`` every
+``interval_s``: every listener of a process named in ``every_port_of`` (the
+MPI runtime), and every listener on a port of ``ports`` (the BTL's range, the
+frameworks' ports) of any other, so a script's own servers elsewhere are left
+alone.  For each new listening socket it takes a duplicate of the descriptor
+(``listeners.take``) and attaches ``sockfilter.admit_only(job addresses)``:
+from then on only the job's hosts and loopback complete a connection.  A
+connection accepted from an outsider before that (the listener is seconds
+old at most) is shut down, which is what the daemon's own blocking read
+needs to return; each outsider address is logged once.
+
+Where the kernel refuses (no ``pidfd_getfd`` before Linux 5.6, a seccomp
+profile without it, or, measured on Linux 6.18 with
+``kernel.unprivileged_bpf_disabled`` 2, a container without CAP_NET_ADMIN,
+which Docker's and podman's defaults do not grant), the guard says so once.
+Without filters it still cuts: every new connection of a guarded process to
+a guarded port from outside the job is shut down when a look sees it, which
+frees a blocked handshake read, though what was sent has been read.  Without
+``pidfd_getfd`` it stops: only the platform's network protects these ports.
+
+``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from training_toolkit import procfs
+from training_toolkit.cluster import listeners, netaddr, sockfilter
+from training_toolkit.cluster.listeners import ESTABLISHED, LISTEN, TcpSocket
+from training_toolkit.log import log
+
+#: The names (``/proc/PID/comm``) of Open MPI's runtime processes, 4.x and 5.x.
+RUNTIME = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "prte"})
+
+
+@dataclass(frozen=True)
+class Attach:
+    pid: int
+    fd: int
+    inode: int
+    port: int
+
+
+@dataclass(frozen=True)
+class Cut:
+    pid: int
+    fd: int
+    inode: int
+    port: int
+    peer: str
+
+
+def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, int], guarded: Collection[int],
+                  allowed: Collection[str], ports: Container[int] | None = None) -> list[Attach | Cut]:
+    """What to do about one process's sockets: filter its new listeners, cut outsiders' accepted connections.
+
+    ``fds``: the process's socket descriptors (inode -> fd); ``sockets``: its
+    namespace's TCP table (inode -> row); ``guarded``: inodes already filtered;
+    ``ports``: the listeners' ports to guard (None: all).  An accepted
+    connection is one on the local port of a guarded listener; the process's
+    own outgoing connections are never touched.
+    """
+    actions: list[Attach | Cut] = []
+    mine = {inode: sockets[inode] for inode in fds if inode in sockets}
+    chosen = {row.local[1] for row in mine.values() if row.state == LISTEN and (ports is None or row.local[1] in ports)}
+    for inode, row in sorted(mine.items()):
+        if row.state == LISTEN and row.local[1] in chosen and inode not in guarded:
+            actions.append(Attach(pid, fds[inode], inode, row.local[1]))
+        elif (row.state == ESTABLISHED and row.local[1] in chosen and inode not in guarded
+              and not netaddr.is_loopback(row.remote[0]) and row.remote[0] not in allowed):
+            actions.append(Cut(pid, fds[inode], inode, row.local[1], row.remote[0]))
+    return actions
+
+
+@dataclass(frozen=True)
+class GuardSpec:
+    """Which listeners of a job's processes a runner has guarded (``HostAgent.guard_spec``)."""
+
+    ports: Container[int] = ()  # on any process below train
+    every_port_of: frozenset[str] = frozenset()  # every listener of processes with these names
+
+
+@dataclass
+class ListenerGuard:
+    """Filters the selected listeners on this host until ``stop()``; ``start()`` runs it in a thread.
+
+    ``root``: the process whose descendants are watched (``train``);
+    ``allowed``: the job's hosts' addresses.
+    """
+
+    root: int
+    allowed: frozenset[str]
+    spec: GuardSpec
+    interval_s: float = 0.02  # between looks at the namespace's listeners (two small reads of /proc)
+    say: Callable[[str], None] = log
+    guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
+    filtered: int = 0
+    unavailable: str | None = None  # why the kernel refused, once it did
+    cut_only: bool = False  # filters refused (no CAP_NET_ADMIN): outsiders' connections are cut as they are seen
+    _told: set[str] = field(default_factory=set)
+    _seen: set[int] = field(default_factory=set)  # listening inodes already looked at, guarded or not
+    _watched: dict[int, set[int]] = field(default_factory=dict)  # cut_only: pid -> its socket inodes last seen
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._program = sockfilter.admit_only(sorted(self.allowed))  # ValueError: a bad address, before anything
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="listener-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while self.unavailable is None and not self._stop.is_set():
+            self.sweep()
+            self._stop.wait(self.interval_s)
+
+    def sweep(self) -> bool:
+        """One look: filter new listeners of the job's processes, cut outsiders on them.  Whether one was new.
+
+        The namespace's listening sockets (this process's namespace, which the
+        job's processes share) are asked for first: only when one was not seen
+        before are the processes below ``root`` looked at, to find whose it is,
+        and the TCP table read.  A quiet job costs two netlink requests per look.
+        """
+        if self.unavailable is not None:
+            return False
+        if self.cut_only:
+            self._cut_new_connections()
+        new = listeners.listening_inodes() - self._seen
+        if not new:
+            return False
+        table = listeners.tcp_sockets(self.root)
+        for pid in procfs.tree(self.root):
+            fds = listeners.socket_fds(pid)
+            if new.isdisjoint(fds):
+                continue
+            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+            for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
+                self._carry_out(action)
+                if self.unavailable is not None:
+                    return True
+        self._seen |= new
+        return True
+
+    def _carry_out(self, action: Attach | Cut) -> None:
+        try:
+            sock = listeners.take(action.pid, action.fd)
+        except ProcessLookupError:
+            return  # it ended meanwhile
+        except OSError as exc:
+            if exc.errno == errno.EBADF:  # the descriptor closed meanwhile
+                return
+            self._refused(f"cannot reach the job's listening sockets ({exc.strerror or exc})")
+            return
+        try:
+            if isinstance(action, Attach):
+                if not self.cut_only:
+                    try:
+                        sockfilter.attach(sock, self._program)
+                        self.filtered += 1
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.EACCES):  # measured: it wants CAP_NET_ADMIN
+                            raise
+                        self.cut_only = True
+                        self.say(f"listener guard: cannot attach a socket filter ({exc.strerror}; a container "
+                                 f"without CAP_NET_ADMIN): outsiders' connections to the job's listeners are cut "
+                                 f"as they are seen instead of refused (docs/security.md)")
+                if self.cut_only:
+                    self._watched.setdefault(action.pid, set())
+            else:
+                sock.shutdown(2)  # SHUT_RDWR: the daemon's read returns, it drops the connection
+                if action.peer not in self._told:
+                    self._told.add(action.peer)
+                    self.say(f"listener guard: cut a connection from {action.peer} to port {action.port} of "
+                             f"{procfs.comm(action.pid)} (not a host of the job)")
+        except OSError:
+            pass  # closed under us
+        finally:
+            sock.close()
+        self.guarded.add(action.inode)
+
+
+    def _cut_new_connections(self) -> None:
+        """Without filters: a new socket of a watched process is looked at, and cut if an outsider's."""
+        for pid, known in list(self._watched.items()):
+            fds = listeners.socket_fds(pid)
+            if not fds:
+                del self._watched[pid]  # it ended
+                continue
+            if fds.keys() <= known:
+                continue
+            self._watched[pid] = set(fds)
+            table = listeners.tcp_sockets(self.root)
+            ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
+            for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
+                if isinstance(action, Cut):
+                    self._carry_out(action)
+
+    def _refused(self, why: str) -> None:
+        self.unavailable = f"{why}: the job's listeners stay open to the whole network (docs/security.md)"
+        self.say(f"listener guard: {self.unavailable}")
+
+
+def start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard | None:
+    """A running guard over this process's descendants for ``spec`` (None: nothing to guard, or it cannot be)."""
+    if spec is None:
+        return None
+    resolved = {host: netaddr.resolve(host) for host in hosts}
+    missing = [host for host, addresses in resolved.items() if not addresses]
+    try:
+        if missing:  # a filter without a host's address would cut the job in two
+            raise ValueError(f"{', '.join(missing)} does not resolve here")
+        guard = ListenerGuard(os.getpid(), frozenset().union(*resolved.values()), spec)
+    except ValueError as exc:  # or more hosts than one filter program holds
+        log(f"listener guard off: {exc}; the job's listeners stay open to the whole network (docs/security.md)")
+        return None
+    guard.start()
+    return guard

@@ -1,0 +1,32 @@
+"""The toolkit's two native parts, built from the C sources beside this file at install time (setup.py).
+
+Found next to this module, never on PATH: the paths are the same on every host of a
+job because every host runs the same image (the same holds for mpirun and Python).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training_toolkit.errors import ToolkitError
+
+HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"  # preloaded into every MPI rank: gethostname() is its host
+RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
+
+HERE = Path(__file__).resolve().parent
+
+
+class NativeMissing(ToolkitError):
+    """The toolkit was installed without its native parts (no C compiler at install time)."""
+
+    exit_code = 70
+
+
+def path_of(name: str, directory: Path = HERE) -> Path:
+    """The built file ``name``; NativeMissing saying how to build it when it is not there."""
+    path = directory / name
+    if not path.is_file():
+        raise NativeMissing(
+            f"{path} is missing: the toolkit's native parts are built when it is installed, with a C compiler "
+            "(pip install . ; from a checkout: python setup.py build_ext --inplace)")
+    return path

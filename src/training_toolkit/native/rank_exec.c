@@ -1,0 +1,204 @@
+/*
+ * training-toolkit-rank FILE: what every MPI rank runs, instead of the user's command.
+ *
+ * mpirun carries nothing of the job to a rank (Open MPI's launch messages travel in
+ * clear): each host's train writes FILE once, on its own host, with the rank's working
+ * directory, command and environment (runners/rank_env.py writes it, NUL-separated):
+ *
+ *     training-toolkit-rank-1 \0 CWD \0 ARGC \0 ARGV[0] \0 ... \0 NAME=VALUE \0 ...
+ *
+ * The rank's environment is FILE's, plus what Open MPI's runtime gave this process to
+ * find its peers (OMPI_*, PMIX_*, PRTE_*, OPAL_*, ORTE_*, its *_NO_BACKTRACE flags); the
+ * runtime's LD_LIBRARY_PATH entries (Open MPI 5 puts its own lib dir there) come before
+ * FILE's; PWD is the rank's directory.  Nothing else of the inherited environment (sshd's
+ * session) survives, so a rank sees the same on every host.  Then it enters CWD and execs the command: no
+ * process stays between the runtime and the user's program, and no Python starts.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAGIC "training-toolkit-rank-1"
+#define LIBPATH "LD_LIBRARY_PATH="
+
+extern char **environ;
+
+static const char *const RUNTIME_PREFIXES[] = {"OMPI_", "PMIX_", "PRTE_", "OPAL_", "ORTE_", NULL};
+/* and the supervisor's token (process.py: TRAINING_TOOLKIT_SUPERVISOR), which the ranks on mpirun's own
+   host inherit from it, so that whatever they leave behind is found and ended with the job */
+static const char *const RUNTIME_NAMES[] = {"HFI_NO_BACKTRACE=", "IPATH_NO_BACKTRACE=", "TRAINING_TOOLKIT_SUPERVISOR=", NULL};
+
+static int fail(const char *what, const char *path)
+{
+    fprintf(stderr, "training-toolkit-rank: %s %s: %s\n", what, path, strerror(errno));
+    return 127;
+}
+
+static int is_runtime(const char *entry)
+{
+    for (int i = 0; RUNTIME_PREFIXES[i]; i++)
+        if (strncmp(entry, RUNTIME_PREFIXES[i], strlen(RUNTIME_PREFIXES[i])) == 0)
+            return 1;
+    for (int i = 0; RUNTIME_NAMES[i]; i++)
+        if (strncmp(entry, RUNTIME_NAMES[i], strlen(RUNTIME_NAMES[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* Whether `entry` (NAME=VALUE) names a variable already in env[0..count). */
+static int present(char **env, size_t count, const char *entry)
+{
+    size_t n = strcspn(entry, "=") + 1;
+    for (size_t i = 0; i < count; i++)
+        if (strncmp(env[i], entry, n) == 0)
+            return 1;
+    return 0;
+}
+
+/* ':'-separated `first`, then the entries of `second` that `first` lacks, as LD_LIBRARY_PATH=... */
+static char *merge_paths(const char *first, const char *second)
+{
+    size_t size = strlen(LIBPATH) + strlen(first) + strlen(second) + 2;
+    char *out = malloc(size);
+    if (!out)
+        return NULL;
+    snprintf(out, size, "%s%s", LIBPATH, first);
+    const char *p = second;
+    while (*p) {
+        size_t n = strcspn(p, ":");
+        int found = 0;
+        for (const char *q = first; *q;) {
+            size_t m = strcspn(q, ":");
+            if (m == n && strncmp(p, q, n) == 0)
+                found = 1;
+            q += m + (q[m] == ':');
+        }
+        if (!found && n > 0) {
+            if (out[strlen(LIBPATH)] != '\0')
+                strcat(out, ":");
+            strncat(out, p, n);
+        }
+        p += n + (p[n] == ':');
+    }
+    return out;
+}
+
+static char *read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap)
+            break;
+        cap *= 2;
+        char *bigger = realloc(buf, cap + 1);
+        if (!bigger)
+            free(buf);
+        buf = bigger;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf || failed) {
+        free(buf);
+        errno = failed ? EIO : ENOMEM;
+        return NULL;
+    }
+    buf[len] = '\0';
+    *size = len;
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: training-toolkit-rank FILE (written by train; see runners/rank_env.py)\n");
+        return 64;
+    }
+    size_t size = 0;
+    char *data = read_file(argv[1], &size);
+    if (!data)
+        return fail("cannot read", argv[1]);
+    /* split into records */
+    size_t records = 0;
+    for (size_t i = 0; i < size; i++)
+        records += data[i] == '\0';
+    char **record = calloc(records + 1, sizeof(char *));
+    if (!record)
+        return fail("out of memory reading", argv[1]);
+    for (size_t i = 0, r = 0; i < size && r < records; r++) {
+        record[r] = data + i;
+        i += strlen(data + i) + 1;
+    }
+    errno = EINVAL;
+    if (records < 3 || strcmp(record[0], MAGIC) != 0)
+        return fail("not a rank file of this version:", argv[1]);
+    const char *cwd = record[1];
+    char *end = NULL;
+    long count = strtol(record[2], &end, 10);
+    if (*end != '\0' || count < 1 || (size_t)count > records - 3)
+        return fail("no command in", argv[1]);
+    char **command = record + 3;
+    char **file_env = command + count;
+    size_t file_count = records - 3 - (size_t)count;
+    char **saved = malloc((file_count + 1) * sizeof(char *));
+    size_t inherited = 0;
+    while (environ[inherited])
+        inherited++;
+    char **env = malloc((inherited + file_count + 3) * sizeof(char *));
+    if (!saved || !env)
+        return fail("out of memory for", argv[1]);
+    for (size_t i = 0; i < file_count; i++)
+        saved[i] = file_env[i];
+    command[count] = NULL; /* the command's end, in the slot of the first entry (saved above) */
+    size_t n = 0;
+    const char *runtime_libs = NULL;
+    for (size_t i = 0; i < inherited; i++) {
+        if (is_runtime(environ[i]))
+            env[n++] = environ[i];
+        else if (strncmp(environ[i], LIBPATH, strlen(LIBPATH)) == 0)
+            runtime_libs = environ[i] + strlen(LIBPATH);
+    }
+    size_t runtime_count = n;
+    /* PWD names the directory the rank starts in, as Open MPI and a shell set it */
+    size_t pwd_size = strlen("PWD=") + strlen(cwd) + 1;
+    char *pwd = malloc(pwd_size);
+    if (!pwd)
+        return fail("out of memory for", argv[1]);
+    snprintf(pwd, pwd_size, "PWD=%s", cwd);
+    env[n++] = pwd;
+    runtime_count = n;
+    for (size_t i = 0; i < file_count; i++) {
+        const char *entry = saved[i];
+        if (!strchr(entry, '=') || present(env, runtime_count, entry))
+            continue;
+        if (runtime_libs && strncmp(entry, LIBPATH, strlen(LIBPATH)) == 0) {
+            char *merged = merge_paths(runtime_libs, entry + strlen(LIBPATH));
+            if (!merged)
+                return fail("out of memory for", argv[1]);
+            env[n++] = merged;
+            runtime_libs = NULL;
+        } else {
+            env[n++] = saved[i];
+        }
+    }
+    if (runtime_libs) {
+        char *merged = merge_paths(runtime_libs, "");
+        if (!merged)
+            return fail("out of memory for", argv[1]);
+        env[n++] = merged;
+    }
+    env[n] = NULL;
+    if (chdir(cwd) != 0)
+        return fail("cannot enter the code directory", cwd);
+    environ = env; /* execvp looks the command up on the rank's own PATH */
+    execvp(command[0], command);
+    return fail("cannot run", command[0]);
+}

@@ -1,0 +1,124 @@
+"""What each MPI rank runs and sees, delivered on its own host: nothing of the job travels with mpirun.
+
+Open MPI's launch messages cross the job's network in clear (zlib, no encryption): every
+variable passed with ``-x`` and the ranks' whole command line, hyperparameters included,
+could be read by anyone on that network.  So each host's ``train`` writes, once, a
+*rank file* on its own host: the working directory, the command and the environment
+of its ranks, the contract of that host (its own ``SM_CURRENT_HOST``...).  mpirun
+starts every rank as ``training-toolkit-rank FILE`` (a C program: about a millisecond,
+where a Python wrapper took ~50 ms); the file's path is the same on every host and
+holds nothing secret.  The program keeps only Open MPI's runtime variables of what it
+inherits (native/rank_exec.c), so a rank sees the same on every host.
+
+Builders are pure; ``write_rank_file`` is the one writer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from training_toolkit.errors import ClusterError
+from training_toolkit.mpi_options import CustomMpiOptions
+from training_toolkit.settings import without_secrets
+
+# The reference sets these for every MPI rank (mpirun -x); a value the platform or the user put in the
+# environment is kept (the reference overrides it), --NCCL_DEBUG and -x of the custom options win over both.
+NCCL_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_MIN_NRINGS": "4"}
+# What mpirun itself needs of the toolkit's environment: finding programs and libraries, ssh's home, the
+# locale, and Open MPI's own settings (the MCA variables, which it does pass on to its daemons).
+MPIRUN_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR",
+                              "OPAL_PREFIX"})
+MPIRUN_PREFIXES = ("LC_", "OMPI_MCA_", "PMIX_MCA_", "PRTE_MCA_")
+HOST_VARIABLE = "SM_CURRENT_HOST"  # what native/hostname.c answers gethostname() with
+FILE_MAGIC = "training-toolkit-rank-1"  # native/rank_exec.c reads this version only
+DIR_PREFIX = "training-toolkit-ranks-"
+FILE_NAME = "rank.env"
+_JOB_ID = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+def rank_environment(script_env: Mapping[str, str], *, interface: str, custom: CustomMpiOptions,
+                     extra: Mapping[str, str], preload: str | None) -> dict[str, str]:
+    """Every rank's environment on this host: the host's contract, NCCL's defaults, the custom options' variables.
+
+    ``-x NAME`` without a value keeps this host's own value (every host of a job has the
+    same environment, so it is what mpirun would have forwarded).  ``preload`` (the
+    gethostname library) is added after the user's ``LD_PRELOAD``, never instead of it.
+    """
+    env = dict(script_env)
+    for name, value in {**NCCL_DEFAULTS, "NCCL_SOCKET_IFNAME": interface}.items():
+        env.setdefault(name, value)
+    if custom.nccl_debug is not None:
+        env["NCCL_DEBUG"] = custom.nccl_debug
+    for name, value in custom.rank_variables:
+        if value is not None:
+            env[name] = value
+    env.update(extra)
+    if preload:
+        user = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != preload]
+        env["LD_PRELOAD"] = ":".join([*user, preload])
+    return without_secrets(env)
+
+
+def mpirun_environment(environ: Mapping[str, str], host: str | None = None, preload: str | None = None) -> dict[str, str]:
+    """mpirun's own environment: what it needs to run, nothing of the job (it would not stay on this host).
+
+    With ``preload``, mpirun's own ``gethostname()`` says ``host`` too: Open MPI 5 (PRRTE) finds
+    itself in ``--host`` by its name, and where every kernel host name is ``aws`` it sshes to its
+    own host for its own ranks, where no sshd runs (Open MPI 4 recognised its host without it).
+    """
+    env = {k: v for k, v in without_secrets(environ).items() if k in MPIRUN_VARIABLES or k.startswith(MPIRUN_PREFIXES)}
+    if preload and host:
+        env.update({"LD_PRELOAD": preload, HOST_VARIABLE: host})
+    return env
+
+
+def encode_rank_file(cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """The file native/rank_exec.c reads: NUL-separated magic, cwd, argc, argv, then NAME=VALUE entries."""
+    if not argv:
+        raise ValueError("a rank needs a command")
+    records = [FILE_MAGIC, cwd, str(len(argv)), *argv, *(f"{k}={v}" for k, v in sorted(env.items()))]
+    for name in env:
+        if not name or "=" in name:
+            raise ValueError(f"{name!r} cannot be an environment variable's name")
+    data = [r.encode("utf-8", "surrogateescape") for r in records]
+    if any(b"\0" in r for r in data):
+        raise ValueError("a rank's command or environment holds a NUL byte")
+    return b"".join(r + b"\0" for r in data)
+
+
+def rank_file_path(job_id: str, parent: Path) -> Path:
+    """Where every host keeps its ranks' file: the same path on each, from the job's id (not a secret)."""
+    if not _JOB_ID.match(job_id):
+        raise ClusterError(f"the job id {job_id!r} from the first host is not a hex string")
+    return parent / f"{DIR_PREFIX}{job_id}" / FILE_NAME
+
+
+def default_parent() -> Path:
+    """/run (tmpfs, root's) when we may write there, else /tmp: the same on every host of one image."""
+    return Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
+
+
+def rewrite_rank_file(path: Path, data: bytes) -> None:
+    """Replace an existing rank file whole (a restart's attempt): written aside, then renamed over it."""
+    aside = path.with_name(path.name + ".next")
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(aside, path)
+    except OSError as exc:
+        raise ClusterError(f"{path}: cannot rewrite the ranks' file: {exc.strerror or exc}") from None
+
+
+def write_rank_file(path: Path, data: bytes) -> None:
+    """Write it readable by its owner only, in a new directory of its own (an existing one is refused)."""
+    try:
+        path.parent.mkdir(mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise ClusterError(f"{path}: cannot write the ranks' file: {exc.strerror or exc}") from None

@@ -1,0 +1,141 @@
+"""Reading /proc's TCP tables, and the guard's decision over them (pure, exact)."""
+
+import socket
+import sys
+
+from training_toolkit.cluster import listeners
+from training_toolkit.cluster.guard import Attach, Cut, sweep_actions
+from training_toolkit.cluster.listeners import TcpSocket
+
+LITTLE = sys.byteorder == "little"
+
+
+def test_addresses_as_the_kernel_prints_them():
+    assert listeners.parse_address("0100007F:1F90" if LITTLE else "7F000001:1F90") == ("127.0.0.1", 8080)
+    assert listeners.parse_address("0C0200C0:0016" if LITTLE else "C000020C:0016") == ("192.0.2.12", 22)
+    v6_loopback = "00000000000000000000000001000000" if LITTLE else "00000000000000000000000000000001"
+    assert listeners.parse_address(f"{v6_loopback}:0050") == ("::1", 80)
+    mapped = "0000000000000000FFFF00000C0200C0" if LITTLE else "00000000000000000000FFFFC000020C"
+    assert listeners.parse_address(f"{mapped}:7A69") == ("192.0.2.12", 31337)
+
+
+def test_this_process_listener_is_found_by_inode_and_fd():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        import os
+
+        fds = listeners.socket_fds(os.getpid())
+        rows = listeners.tcp_sockets(os.getpid())
+        mine = [inode for inode, fd in fds.items() if fd == server.fileno()]
+        assert len(mine) == 1 and rows[mine[0]] == TcpSocket(mine[0], "0A", ("127.0.0.1", port), ("0.0.0.0", 0))
+        assert mine[0] in listeners.listening_inodes()  # netlink's answer names the same socket
+        with listeners.take(os.getpid(), server.fileno()) as copy:
+            assert copy.getsockname() == ("127.0.0.1", port)
+    assert listeners.tcp_sockets(2**22 + 1) == {} and listeners.socket_fds(2**22 + 1) == {}  # no such process
+
+
+def row(inode, state, local, remote=("0.0.0.0", 0)):
+    return TcpSocket(inode, state, local, remote)
+
+
+SOCKETS = {
+    10: row(10, "0A", ("0.0.0.0", 40000)),  # the daemon's listener
+    11: row(11, "0A", ("::", 40001)),  # its IPv6 one
+    12: row(12, "01", ("192.0.2.11", 40000), ("192.0.2.12", 5555)),  # a job host, accepted
+    13: row(13, "01", ("192.0.2.11", 40000), ("192.0.2.99", 6666)),  # an outsider, accepted
+    14: row(14, "01", ("192.0.2.11", 50000), ("192.0.2.99", 443)),  # its own outgoing connection
+    15: row(15, "01", ("127.0.0.1", 40000), ("127.0.0.1", 7777)),  # loopback, accepted
+    16: row(16, "0A", ("0.0.0.0", 8080)),  # a listener of another process
+}
+FDS = {10: 3, 11: 4, 12: 5, 13: 6, 14: 7, 15: 8}
+ALLOWED = {"192.0.2.11", "192.0.2.12"}
+
+
+def test_the_guard_filters_new_listeners_and_cuts_only_outsiders_accepted_connections():
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED) == [
+        Attach(42, 3, 10, 40000), Attach(42, 4, 11, 40001), Cut(42, 6, 13, 40000, "192.0.2.99")]
+    assert sweep_actions(42, SOCKETS, FDS, {10, 11, 13}, ALLOWED) == []
+
+
+def test_a_rank_has_only_its_listeners_in_the_given_ports_guarded():
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(40001, 40002)) == [Attach(42, 4, 11, 40001)]
+    assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(0)) == []
+
+
+def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch):
+    import errno
+    import subprocess
+
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+
+        def refused(pid, fd):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(guard_module.listeners, "take", refused)
+        said = []
+        import os
+
+        guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.12"}), GuardSpec(ports=frozenset({port})), say=said.append)
+        guard.sweep()
+        guard.sweep()
+        assert guard.unavailable is not None and guard.filtered == 0
+        assert said == ["listener guard: cannot reach the job's listening sockets (Operation not permitted): the job's "
+                        "listeners stay open to the whole network (docs/security.md)"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_only_cuts(monkeypatch):
+    """As in a container without CAP_NET_ADMIN (measured under podman's defaults on Linux 6.18)."""
+    import errno
+    import os
+    import subprocess
+
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+
+        def refused(sock, program):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(guard_module.sockfilter, "attach", refused)
+        said = []
+        guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.12"}), GuardSpec(ports=frozenset({port})), say=said.append)
+        guard.sweep()
+        guard.sweep()
+        assert guard.cut_only and guard.unavailable is None and guard.filtered == 0
+        assert list(guard._watched) == [child.pid]  # its new sockets are looked at from now on
+        assert said == ["listener guard: cannot attach a socket filter (Operation not permitted; a container without "
+                        "CAP_NET_ADMIN): outsiders' connections to the job's listeners are cut as they are seen "
+                        "instead of refused (docs/security.md)"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_guard_is_off_with_one_line_when_a_host_does_not_resolve(monkeypatch, capsys):
+    """A filter without one host's address would cut the job in two: better no guard, said once."""
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, start_guard
+
+    monkeypatch.setattr(guard_module.netaddr, "resolve",
+                        lambda host: frozenset({"192.0.2.11"}) if host == "algo-1" else frozenset())
+    assert start_guard(GuardSpec(ports=frozenset({2222})), ["algo-1", "algo-2"]) is None
+    assert capsys.readouterr().err == ("training-toolkit: listener guard off: algo-2 does not resolve here; the job's "
+                                       "listeners stay open to the whole network (docs/security.md)\n")
+    assert start_guard(None, ["algo-1"]) is None

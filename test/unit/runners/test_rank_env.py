@@ -1,0 +1,138 @@
+"""Each host's ranks' environment and file (pure builders), and the two native parts run for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from training_toolkit import native
+from training_toolkit.errors import ClusterError
+from training_toolkit.mpi_options import CustomMpiOptions
+from training_toolkit.runners import rank_env
+
+SCRIPT_ENV = {"PATH": "/usr/bin:/bin", "SM_CURRENT_HOST": "algo-2", "SM_HP_LEARNING-RATE": "0.1"}
+
+
+NO_OPTIONS = CustomMpiOptions()
+
+
+def build(script_env=SCRIPT_ENV, custom=NO_OPTIONS, extra=None, preload="/lib/tt.so"):
+    return rank_env.rank_environment(script_env, interface="eth1", custom=custom, extra=extra or {}, preload=preload)
+
+
+def test_contract_nccl_defaults_and_the_preload():
+    assert build() == {**SCRIPT_ENV, "NCCL_DEBUG": "INFO", "NCCL_MIN_NRINGS": "4", "NCCL_SOCKET_IFNAME": "eth1",
+                       "LD_PRELOAD": "/lib/tt.so"}
+
+
+def test_the_platforms_values_then_the_custom_options_win():
+    env = build({**SCRIPT_ENV, "NCCL_DEBUG": "VERSION", "NCCL_SOCKET_IFNAME": "ib0", "SHARED": "mine"},
+                CustomMpiOptions(("--bind-to", "core"), "WARN", (("NCCL_DEBUG", "TRACE"), ("X", "1"), ("SHARED", None))),
+                {"TRAINING_TOOLKIT_RANK_TAG": "ab"})
+    assert (env["NCCL_DEBUG"], env["NCCL_SOCKET_IFNAME"], env["X"], env["SHARED"]) == ("TRACE", "ib0", "1", "mine")
+    assert env["TRAINING_TOOLKIT_RANK_TAG"] == "ab" and "--bind-to" not in str(env)
+
+
+def test_the_users_preload_is_kept_first_and_secrets_never_reach_a_rank():
+    env = build({**SCRIPT_ENV, "LD_PRELOAD": "/a.so /b.so:/lib/tt.so", "TRAINING_TOOLKIT_JOB_SECRET": "s" * 32})
+    assert env["LD_PRELOAD"] == "/a.so:/b.so:/lib/tt.so"
+    assert "TRAINING_TOOLKIT_JOB_SECRET" not in env
+    assert "LD_PRELOAD" not in build(preload=None)
+
+
+def test_mpirun_gets_what_it_needs_and_nothing_of_the_job():
+    environ = {"PATH": "/p", "HOME": "/root", "LC_ALL": "C", "OMPI_MCA_plm_rsh_args": "-o x", "PRTE_MCA_a": "1",
+               "SM_HPS": "{}", "MY_SECRET": "x", "TRAINING_TOOLKIT_JOB_SECRET": "y", "OMPI_COMM_WORLD_RANK": "0"}
+    assert rank_env.mpirun_environment(environ) == {"PATH": "/p", "HOME": "/root", "LC_ALL": "C",
+                                                    "OMPI_MCA_plm_rsh_args": "-o x", "PRTE_MCA_a": "1"}
+
+
+def test_mpiruns_own_gethostname_says_its_host_with_the_preload():
+    assert rank_env.mpirun_environment({"PATH": "/p", "SM_HPS": "{}"}, "algo-1", "/lib/tt.so") == \
+        {"PATH": "/p", "LD_PRELOAD": "/lib/tt.so", "SM_CURRENT_HOST": "algo-1"}
+
+
+def test_the_file_exactly_and_what_it_refuses():
+    assert rank_env.encode_rank_file("/c", ["/py", "a b"], {"B": "2", "A": "x=y\nz"}) == \
+        b"training-toolkit-rank-1\0/c\x002\0/py\0a b\0A=x=y\nz\0B=2\0"
+    for argv, env in ([], {}), (["a\0b"], {}), (["a"], {"A": "\0"}), (["a"], {"A=B": "1"}):
+        with pytest.raises(ValueError):
+            rank_env.encode_rank_file("/c", argv, env)
+
+
+def test_the_files_path_is_the_jobs_and_checked(tmp_path):
+    assert rank_env.rank_file_path("0a1b", tmp_path) == tmp_path / "training-toolkit-ranks-0a1b" / "rank.env"
+    with pytest.raises(ClusterError, match="not a hex string"):
+        rank_env.rank_file_path("../../etc", tmp_path)
+
+
+def test_the_file_is_private_and_never_written_into_an_existing_directory(tmp_path):
+    path = rank_env.rank_file_path("ab", tmp_path)
+    rank_env.write_rank_file(path, b"x")
+    assert (oct(path.parent.stat().st_mode & 0o777), oct(path.stat().st_mode & 0o777)) == ("0o700", "0o600")
+    with pytest.raises(ClusterError, match="cannot write the ranks' file"):
+        rank_env.write_rank_file(path, b"y")
+
+
+def run_rank(tmp_path, argv, env, inherited, cwd=None):
+    path = tmp_path / "rank.env"
+    path.write_bytes(rank_env.encode_rank_file(str(cwd or tmp_path), argv, env))
+    program = str(native.path_of(native.RANK_PROGRAM))
+    return subprocess.run([program, str(path)], env=inherited, capture_output=True, timeout=30)
+
+
+def test_the_rank_program_runs_the_files_command_with_its_environment_and_the_runtimes(tmp_path):
+    dump = "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), dict(os.environ)]))"
+    env = {"PATH": "/usr/bin:/bin", "PWD": "/elsewhere", "SM_HP_LEARNING-RATE": "0.1", "MULTI": "a\nb", "OMPI_COMM_WORLD_RANK": "file's",
+           "LD_LIBRARY_PATH": "/file/lib:/shared"}
+    inherited = {"OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "PRTE_LAUNCHED": "1", "OPAL_PREFIX": "/o",
+                 "HFI_NO_BACKTRACE": "1", "LD_LIBRARY_PATH": "/ompi/lib:/shared", "SSH_CONNECTION": "x",
+                 "HOME": "/sshd", "TRAINING_TOOLKIT_SUPERVISOR": "t"}
+    proc = run_rank(tmp_path, [sys.executable, "-c", dump, "a b", ""], env, inherited, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    argv, cwd, seen = json.loads(proc.stdout)
+    assert argv == ["a b", ""] and cwd == "/"
+    seen.pop("LC_CTYPE", None)  # Python's own locale coercion
+    assert seen == {"PATH": "/usr/bin:/bin", "SM_HP_LEARNING-RATE": "0.1", "MULTI": "a\nb", "OMPI_COMM_WORLD_RANK": "3",
+                    "PMIX_RANK": "3", "PRTE_LAUNCHED": "1", "OPAL_PREFIX": "/o", "HFI_NO_BACKTRACE": "1",
+                    "TRAINING_TOOLKIT_SUPERVISOR": "t", "LD_LIBRARY_PATH": "/ompi/lib:/shared:/file/lib", "PWD": "/"}
+
+
+def test_the_rank_program_finds_the_command_on_the_files_path_and_names_what_fails(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tool").write_text("#!/bin/sh\necho found \"$@\"\n")
+    (bin_dir / "tool").chmod(0o755)
+    assert run_rank(tmp_path, ["tool", "x"], {"PATH": str(bin_dir)}, {}).stdout == b"found x\n"
+    proc = run_rank(tmp_path, ["no-such-tool"], {"PATH": str(bin_dir)}, {})
+    assert proc.returncode == 127 and b"training-toolkit-rank: cannot run no-such-tool: No such file" in proc.stderr
+    proc = run_rank(tmp_path, ["tool"], {}, {}, cwd=tmp_path / "gone")
+    assert proc.returncode == 127 and b"cannot enter the code directory" in proc.stderr
+    (tmp_path / "bad.env").write_bytes(b"other\0/\x001\0true\0")
+    proc = subprocess.run([str(native.path_of(native.RANK_PROGRAM)), str(tmp_path / "bad.env")], capture_output=True,
+                          timeout=30)
+    assert proc.returncode == 127 and b"not a rank file of this version" in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["hostname"], [sys.executable, "-c", "import socket; print(socket.gethostname())"]])
+def test_the_preload_answers_gethostname_with_the_hosts_name_in_any_language(command):
+    preload = str(native.path_of(native.HOSTNAME_LIBRARY))
+    kernel = os.uname().nodename
+    base = {"PATH": os.environ["PATH"], "LD_PRELOAD": preload}
+    assert subprocess.run(command, env={**base, "SM_CURRENT_HOST": "algo-7"}, capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "algo-7"
+    assert subprocess.run(command, env=base, capture_output=True, text=True, timeout=30).stdout.strip() == kernel
+    long_name = "h" * 300
+    out = subprocess.run([sys.executable, "-c", "import socket; print(socket.gethostname())"],
+                         env={**base, "SM_CURRENT_HOST": long_name}, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == long_name  # Python asks with a 1024-byte buffer
+
+
+def test_missing_native_parts_are_named(tmp_path):
+    with pytest.raises(native.NativeMissing, match="built when it is installed, with a C compiler"):
+        native.path_of(native.RANK_PROGRAM, tmp_path)
