@@ -20,8 +20,11 @@ start=$SECONDS
 
 # Debian's python3 comes without headers (python3-dev) and without venv (python3-venv); the
 # reference sagemaker-training, mpi4py and Horovod compile C/C++ extensions against it (gcc, g++).
+# Slurm and munge: the Slurm tests run a real slurmctld and slurmd per local host, and slurmdbd with a
+# MariaDB database for sacct (docs/slurm.md).
 packages=(python3 python3-dev python3-venv ca-certificates
-          openmpi-bin libopenmpi-dev openssh-server iproute2 util-linux procps cmake gcc g++ make)
+          openmpi-bin libopenmpi-dev openssh-server iproute2 util-linux procps cmake gcc g++ make
+          slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     missing=()
     for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

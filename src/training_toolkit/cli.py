@@ -127,12 +127,13 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
         found = (chosen, facts, view)
         for note in view.notes:
             log(note)
+        environ = without(environ, view.unset)
         config = settings.override(config, view.overrides)
         chosen.wait(view, config)
         from training_toolkit.platforms.opt_ml import write_view
 
         write_view(paths, view)
-        outcome = _run(paths, config, environ, facts.hardware)
+        outcome = _run(paths, config, environ, with_gpus(facts.hardware, config))
     except errors.ToolkitError as exc:
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
@@ -161,6 +162,16 @@ def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
         return chosen, facts, None
     except Exception:  # noqa: BLE001 - nothing more can be told, and the verdict files are written already
         return None
+
+
+def with_gpus(hardware, config: Settings):
+    """The probed hardware with the GPU count the settings give (the job's, else the platform's), if any."""
+    return hardware if config.num_gpus is None else hardware._replace(num_gpus=config.num_gpus)
+
+
+def without(environ: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    """``environ`` without the variables a platform said describe train's own task (no child may take them)."""
+    return {k: v for k, v in environ.items() if k not in names} if names else dict(environ)
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -238,8 +249,9 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
         paths = Paths.at(config.base_dir)
         chosen, facts = _platform(paths, config, environ)
         view = chosen.view(facts)
+        environ = without(environ, view.unset)
         config = settings.override(config, view.overrides)
-        spec, launch = _planned_job(paths, view, environ, facts.hardware)
+        spec, launch = _planned_job(paths, view, environ, with_gpus(facts.hardware, config))
         python = code.python_for(config.python)
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)

@@ -181,7 +181,7 @@ VARIABLES = (
     # Kubernetes (docs/kubernetes.md): what builds /opt/ml when no platform did
     Variable("TRAINING_TOOLKIT_PLATFORM", "platform", _platform, "auto", "auto",
              "`sagemaker` (use /opt/ml as it is), `tfjob`, `pytorchjob`, `mpijob`, `jobset`, `job` (a plain indexed "
-             "Job) or `pod`; `auto`: the first platform whose facts this container has (docs/kubernetes.md)",
+             "Job), `slurm` (docs/slurm.md) or `pod`; `auto`: the first platform whose facts this container has (docs/kubernetes.md)",
              "--platform"),
     Variable("TRAINING_TOOLKIT_HYPERPARAMETERS", "hyperparameters", _text, None, "none",
              "on Kubernetes: a JSON object of hyperparameters, over the mounted file's"),
@@ -256,6 +256,7 @@ class Overrides(NamedTuple):
     grace_s: float | None = None
     ssh_keys: KeyFiles | None = None
     job_secret: bytes | None = None
+    num_gpus: int | None = None  # Slurm: the GPUs allocated on this node (SLURM_GPUS_ON_NODE), not all it has
 
 
 NO_OVERRIDES = Overrides()

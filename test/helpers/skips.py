@@ -105,6 +105,14 @@ def _reference() -> str | None:
     return SKIP_REASON if reference_train() is None else None
 
 
+def _slurm() -> str | None:
+    from training_toolkit.local import slurm_accounting
+    from training_toolkit.local.slurm import BASE_ENV, missing_tools
+
+    missing = missing_tools() + slurm_accounting.missing_tools(BASE_ENV["PATH"])
+    return f"needs Slurm and munge ({', '.join(missing)} missing; scripts/setup.sh)" if missing else _root()
+
+
 def _ruff() -> str | None:
     return None if ruff() else "ruff is not installed (pip install -e '.[test]')"
 
@@ -124,6 +132,8 @@ REQUIREMENTS = {r.marker: r for r in (
     Requirement("reference", "compares against the reference sagemaker-training in .venv-ref", _reference),
     Requirement("ruff", "needs ruff", _ruff),
     Requirement("py_spy", "needs py-spy beside the toolkit's python or on PATH", _py_spy),
+    Requirement("slurm", "needs root, Slurm with munge and its accounting (slurmctld, slurmd, slurm-client, munge, "
+                "slurmdbd, mariadb-server)", _slurm),
     Requirement("kubernetes_validate", "needs kubernetes-validate (offline schemas of Kubernetes' core kinds)",
                 _module("kubernetes_validate", "pip install kubernetes-validate")),
     Requirement("containers", "needs a container engine at DOCKER_HOST holding the image $TT_IMAGE "

@@ -38,6 +38,7 @@ PLATFORMS: tuple[Entry, ...] = (
     Entry("pytorchjob", "pytorchjob:PyTorchJob", IN_A_POD),
     Entry("jobset", "jobset:JobSet", IN_A_POD),
     Entry("job", "indexedjob:IndexedJob", IN_A_POD),
+    Entry("slurm", "slurm:Slurm", "SLURM_JOB_ID"),
     Entry("pod", "pod:Pod", IN_A_POD),
     Entry("sagemaker", "sagemaker:SageMaker"),
 )

@@ -49,6 +49,7 @@ class JobView(NamedTuple):
     container_restarts: int = 0  # earlier runs of this container in its pod (Kubernetes restarts it in place)
     given: bool = False  # True: /opt/ml already holds this view (SageMaker); write_view leaves it as it is
     notes: tuple[str, ...] = ()  # what the platform wants logged about the view (a restart, a worker's partial view)
+    unset: tuple[str, ...] = ()  # variables of train's own task that no child may inherit (Slurm's per-task ones)
 
 
 class Platform(Protocol):

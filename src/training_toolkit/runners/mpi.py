@@ -36,7 +36,7 @@ from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
-from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
+from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
 
@@ -146,7 +146,9 @@ class MpiAgent(HostAgent):
         assert self.layout is not None and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
-        env = rank_env.mpirun_environment(self.ctx.environ, self.host, str(native.path_of(native.HOSTNAME_LIBRARY)))
+        if flavor == OPENMPI4:
+            command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
+        env = rank_env.mpirun_environment(self.ctx.environ, self.host, hostname_preload(self.host))
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def watched(self) -> list[stacks.Watched]:
@@ -287,9 +289,17 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
 
 def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
-    return rank_env.rank_environment(ctx.script_env if script_env is None else script_env, interface=ctx.job.resource.network_interface_name,
-                                     custom=mpi_options(ctx).custom, preload=str(native.path_of(native.HOSTNAME_LIBRARY)),
+    return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
+                                     interface=ctx.job.resource.network_interface_name,
+                                     custom=mpi_options(ctx).custom, preload=hostname_preload(ctx.plan.current_host),
                                      extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
+
+
+def hostname_preload(host: str) -> str | None:
+    """The gethostname() library, where this host's kernel name is not already the job's name for it."""
+    if not rank_env.needs_hostname_preload(os.uname().nodename, host):
+        return None
+    return str(native.path_of(native.HOSTNAME_LIBRARY))
 
 
 def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:

@@ -27,6 +27,14 @@ class MpiJob:
     as_root: bool = False
 
 
+#: A stop signal goes to the ranks alone, with their grace (runners/mpi.py); where the platform sends it to
+#: every process of the job itself (Slurm's scancel and --time), Open MPI 4's mpirun and orted took it as an
+#: abort and killed the ranks at once (mpirun even crashed).  Both start with SIGTERM blocked (coreutils'
+#: env); Open MPI unblocks every signal in the ranks it starts, so they alone take it
+#: (test/integration/platforms/test_slurm.py).  Open MPI 5 under Slurm was not tried.
+BLOCK_SIGTERM = ("env", "--block-signal=TERM")
+
+
 def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
     if flavor not in (OPENMPI4, OPENMPI5):
         raise ValueError(f"unknown MPI flavour {flavor!r}")
@@ -57,7 +65,8 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         # abort the job when a rank fails, and kill the other ranks at once (not 1 s later):
         # a failed job's survivors have nothing to save, and stopping signals reach the ranks
         # directly with their own grace period (runners/mpi.py)
-        cmd += ["--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0"]
+        cmd += ["--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
+                "--mca", "orte_launch_agent", " ".join([*BLOCK_SIGTERM, "orted"])]
     # Open MPI 5 needs neither: PRRTE aborts on a non-zero exit by default (state_base_error_non_zero_exit=1)
     # and its kill sequence is fixed (SIGCONT, 0.25 s, SIGTERM, 0.25 s, SIGKILL; no parameter).  Nor does
     # it need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with

@@ -62,6 +62,17 @@ def rank_environment(script_env: Mapping[str, str], *, interface: str, custom: C
     return without_secrets(env)
 
 
+def needs_hostname_preload(kernel_name: str, host: str) -> bool:
+    """Whether gethostname() must be told the rank's host: not where the kernel already says it.
+
+    SageMaker names every container ``aws``: there it must.  A pod, a Slurm node and a local host
+    are named after their host already, a pod whose job names it by its FQDN (JobSet: ``pod.subdomain``)
+    by the FQDN's first label: there ``gethostname()`` stays what the kernel says, as it does for every
+    other program of that host (and Open MPI 5's mpirun finds itself in ``--host`` by that name).
+    """
+    return kernel_name not in (host, host.split(".", 1)[0])
+
+
 def mpirun_environment(environ: Mapping[str, str], host: str | None = None, preload: str | None = None) -> dict[str, str]:
     """mpirun's own environment: what it needs to run, nothing of the job (it would not stay on this host).
 

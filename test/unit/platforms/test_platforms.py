@@ -196,7 +196,7 @@ def test_detection_walks_the_registry(tmp_path):
     assert f({}, files={**resource, f"{base}/{kubernetes.RUNS_FILE}": "1 attempt=0\n"}) == "pod"  # ours, restarted
     with pytest.raises(ConfigError, match="TRAINING_TOOLKIT_PLATFORM: expected one of auto, mpijob, tfjob"):
         platforms.choose("k8s", facts({}))
-    assert [e.name for e in platforms.PLATFORMS] == ["mpijob", "tfjob", "pytorchjob", "jobset", "job", "pod",
+    assert [e.name for e in platforms.PLATFORMS] == ["mpijob", "tfjob", "pytorchjob", "jobset", "job", "slurm", "pod",
                                                      "sagemaker"]
     assert [platforms.load(e).name for e in platforms.PLATFORMS] == [e.name for e in platforms.PLATFORMS]
 

@@ -21,6 +21,7 @@ def test_openmpi4_command_exactly():
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
         *BTL_PORTS,
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
+        "--mca", "orte_launch_agent", "env --block-signal=TERM orted",
         "--mca", "btl_tcp_eager_limit", "1024", *RANK,
     ]
 

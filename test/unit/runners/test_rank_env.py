@@ -136,3 +136,10 @@ def test_the_preload_answers_gethostname_with_the_hosts_name_in_any_language(com
 def test_missing_native_parts_are_named(tmp_path):
     with pytest.raises(native.NativeMissing, match="built when it is installed, with a C compiler"):
         native.path_of(native.RANK_PROGRAM, tmp_path)
+
+
+def test_gethostname_is_told_the_host_only_where_the_kernel_does_not_say_it_already():
+    assert rank_env.needs_hostname_preload("aws", "algo-2")  # SageMaker: every container is "aws"
+    assert not rank_env.needs_hostname_preload("algo-2", "algo-2")  # a local host, a Slurm node
+    assert not rank_env.needs_hostname_preload("js-workers-0-1", "js-workers-0-1.js")  # a JobSet pod by its FQDN
+    assert rank_env.needs_hostname_preload("js-workers-0-1", "js-workers-0-2.js")

@@ -1,0 +1,80 @@
+"""slurm.conf for a Slurm cluster made of local namespace hosts; pure, nothing is created.
+
+A namespace host has its own hostname, address, ``/run`` and PID namespace but shares the
+machine's file system and cgroups, so the configuration keeps to what works there: processes
+tracked through ``/proc`` (``proctrack/linuxproc``), no task binding (``task/none``), no cgroup
+plugin at all; every file the daemons write sits under the cluster's own directory (a node's
+spool directory by ``%n``), so two clusters on one machine never share one.  Each node is
+named as its host (``NodeName`` = the namespace's hostname) and addressed by its address, as a
+real cluster's nodes are.  ``SlurmdParameters=config_overrides`` keeps a node usable when it
+says it has more CPUs than the machine: a test asks for two ranks per node on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+CLUSTER_NAME = "toolkit"
+PARTITION = "debug"
+CTLD_PORT = 6817
+SLURMD_PORT = 6818
+
+
+def slurm_conf(
+    nodes: Sequence[tuple[str, str]],
+    state_dir: Path,
+    *,
+    cpus: int = 4,
+    kill_wait_s: int = 30,
+    jobcomp: Path | None = None,
+    accounting: bool = False,
+) -> str:
+    """The text of slurm.conf: the first node runs slurmctld; ``nodes`` is ``(name, address)`` in order."""
+    if not nodes:
+        raise ValueError("a Slurm cluster needs at least one node")
+    controller, controller_address = nodes[0]
+    lines = [
+        f"ClusterName={CLUSTER_NAME}",
+        f"SlurmctldHost={controller}({controller_address})",
+        f"SlurmctldPort={CTLD_PORT}",
+        f"SlurmdPort={SLURMD_PORT}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"StateSaveLocation={state_dir / 'ctld'}",
+        f"SlurmdSpoolDir={state_dir / 'spool' / '%n'}",
+        "SlurmctldPidFile=/run/slurmctld.pid",  # /run is each host's own
+        "TmpFS=/run",  # srun --mpi=pmix makes its per-step directories there: /tmp is the machine's, shared
+        "SlurmdPidFile=/run/slurmd.pid",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=30",
+        *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={controller}"] if accounting
+          else ["AccountingStorageType=accounting_storage/none"]),
+        f"JobCompType={'jobcomp/filetxt' if jobcomp else 'jobcomp/none'}",
+        *([f"JobCompLoc={jobcomp}"] if jobcomp else []),
+        "SwitchType=switch/none",
+        "MpiDefault=none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "PropagateResourceLimits=NONE",
+        f"KillWait={kill_wait_s}",
+        "MinJobAge=300",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+        "InactiveLimit=0",
+        "MessageTimeout=20",
+        "SchedulerType=sched/builtin",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+    ]
+    for name, address in nodes:
+        lines.append(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n for n, _ in nodes)} Default=YES "
+                 "MaxTime=INFINITE State=UP OverSubscribe=NO")
+    return "\n".join(lines) + "\n"

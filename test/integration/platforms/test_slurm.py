@@ -1,0 +1,333 @@
+"""The same script under a real Slurm: sbatch, srun train on every node, real slurmctld and slurmd (docs/slurm.md).
+
+Each test starts its own cluster (``helpers.slurm``: about 2 s) and submits a batch script that
+runs ``srun --ntasks-per-node=1 train`` as a user would; the verdicts are read from each node's
+``/opt/ml/output``, Slurm's own view from srun's output, the job completion log (jobcomp/filetxt) and,
+for the failing rank, ``sacct`` (slurmdbd with its database).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.multihost import hps, source_dir
+from helpers.slurm import TASK, slurm_cluster
+
+pytestmark = [pytest.mark.slurm]
+
+TRAIN = Path(sys.executable).with_name("train")
+FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}
+
+
+def batch_script(tmp_path: Path, nodes: int, env: dict[str, str], body: str | None = None) -> Path:
+    """What a user writes: the job's settings exported, then one train per node through srun."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    script = tmp_path / "job.sbatch"
+    script.write_text(f"#!/bin/sh\n#SBATCH --nodes={nodes} --ntasks-per-node=1\n#SBATCH --output={tmp_path}/slurm-%j.out\n"
+                      f"{exports}{body or f'srun --ntasks-per-node=1 {TRAIN}'}\n")
+    return script
+
+
+def submit(slurm, script: Path, wait: bool = True, timeout: float = 240):
+    """sbatch; with ``wait``, until the job's completion record: (its exit code, job id, the job's output).
+
+    Not ``sbatch --wait``: it polls the job's state about every 10 s, which would be most of a test's time.
+    """
+    result = slurm.run(["sbatch", "--parsable", str(script)], timeout=60)
+    job = result.stdout.split(";")[0].strip()
+    assert job.isdigit(), (result.stdout, result.stderr)
+    code = None
+    if wait:
+        code = int(jobcomp(slurm, job, timeout)["ExitCode"].split(":")[0])
+    out = script.parent / f"slurm-{job}.out"
+    return code, job, out.read_text(errors="replace") if out.exists() else ""
+
+
+def verdict(slurm, host: str) -> tuple[str, str]:
+    output = slurm.cluster.host(host).opt_ml / "output"
+    for name in ("success", "failure"):
+        if (output / name).exists():
+            return name, (output / name).read_text()
+    return "none", ""
+
+
+def model_dir(slurm, host: str) -> Path:
+    return slurm.cluster.host(host).opt_ml / "model"
+
+
+def jobcomp(slurm, job: str, timeout: float = 30) -> dict[str, str]:
+    """The job's line in the completion log (slurmctld writes it as the job ends), as fields."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (slurm.jobcomp.read_text() if slurm.jobcomp.exists() else "").splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("JobId") == job:
+                return fields
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} not in {slurm.jobcomp} within {timeout:g} s")
+
+
+def settled(slurm, timeout: float = 30) -> dict[str, list[str]]:
+    """What runs on the nodes, once the job is over, that did not run before it (the daemons did); {} when nothing."""
+    from training_toolkit import procfs
+
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = {host: [f"{pid} {procfs.cmdline(pid)}" for pid in pids if pid not in slurm.baseline]
+                 for host, pids in slurm.cluster.pids().items()}
+        extra = {h: p for h, p in extra.items() if p}
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.2)
+
+
+def test_the_environment_a_real_srun_task_gets(tmp_path):
+    """The unit tests' TASK is what this Slurm gives: same keys, the same values where they are the job's shape."""
+    with slurm_cluster(tmp_path) as slurm:
+        script = batch_script(tmp_path, 2, {}, f"srun --ntasks-per-node=1 sh -c 'env > {tmp_path}/env-$SLURM_NODEID'")
+        code, _, out = submit(slurm, script)
+        assert code == 0, out
+    env = dict(line.split("=", 1) for line in (tmp_path / "env-1").read_text().splitlines() if "=" in line)
+    assert set(TASK) <= set(env), sorted(set(TASK) - set(env))
+    same = ("SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODEID", "SLURM_STEP_NUM_NODES",
+            "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_JOB_NUM_NODES")
+    assert {k: env[k] for k in same} == {k: TASK[k] for k in same}
+
+
+def test_a_one_node_job(tmp_path):
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "show.py").write_text("import json, os\njson.dump({k: os.environ[k] for k in ('SM_HOSTS', 'SM_CURRENT_HOST', "
+                                 "'SM_NETWORK_INTERFACE_NAME', 'SM_HPS')}, open(os.environ['SM_MODEL_DIR'] + "
+                                 "'/env.json', 'w'))\n")
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({**{k: json.loads(v) for k, v in hps("show.py", src).items()}, "epochs": 3})
+        code, job, out = submit(slurm, batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp}))
+        assert code == 0, out
+        assert verdict(slurm, "node1")[0] == "success"
+        seen = json.loads((model_dir(slurm, "node1") / "env.json").read_text())
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert seen["SM_HOSTS"] == '["node1"]' and seen["SM_CURRENT_HOST"] == "node1"
+    assert seen["SM_NETWORK_INTERFACE_NAME"] == "eth0" and json.loads(seen["SM_HPS"])["epochs"] == 3
+    assert f"slurm: job {job} step 0: host node1 of node1" in out
+
+
+def mpi_env(src: Path, **env: str) -> dict[str, str]:
+    hp = {k: json.loads(v) for k, v in hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    return {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), **env}
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_mpi_2_nodes_x_2_ranks(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, mpi_env(src)))
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        ranks = {}
+        for host in ("node1", "node2"):
+            for f in model_dir(slurm, host).glob("rank-*.json"):
+                info = json.loads(f.read_text())
+                ranks[info["rank"]] = info
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3] and {r["sum"] for r in ranks.values()} == {10}
+    assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path, accounting=True) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, mpi_env(src, FAIL_RANK="3")))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        comp = jobcomp(slurm, job)
+        assert settled(slurm) == {}
+        acct = slurm.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"], timeout=60)
+    assert acct.returncode == 0, acct.stderr
+    steps = dict((line.split("|")[0], line.split("|")[1:]) for line in acct.stdout.split())
+    assert code != 0, out
+    for host, (kind, text) in verdicts.items():
+        first = text.splitlines()[0] if text else ""
+        assert kind == "failure" and "rank 3" in first and "node2" in first, (host, first)
+        assert "ValueError: rank 3 was told to fail" in first, first
+    # Slurm's own view: srun names both tasks' non-zero exit, the job ended FAILED with that code.
+    exits = re.findall(r"srun: error: (node\d): task (\d): Exited with exit code (\d+)", out)
+    assert sorted(e[0] for e in exits) == ["node1", "node2"], out
+    assert len({e[2] for e in exits}) == 1 and exits[0][2] != "0"
+    assert comp["JobState"] == "FAILED" and comp["ExitCode"] == f"{exits[0][2]}:0", comp
+    # sacct (slurmdbd): the step of train failed with the job's exit code, and so did the job
+    assert steps[f"{job}.0"] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
+    assert steps[job] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_scancel_during_a_run_gives_every_rank_its_grace(tmp_path):
+    """scancel: SIGTERM to every process of the step, SIGKILL after KillWait; each rank saves in its handler."""
+    src = source_dir(tmp_path, "mpi_allreduce.py")
+    with slurm_cluster(tmp_path, kill_wait_s=30) as slurm:
+        script = batch_script(tmp_path, 2, mpi_env(src, SLEEP="120", CHECKPOINT_ON_TERM="1"))
+        _, job, _ = submit(slurm, script, wait=False, timeout=60)
+        waiting = lambda: sum(len(list(model_dir(slurm, h).glob("waiting-*"))) for h in ("node1", "node2"))  # noqa: E731
+        wait_for(lambda: waiting() == 4, 120, "every rank waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)  # written at the cancel: the step's processes may still run their grace
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("checkpoint-*"))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+    assert saved == [f"checkpoint-{i}" for i in range(4)]
+    assert comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
+    for host, (kind, text) in verdicts.items():
+        assert kind == "failure" and "SIGTERM" in text.splitlines()[0], (host, kind, text)
+
+
+SAVER = """import os, signal, sys, time
+def save(*_):
+    time.sleep(2.5)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "checkpoint-" + os.environ["SM_CURRENT_HOST"]), "w").write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+open(os.path.join(os.environ["SM_MODEL_DIR"], "waiting-" + os.environ["SM_CURRENT_HOST"]), "w").write("up")
+time.sleep(120)
+"""
+
+
+def test_scancel_gives_a_single_host_script_its_grace(tmp_path):
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "saver.py").write_text(SAVER)
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({k: json.loads(v) for k, v in hps("saver.py", src).items()})
+        _, job, _ = submit(slurm, batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp}),
+                           wait=False, timeout=60)
+        wait_for(lambda: (model_dir(slurm, "node1") / "waiting-node1").exists(), 120, "the script waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)  # written at the cancel: the step's processes may still run their grace
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = (model_dir(slurm, "node1") / "checkpoint-node1").exists()
+        kind, text = verdict(slurm, "node1")
+    assert saved and comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was killed, not stopped)"
+    assert kind == "success", text  # one host: train ends with the script's own exit code, 0 after it saved
+
+
+def job_env(src: Path, script: str, **extra) -> dict[str, str]:
+    hp = {k: json.loads(v) for k, v in hps(script, src, **extra).items()}
+    return {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp)}
+
+
+def rank_infos(slurm, hosts=("node1", "node2")) -> dict[int, dict]:
+    ranks = {}
+    for host in hosts:
+        for f in model_dir(slurm, host).glob("rank-*.json"):
+            info = json.loads(f.read_text())
+            ranks[info["rank"]] = {**info, "host": host}
+    return ranks
+
+
+@pytest.mark.torch
+def test_torch_distributed_2_nodes_x_2(tmp_path):
+    src = source_dir(tmp_path, "torch_ddp_train.py")
+    env = job_env(src, "torch_ddp_train.py", sagemaker_torch_distributed_enabled=True,
+                  sagemaker_distributed_processes_per_host=2)
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        assert code == 0, out
+        ranks = rank_infos(slurm)
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["world"] == 4 and info["local_rank"] == rank % 2 and info["host"] == f"node{rank // 2 + 1}"
+               for rank, info in ranks.items())
+    assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
+
+
+@pytest.mark.tensorflow
+def test_a_parameter_server_job_on_2_nodes(tmp_path):
+    src = source_dir(tmp_path, "ps_train.py")
+    env = {**job_env(src, "ps_train.py", sagemaker_parameter_server_enabled=True), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        chief = json.loads((model_dir(slurm, "node1") / "chief.json").read_text())
+        config = json.loads((model_dir(slurm, "node1") / "tf_config-chief-0.json").read_text())
+        assert settled(slurm) == {}
+    assert chief["last_loss"] < chief["first_loss"] / 10
+    assert config["cluster"] == {"chief": ["node1:2222"], "worker": ["node2:2222"], "ps": ["node1:2223", "node2:2223"]}
+
+
+def test_the_time_limit_is_a_stop_with_the_grace(tmp_path):
+    """--time runs out: Slurm stops the job as scancel does; the script saves, the job is TIMEOUT (about 90 s)."""
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "saver.py").write_text(SAVER.replace("time.sleep(120)", "time.sleep(300)"))
+    with slurm_cluster(tmp_path, nodes=1) as slurm:
+        hp = json.dumps({k: json.loads(v) for k, v in hps("saver.py", src).items()})
+        script = batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp})
+        script.write_text(script.read_text().replace("#SBATCH --nodes=1", "#SBATCH --time=1 --nodes=1"))
+        _, job, _ = submit(slurm, script, wait=False, timeout=60)
+        comp = jobcomp(slurm, job, 180)
+        assert settled(slurm, timeout=60) == {}
+        saved = (model_dir(slurm, "node1") / "checkpoint-node1").exists()
+    assert comp["JobState"] == "TIMEOUT", comp
+    assert saved
+
+
+
+@pytest.mark.tensorflow
+def test_multi_worker_mirrored_on_2_nodes(tmp_path):
+    src = source_dir(tmp_path, "mwms_train.py")
+    env = {**job_env(src, "mwms_train.py", sagemaker_multi_worker_mirrored_strategy_enabled=True),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        w0 = json.loads((model_dir(slurm, "node1") / "worker-0.json").read_text())
+        w1 = json.loads((model_dir(slurm, "node2") / "worker-1.json").read_text())
+        assert settled(slurm) == {}
+    assert w0["weights"] == w1["weights"] and w0["last_loss"] < w0["first_loss"] / 5
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_a_data_parallel_script_2_nodes_x_2(tmp_path):
+    """sagemaker_distributed_dataparallel_enabled (the open data-parallel API, on Horovod over mpirun)."""
+    src = source_dir(tmp_path, "smddp_tf_train.py")
+    env = {**job_env(src, "smddp_tf_train.py", sagemaker_distributed_dataparallel_enabled=True,
+                     sagemaker_mpi_num_of_processes_per_host=2), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env), timeout=300)
+        assert code == 0, out
+        ranks = rank_infos(slurm)
+        assert settled(slurm) == {}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert all(info["size"] == 4 and info["host"] == f"node{rank // 2 + 1}" for rank, info in ranks.items())
+    assert len({json.dumps(info["weights"]) for info in ranks.values()}) == 1
