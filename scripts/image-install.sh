@@ -5,7 +5,7 @@
 #
 #   scripts/image-install.sh stack          system packages, /opt/venv, TensorFlow, mpi4py, Horovod;
 #                                           then removes the build-only packages it added
-#   scripts/image-install.sh toolkit DIR    pip install DIR[s3] (not editable) into /opt/venv, /opt/ml
+#   scripts/image-install.sh toolkit DIR    pip install DIR[s3,stacks] (not editable) into /opt/venv, /opt/ml
 #
 # Settings (the Dockerfiles pass them as build args):
 #   TENSORFLOW_REQUIREMENT   what pip installs for TensorFlow (default tensorflow-cpu==2.21.0)
@@ -168,7 +168,7 @@ toolkit() {
     local src=$1
     [[ -f $src/setup.cfg ]] || die "not the toolkit's source tree: $src"
     # Not editable: the image runs the installed package, not the copied tree.
-    pip install -q "$src[s3]"
+    pip install -q "$src[s3,stacks]"
     rm -rf "$src/build" "$src"/src/*.egg-info /root/.cache
     mkdir -p /opt/ml
     "$VENV/bin/train" --help >/dev/null || die "train does not run"

@@ -1,7 +1,9 @@
-"""HostAgent: the template every multi-host runner follows on every host.
+"""HostAgent: the template every runner follows on every host, the single one included (a job of one seat).
 
-    join the channel -> prepare (e.g. sshd) -> barrier -> start local processes
-    -> monitor (local exits, peers, signals) -> verdict -> stop and clean up
+    join the channel -> prepare (e.g. sshd) -> barrier 0 -> start local processes
+    -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
+                 `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
+
 
 Runners override the small steps (``prepare``, ``after_barrier``, ``start``,
 ``failure_of``, ``cleanup``); the order is here, once.  What each event means
@@ -13,7 +15,12 @@ others; the others report their failures to it.  Nothing is left running:
 every local process is stopped and reaped before ``run`` returns.
 
 The seat in the job (``Membership``) comes from ``membership_factory``, so a
-test can seat an agent in a fake job.
+test can seat an agent in a fake job, and the single runner in a job of one
+(``SoloSeat``: no channel, no port).
+
+While stalls are watched (``TRAINING_TOOLKIT_STALL_TIMEOUT``), every process
+the runner starts through ``supervise`` gets the heartbeat directory and the
+faulthandler hook (``stacks``), and its output marks progress (``watch``).
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
 from training_toolkit import decisions
+from training_toolkit.agent_watch import StallWatch
+from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
+                                           ShareProgress, StopPart)
 from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
@@ -35,6 +44,7 @@ from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, An
                                         Tick)
 from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
+from training_toolkit.records import record
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of
@@ -46,7 +56,7 @@ MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings,
                               Mapping[str, str] | None], Seat]
 
 
-@dataclass(frozen=True)
+@record
 class Local:
     """A process this host runs for the job; the host's part ends when its primaries end.
 
@@ -71,21 +81,32 @@ class Stopped(ToolkitError):
         super().__init__(f"stopped by {signal.Signals(signum).name} before the job started")
 
 
-class HostAgent:
+class HostAgent(StallWatch):
     wait_for_peers = False  # on success, does the first host wait for every host's own success?
+    own_end_on_stop = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
 
-    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership):
+    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership,
+                 hosts: Sequence[str] | None = None):
         self.ctx = ctx
         self.host = ctx.plan.current_host
-        self.is_master = ctx.plan.is_master
+        self.hosts = tuple(hosts or ctx.plan.hosts)  # the job's hosts as this agent sees them
+        self.is_master = self.hosts[0] == self.host
         self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
         self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_settings(ctx.settings)
         self.locals: list[Local] = []
-        self.state = (decisions.first_host(self.host, ctx.plan.hosts[1:], self.wait_for_peers) if self.is_master
-                      else decisions.other_host(self.host))
+        config = ctx.settings
+        watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
+        self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
+                                           self.own_end_on_stop) if self.is_master else decisions.other_host(self.host, config.max_restarts))
+        self.watch_dir = None
+        self._progress = None
+
+    @property
+    def attempt(self) -> int:
+        return self.state.attempt
 
     # Steps for runners to override ------------------------------------------------------------
 
@@ -112,6 +133,13 @@ class HostAgent:
     def cleanup(self) -> None:
         """After every local process is gone (every host, always)."""
 
+    def stop_part(self) -> None:
+        """Stop this host's part of the attempt for a restart (grace period, then kill); return once it is gone."""
+        self._stop_locals(self.ctx.grace_s)
+
+    def prepare_attempt(self) -> None:
+        """Before a restart's barrier: what this host's next attempt needs ready (e.g. MPI's rank file)."""
+
     def guard_spec(self) -> GuardSpec | None:
         """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
         return None
@@ -128,14 +156,14 @@ class HostAgent:
     # The template -----------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        if self.secret is None and self.is_master:
+        if self.secret is None and self.is_master and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
-        try:
-            introduction, unusable = self.introduction(), None
-        except ToolkitError as exc:  # join all the same, to tell the job why this host cannot take part
+        try:  # a host that cannot take part joins all the same, to tell the job why
+            introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
+        except ToolkitError as exc:
             introduction, unusable = {}, exc
-        membership = self.membership = self._membership_factory(self.secret, self.ctx.plan.hosts, self.host,
+        membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
         guard: ListenerGuard | None = None
         try:
@@ -144,22 +172,19 @@ class HostAgent:
                     membership.open()
                     if unusable is not None:
                         raise unusable
+                    self._start_watch()
                     self.prepare()
-                    membership.barrier()
+                    membership.barrier(0)
                     if self.is_master:
                         self.after_barrier()
                     guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
+                    self._say_attempt("")
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    return self._failed_before_start(CodeError(f"cannot start {exc.filename or 'a process'}: "
-                                                               f"{exc.strerror or exc}"))
-                for local in self.locals:
-                    _watch(local, self.events)
-                with _signals_held():  # the handler steps too while setting up: never both at once
-                    actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
-                outcome = self._carry_out(actions)
+                    return self._failed_before_start(_cannot_start(exc))
+                outcome = self._started()
                 while outcome is None:
                     outcome = self._carry_out(self._step(self._next_event()))
         finally:
@@ -171,7 +196,23 @@ class HostAgent:
             ended = end_descendants()
             if ended:
                 log(f"ended processes the job left behind: {', '.join(ended)}")
+            self._end_watch()
         return outcome
+
+    def _started(self) -> Outcome | None:
+        if self._progress is not None:
+            self._progress.attempt = self.attempt
+        for local in self.locals:
+            _watch(local, self.events, self.attempt)
+        with _signals_held():  # the handler steps too while setting up: never both at once
+            actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
+        return self._carry_out(actions)
+
+    def _say_attempt(self, reason: str) -> None:
+        """One line per attempt, when restarts are on: which, of how many, and why."""
+        total = self.ctx.settings.max_restarts + 1
+        if total > 1:
+            log(f"{self.host}: attempt {self.attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
 
     # The shell --------------------------------------------------------------------------------
 
@@ -180,14 +221,14 @@ class HostAgent:
         return actions
 
     def _next_event(self) -> decisions.Event:
-        deadline = self.state.deadline
+        deadline = decisions.next_deadline(self.state)
         try:
             event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except Empty:
             return Tick()
-        if isinstance(event, LocalExit) and not event.status.ok:  # the runner says what failed
-            local = next(local for local in self.locals if local.name == event.name)
-            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status))
+        if isinstance(event, LocalExit) and not event.status.ok and event.attempt == self.attempt:
+            local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
+            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status), event.attempt)
         return event
 
     def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:
@@ -199,7 +240,20 @@ class HostAgent:
             elif isinstance(action, Announce):
                 self.membership.announce(action.verdict)
             elif isinstance(action, Report):
-                self.membership.report_failure(action.reason, action.exit_code, action.at)
+                self.membership.report_failure(action.reason, action.exit_code, action.at, action.attempt,
+                                               action.stopped)
+            elif isinstance(action, ShareProgress):
+                self.membership.progress(action.heartbeat)
+            elif isinstance(action, GatherStacks):
+                _in_thread(self._gather_stacks, "gather-stacks")
+            elif isinstance(action, SendStacks):
+                _in_thread(self._send_stacks, "send-stacks")
+            elif isinstance(action, AnnounceRestart):
+                self.membership.restart(action.attempt, action.reason)
+            elif isinstance(action, StopPart):
+                _in_thread(self._stop_part, "stop-part", action.attempt)
+            elif isinstance(action, Rejoin):
+                return self._rejoin(action)
             elif isinstance(action, ReportDone):
                 self.membership.report_done(action.exit_code)
             elif isinstance(action, Interrupt):
@@ -208,14 +262,38 @@ class HostAgent:
                 return action.outcome
         return None
 
+    def _stop_part(self, attempt: int) -> None:
+        self.stop_part()
+        self.events.put(PartEnded(attempt))
+
+    def _rejoin(self, action: Rejoin) -> Outcome | None:
+        """Meet every host at the barrier of the new attempt and start this host's part again."""
+        assert self.membership is not None
+        try:
+            self._say_attempt(action.reason)
+            self.locals = []
+            self.prepare_attempt()
+            # a host may still be giving its ranks their grace period: that is not a host that did not come back
+            self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
+            self.locals = self.start()
+        except ToolkitError as exc:
+            return self._failed_before_start(exc)
+        except OSError as exc:
+            return self._failed_before_start(_cannot_start(exc))
+        return self._started()
+
     def _on_signal(self, signum: int) -> None:
-        if self.state.phase != decisions.SETUP:
+        if self.state.phase not in (Phase.SETUP, Phase.BARRIER):
             self.events.put(GotSignal(signum))
             return
         self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
 
+    def setup_failure(self, exc: ToolkitError) -> str:
+        """A setup failure's reason, naming this host (a job of one host names none, as the reference)."""
+        return str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
-        reason = str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+        reason = self.setup_failure(exc)
         with _signals_held():
             actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
         outcome = self._carry_out(actions)
@@ -257,37 +335,21 @@ def named(host: str, error: Exception) -> str:
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
-def fail_job(job, plan, environ, config, error: ToolkitError, membership_factory: MembershipFactory = Membership) -> None:
-    """Tell the other hosts that this one failed before its runner started (e.g. its code did not install).
-
-    Without it they would wait for this host until the join deadline and then
-    only say that it never came.
-    """
-    host = plan.current_host
-    events: SimpleQueue = SimpleQueue()
-    settings = ChannelSettings.from_settings(config)
-    membership = membership_factory(job_secret(config), plan.hosts, host, settings, events, None)
-    try:
-        membership.open()
-        membership.fail(named(host, error), error.exit_code, time.time())
-        if not membership.is_master:
-            try:
-                events.get(timeout=REPORT_WAIT_S)  # the verdict, or the first host gone
-            except Empty:
-                pass
-    except ToolkitError:
-        pass  # the job could not be told; this host's own verdict still stands
-    finally:
-        membership.close()
-
-
-def _watch(local: Local, events: SimpleQueue) -> None:
+def _watch(local: Local, events: SimpleQueue, attempt: int) -> None:
     def wait() -> None:
         status = local.child.wait()
-        events.put(LocalExit(local.name, status, time.time()))
+        events.put(LocalExit(local.name, status, time.time(), attempt=attempt))
 
     threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
 
 
+def _in_thread(target: Callable, name: str, *args) -> None:
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+
+def _cannot_start(exc: OSError) -> CodeError:
+    return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
+
+
 __all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",
-           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "fail_job", "named"]
+           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "named"]

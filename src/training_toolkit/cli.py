@@ -205,17 +205,15 @@ def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware):
     spec = job.load_job(paths, environ, hardware)
     launch = plan.make_plan(spec)
     python = code.python_for(config.python)
+    setup_error, code_dir, argv = None, spec.paths.code_dir, ()
     try:
         code_dir, command = code.prepare(spec, environ, python)
+        argv = (*command.argv, *contract.user_args(spec.hyperparameters))
     except errors.CodeError as exc:
         if not launch.multi_host:
             raise
-        from training_toolkit.agent import fail_job
-
-        named = errors.CodeError(f"{launch.current_host}: {exc}")
-        fail_job(spec, launch, environ, config, named)
-        raise named from None
-    argv = (*command.argv, *contract.user_args(spec.hyperparameters))
+        # the agent joins the job all the same, to tell every host why: a failure of its setup
+        setup_error = errors.CodeError(f"{launch.current_host}: {exc}")
     become_subreaper()
     ctx = RunContext(
         job=spec,
@@ -226,6 +224,7 @@ def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware):
         argv=argv,
         code_dir=code_dir,
         python=python,
+        setup_error=setup_error,
     )
     return _runner(launch.runner).run(ctx)
 

@@ -18,136 +18,58 @@ equal times rank by arrival.
 
 ``now`` is the shell's monotonic clock: deadlines in the state are on it, and
 a ``Tick`` tells the step that time has passed.
+
+Attempts (docs/resilience.md): a failure or a stall, with restarts left and no
+stopping signal anywhere, is one more transition (RUNNING -> STOPPING ->
+BARRIER -> RUNNING, ``agent_events.Phase``), not a second code path.  A stall
+is the first host's: no progress (an output line of any rank, or a heartbeat;
+once a heartbeat came, heartbeats only) within the stall timeout, or within the
+longer startup allowance before an attempt's first progress.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, replace
-from typing import Union
 
-from training_toolkit.cluster.channel import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.errors import EXIT_CLUSTER_ERROR
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
+from training_toolkit.records import record, replace
+
+from training_toolkit.agent_events import (Action, Announce, AnnounceRestart, Event, Finish, Forward, GatherStacks,
+                                           GotSignal, Interrupt, LocalExit, PartEnded, PartStopped, Phase, Progress,
+                                           Rejoin, Report, ReportDone, SendStacks, SetupFailed, ShareProgress,
+                                           StacksGathered, Started, StopPart, Tick)
+from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress,
+                                             RestartCalled, StacksWanted, Verdict, earliest)
+from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
+from training_toolkit.process import STOPPING_SIGNALS
 from training_toolkit.report import Outcome
 
-FAILURE_WINDOW_S = 0.5  # first host: after the first failure, how long earlier-stamped reports may take to arrive
 REPORT_WAIT_S = 5.0  # other hosts: after reporting a failure, how long to wait for the verdict before ending alone
 PEER_FINISH_TIMEOUT_S = 600.0  # first host: after its own success, how long the others may take (wait_for_peers)
 
-# Phases: setting up (join, prepare, barrier, start), running (monitoring), ended (the outcome is known)
-SETUP, RUNNING, ENDED = "setup", "running", "ended"
+STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
-
-# Events: what happened ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalExit:
-    """A local process ended; ``failure`` is the runner's description of a failed exit (None if it did not fail)."""
-
-    name: str
-    status: ExitStatus
-    at: float | None = None  # wall clock when its end was seen
-    failure: Outcome | None = None
-
-
-@dataclass(frozen=True)
-class GotSignal:
-    signum: int
-
-
-@dataclass(frozen=True)
-class PartStopped:
-    """A runner's own report: this host's part of the job was stopped by a signal."""
-
-    signum: int
-    at: float | None = None
-
-
-@dataclass(frozen=True)
-class Started:
-    """Setup is over; ``primaries`` are the local processes whose ends end this host's part."""
-
-    primaries: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class SetupFailed:
-    """Setup failed (join, prepare, barrier, start); ``outcome`` names the cause."""
-
-    outcome: Outcome
-    at: float | None = None
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed with nothing else happening (the shell's wait for the next event timed out)."""
-
-
-Event = Union[LocalExit, GotSignal, PartStopped, Started, SetupFailed, Tick, PeerDone, PeerFailed, PeerLost, Verdict]
-
-
-# Actions: what the shell does ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Pass a signal to this host's part of the job (``HostAgent.signal_job``)."""
-
-    signum: int
-
-
-@dataclass(frozen=True)
-class Interrupt:
-    """Abandon setup at once: a stopping signal arrived before the job started."""
-
-    signum: int
-
-
-@dataclass(frozen=True)
-class Announce:
-    """First host: tell every host the job's verdict."""
-
-    verdict: Verdict
-
-
-@dataclass(frozen=True)
-class Report:
-    """Other hosts: tell the first host this host failed, and when."""
-
-    reason: str
-    exit_code: int
-    at: float | None
-
-
-@dataclass(frozen=True)
-class ReportDone:
-    """Other hosts: tell the first host this host's part ended well."""
-
-    exit_code: int = 0
-
-
-@dataclass(frozen=True)
-class Finish:
-    """This host is done: ``outcome`` is its verdict."""
-
-    outcome: Outcome
-
-
-Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish]
+SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 
 
 # State ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record
 class Failure:
     outcome: Outcome
     at: float | None  # wall clock where it happened; None: not known
+    stopped: bool = False  # caused by a stopping signal: the job is stopped, never restarted
 
 
-@dataclass(frozen=True)
+@record
+class Watch:
+    """What counts as a stall: no progress for ``stall_s`` (``startup_s`` before an attempt's first progress)."""
+
+    stall_s: float
+    startup_s: float = 0.0
+
+
+@record
 class AgentState:
     """One host's view of the job.  Build with ``first_host`` or ``other_host``."""
 
@@ -155,7 +77,7 @@ class AgentState:
     is_master: bool
     workers: frozenset[str] = frozenset()  # first host: every other host
     wait_for_peers: bool = False  # first host: on its own success, wait for every host's own success?
-    phase: str = SETUP
+    phase: Phase = Phase.SETUP
     primaries: frozenset[str] = frozenset()
     finished: frozenset[str] = frozenset()  # primaries that ended well
     done: frozenset[str] = frozenset()  # first host: hosts that reported their part done
@@ -165,39 +87,66 @@ class AgentState:
     succeeded: bool = False  # first host: its own part succeeded, waiting for the others (wait_for_peers)
     deadline: float | None = None  # monotonic; a Tick at or after it decides something
     outcome: Outcome | None = None  # set once ENDED
+    attempt: int = 0
+    max_restarts: int = 0
+    causes: tuple[str, ...] = ()  # every earlier attempt's cause, in order
+    watch: Watch | None = None  # first host: stalls are watched for
+    stall_deadline: float | None = None  # monotonic: no progress by then is a stall
+    heartbeats: bool = False  # a heartbeat came this attempt: from now on only heartbeats are progress
+    own_end_on_stop: bool = False  # a job of one seat: a stopped script's own exit is the verdict (the reference's)
 
 
-def first_host(host: str, workers, wait_for_peers: bool = False) -> AgentState:
-    return AgentState(host, True, frozenset(workers), wait_for_peers)
+def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
+               watch: Watch | None = None, own_end_on_stop: bool = False) -> AgentState:
+    return AgentState(host, True, frozenset(workers), wait_for_peers, max_restarts=max_restarts, watch=watch,
+                      own_end_on_stop=own_end_on_stop)
 
 
-def other_host(host: str) -> AgentState:
-    return AgentState(host, False)
+def other_host(host: str, max_restarts: int = 0) -> AgentState:
+    return AgentState(host, False, max_restarts=max_restarts)
+
+
+def next_deadline(state: AgentState) -> float | None:
+    """When the shell must wake the step with a Tick if nothing else happens."""
+    times = [t for t in (state.deadline, state.stall_deadline) if t is not None]
+    return min(times) if times else None
 
 
 def root_cause(failures: tuple[Failure, ...]) -> Failure:
-    """The earliest failure by the time it happened; unknown times last; ties by arrival."""
-    return min(failures, key=lambda f: (f.at is None, f.at or 0.0))
+    """The earliest failure by the time it happened; unknown times last; ties by arrival (``events.earliest``)."""
+    return earliest(failures, lambda f: f.at)
 
 
 def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
-    if state.phase == ENDED:
+    if state.phase == Phase.ENDED:
+        return state, ()
+    if _stale(state, event):
         return state, ()
     if isinstance(event, GotSignal):
         return _signal(state, event.signum)
     if isinstance(event, Started):
-        return (replace(state, phase=RUNNING, primaries=frozenset(event.primaries), pending_signals=()),
-                tuple(Forward(s) for s in state.pending_signals))
+        return _started(state, event, now)
     if isinstance(event, SetupFailed):
         return _setup_failed(state, event)
+    if isinstance(event, StacksWanted):
+        return state, (SendStacks(),)
+    if state.phase == Phase.STOPPING:
+        return _stopping(state, event)
     if state.is_master:
         return _first_host(state, event, now)
     return _other_host(state, event, now)
 
 
+def _stale(state: AgentState, event: Event) -> bool:
+    """An event of an attempt already over (a process of it ending late, a report sent before the restart)."""
+    if isinstance(event, (LocalExit, PeerFailed, Progress)):
+        return event.attempt != state.attempt
+    return isinstance(event, PartEnded) and event.attempt != state.attempt
+
+
 def _signal(state: AgentState, signum: int) -> tuple[AgentState, tuple[Action, ...]]:
     stopping = signum in STOPPING_SIGNALS
-    if state.phase == SETUP:
+    if state.phase in (Phase.SETUP, Phase.BARRIER):
         if stopping:
             return replace(state, stop_signal=state.stop_signal or signum), (Interrupt(signum),)
         return replace(state, pending_signals=(*state.pending_signals, signum)), ()
@@ -206,32 +155,58 @@ def _signal(state: AgentState, signum: int) -> tuple[AgentState, tuple[Action, .
     return state, (Forward(signum),)
 
 
+def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    """An attempt's processes run: its own bookkeeping starts afresh, the stall clock with the startup allowance."""
+    watch = state.watch
+    pending = state.pending_signals
+    state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(),
+                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None,
+                    stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
+    return state, tuple(Forward(s) for s in pending)
+
+
 def _setup_failed(state: AgentState, event: SetupFailed) -> tuple[AgentState, tuple[Action, ...]]:
-    outcome = event.outcome
-    ended = replace(state, phase=ENDED, outcome=outcome, deadline=None)
+    outcome = _with_causes(state, event.outcome)  # this host's verdict; its report to the first host is bare
+    ended = replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None, stall_deadline=None)
     if state.is_master:
         return ended, (Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
-    return ended, (Report(outcome.reason or "", outcome.exit_code, event.at), Finish(outcome))
+    bare = event.outcome
+    return ended, (Report(bare.reason or "", bare.exit_code, event.at, state.attempt), Finish(outcome))
+
+
+def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action, ...]]:
+    """This host's part is being stopped for a restart: only its end, the verdict or a lost first host matter."""
+    if isinstance(event, PartEnded):
+        if state.stop_signal is not None:  # stopped meanwhile: the platform's stop is the end
+            outcome = _stopped(state.host, state.stop_signal)
+            if state.is_master:
+                return _announce(state, outcome)
+            return _end(state, outcome, Report(outcome.reason or "", outcome.exit_code, None, state.attempt, True))
+        return (replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1),
+                (Rejoin(state.attempt + 1, state.causes[-1] if state.causes else ""),))
+    if not state.is_master and isinstance(event, (Verdict, PeerLost)):
+        return _other_host(state, event, 0.0)
+    return state, ()
 
 
 # The first host ------------------------------------------------------------------------------------
 
 
 def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    if isinstance(event, (Progress, PeerProgress)):
+        return _progress(state, event.heartbeat, now), ()
+    if isinstance(event, StacksGathered):
+        return _stalled(state, event) if state.phase == Phase.GATHERING else (state, ())
     if isinstance(event, Tick):
-        if state.deadline is None or now < state.deadline:
-            return state, ()
-        if state.failures:
-            return _announce(state, root_cause(state.failures).outcome)
-        missing = ", ".join(sorted(state.workers - state.done))
-        return _announce(state, Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: the job succeeded here but {missing} "
-                                                            f"did not finish within {PEER_FINISH_TIMEOUT_S:g} s"))
-    if isinstance(event, LocalExit) and state.stop_signal is None and event.status.ok and event.name in state.primaries:
+        return _first_host_tick(state, now)
+    if state.phase == Phase.GATHERING:
+        return state, ()  # the stall is being named; what the ranks do meanwhile does not change it
+    if isinstance(event, LocalExit) and _counts_ok(state, event):
         state = replace(state, finished=state.finished | {event.name})
         if state.failures or not state.primaries <= state.finished:
             return state, ()
         if state.wait_for_peers and not state.workers <= state.done:
-            return replace(state, succeeded=True, deadline=now + PEER_FINISH_TIMEOUT_S), ()
+            return replace(state, succeeded=True, deadline=now + PEER_FINISH_TIMEOUT_S, stall_deadline=None), ()
         return _announce(state, Outcome(0))
     if isinstance(event, PeerDone) and event.exit_code == 0:
         state = replace(state, done=state.done | {event.host})
@@ -245,13 +220,75 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
     failure = _failure(state, event)
     if failure is None:
         return state, ()
-    deadline = state.deadline if state.failures else now + FAILURE_WINDOW_S
+    # the window is for other hosts' reports of earlier failures; a job of one host has none to wait for
+    deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if state.workers else 0.0)
     return replace(state, failures=(*state.failures, failure), deadline=deadline), ()
+
+
+def _first_host_tick(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    if state.deadline is not None and now >= state.deadline:
+        if state.phase == Phase.GATHERING:
+            return _stalled(state, StacksGathered((), ("every host: no stacks within the wait",)))
+        if state.failures:
+            return _conclude(state, state.failures)
+        missing = ", ".join(sorted(state.workers - state.done))
+        return _announce(state, Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: the job succeeded here but {missing} "
+                                                            f"did not finish within {PEER_FINISH_TIMEOUT_S:g} s"))
+    if (state.phase == Phase.RUNNING and not state.failures and state.stall_deadline is not None
+            and now >= state.stall_deadline):
+        return replace(state, phase=Phase.GATHERING, stall_deadline=None, deadline=now + STACKS_WAIT_S), \
+            (GatherStacks(),)
+    return state, ()
+
+
+def _progress(state: AgentState, heartbeat: bool, now: float) -> AgentState:
+    if state.watch is None or state.phase != Phase.RUNNING or state.stall_deadline is None:
+        return state
+    if state.heartbeats and not heartbeat:
+        return state  # heartbeats are the precise signal: once one came, output no longer counts
+    return replace(state, stall_deadline=now + state.watch.stall_s, heartbeats=state.heartbeats or heartbeat)
+
+
+def _stalled(state: AgentState, event: StacksGathered) -> tuple[AgentState, tuple[Action, ...]]:
+    from training_toolkit import stackreport  # only a stalled job needs it: not on the launch path
+
+    assert state.watch is not None
+    what = "heartbeat" if state.heartbeats else "output line or heartbeat"
+    summary = stackreport.summary(event.stacks) if event.stacks else "no stacks"
+    missing = f"; no stacks from {', '.join(event.missing)}" if event.missing else ""
+    reason = (f"{state.host}: the job stalled: no {what} from any rank for {state.watch.stall_s:g} s; "
+              f"stacks: {summary}{missing}")
+    details = tuple(stackreport.details(event.stacks)) if event.stacks else ()
+    outcome = Outcome(EXIT_STALLED, reason[:900], details=details)
+    return _conclude(replace(state, phase=Phase.RUNNING), (Failure(outcome, None),))
+
+
+def _conclude(state: AgentState, failures: tuple[Failure, ...]) -> tuple[AgentState, tuple[Action, ...]]:
+    """The attempt failed: restart the job if restarts are left and nothing was a stop; else the verdict."""
+    cause = root_cause(failures).outcome
+    restartable = state.stop_signal is None and not any(f.stopped for f in failures)
+    if restartable and state.attempt < state.max_restarts:
+        reason = cause.reason or f"exit code {cause.exit_code}"
+        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
+                        stall_deadline=None)
+        return state, (AnnounceRestart(state.attempt + 1, reason), StopPart(state.attempt))
+    return _announce(state, _with_causes(state, cause))
+
+
+def _with_causes(state: AgentState, outcome: Outcome) -> Outcome:
+    """After restarts the verdict lists every attempt's cause."""
+    if not state.causes or outcome.ok:
+        return outcome
+    earlier = tuple(f"attempt {i + 1}: {cause}" for i, cause in enumerate(state.causes))
+    reason = f"{outcome.reason} (attempt {state.attempt + 1} of {state.max_restarts + 1}; earlier: " \
+             f"{'; '.join(earlier)})"
+    return outcome._replace(reason=reason[:1000], details=(*outcome.details, "causes of earlier attempts:", *earlier))
 
 
 def _announce(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:
     verdict = Verdict(outcome.exit_code, outcome.reason, state.host)
-    return replace(state, phase=ENDED, outcome=outcome, deadline=None), (Announce(verdict), Finish(outcome))
+    return (replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None, stall_deadline=None),
+            (Announce(verdict), Finish(outcome)))
 
 
 # The other hosts -----------------------------------------------------------------------------------
@@ -265,6 +302,13 @@ def _other_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
         return _end(state, outcome)
     if isinstance(event, PeerLost):  # the first host is gone: this host's own failure, if any, is the best cause
         return _end(state, own or Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: {event.reason}"))
+    if isinstance(event, RestartCalled):
+        if event.attempt != state.attempt + 1 or state.phase != Phase.RUNNING or state.stop_signal is not None:
+            return state, ()
+        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, event.reason), failures=(), deadline=None)
+        return state, (StopPart(state.attempt),)
+    if isinstance(event, Progress):
+        return state, (ShareProgress(event.heartbeat),) if state.phase == Phase.RUNNING else ()
     if isinstance(event, Tick):
         if own is not None and state.deadline is not None and now >= state.deadline:
             return _end(state, own)  # the first host never answered this host's report
@@ -277,12 +321,13 @@ def _other_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
     failure = _failure(state, event)
     if failure is None or own is not None:
         return state, ()
-    report = Report(failure.outcome.reason or "", failure.outcome.exit_code, failure.at)
+    report = Report(failure.outcome.reason or "", failure.outcome.exit_code, failure.at, state.attempt, failure.stopped)
     return replace(state, failures=(failure,), deadline=now + REPORT_WAIT_S), (report,)
 
 
-def _end(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:
-    return replace(state, phase=ENDED, outcome=outcome, deadline=None), (Finish(outcome),)
+def _end(state: AgentState, outcome: Outcome, *before: Action) -> tuple[AgentState, tuple[Action, ...]]:
+    return (replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None, stall_deadline=None),
+            (*before, Finish(outcome)))
 
 
 # What failed ---------------------------------------------------------------------------------------
@@ -291,21 +336,27 @@ def _end(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action,
 def _failure(state: AgentState, event: Event) -> Failure | None:
     """The failure an event stands for, if it is one."""
     if isinstance(event, PartStopped):
-        return Failure(_stopped(state.host, event.signum), event.at)
+        return Failure(_stopped(state.host, event.signum), event.at, stopped=True)
     if isinstance(event, LocalExit):
-        if state.stop_signal is not None:  # however the processes ended, the job was stopped
-            return Failure(_stopped(state.host, state.stop_signal), event.at)
+        if state.stop_signal is not None and not state.own_end_on_stop:  # however they ended, the job was stopped
+            return Failure(_stopped(state.host, state.stop_signal), event.at, stopped=True)
         if event.status.ok and event.name in state.primaries:
             return None
-        return Failure(_local_failure(state.host, event), event.at)
+        return Failure(_local_failure(state.host, event), event.at, stopped=state.stop_signal is not None)
     if isinstance(event, PeerFailed):
         reason = event.reason if event.reason.startswith(event.host) else f"{event.host}: {event.reason}"
-        return Failure(Outcome(event.exit_code, reason), event.at)
+        return Failure(Outcome(event.exit_code, reason), event.at, stopped=event.stopped)
     if isinstance(event, PeerDone) and event.exit_code != 0:
         return Failure(Outcome(event.exit_code, f"{event.host}: exited with code {event.exit_code}"), event.at)
     if isinstance(event, PeerLost):
         return Failure(Outcome(EXIT_CLUSTER_ERROR, f"{event.host}: left the job ({event.reason})"), event.at)
     return None
+
+
+def _counts_ok(state: AgentState, event: LocalExit) -> bool:
+    """A primary that ended well, and the job was not stopped (or its own end is the verdict)."""
+    return (event.status.ok and event.name in state.primaries
+            and (state.stop_signal is None or state.own_end_on_stop))
 
 
 def _local_failure(host: str, event: LocalExit) -> Outcome:
@@ -316,3 +367,9 @@ def _local_failure(host: str, event: LocalExit) -> Outcome:
 
 def _stopped(host: str, signum: int) -> Outcome:
     return Outcome(128 + signum, f"{host}: stopped by {signal.Signals(signum).name}")
+
+
+__all__ = ["Action", "Announce", "AnnounceRestart", "Event", "Finish", "Forward", "GatherStacks", "GotSignal",
+           "Interrupt", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report",
+           "ReportDone", "SendStacks", "SetupFailed", "ShareProgress", "StacksGathered", "Started", "StopPart", "Tick",
+           "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S"]

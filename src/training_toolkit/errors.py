@@ -12,6 +12,7 @@ EXIT_CODE_ERROR = 66  # the user's code could not be fetched or installed
 EXIT_CLUSTER_ERROR = 69  # other hosts never joined, ssh unreachable, the job failed elsewhere
 EXIT_INTERNAL = 70  # a bug in the toolkit
 EXIT_CONFIG = 78  # malformed or inconsistent /opt/ml configuration, or a bad setting
+EXIT_STALLED = 124  # no progress within the stall timeout (timeout(1)'s code for "timed out"; docs/resilience.md)
 
 
 class ToolkitError(Exception):

@@ -4,7 +4,10 @@ A child runs in its own session (so its own process group): a signal sent to
 the group reaches everything the script started, and a terminal's Ctrl-C does
 not bypass us.  stdout is inherited untouched (zero copy, zero overhead);
 stderr goes through one relay thread that writes every chunk as it was read and
-keeps a bounded tail for the failure reason.  ``stop`` sends a signal, waits a
+keeps a bounded tail for the failure reason.  While the agent watches for
+stalls (``on_output``), stdout goes through a relay thread too, each chunk
+written as read: progress is any output, and unwatched jobs pay nothing for it.
+``stop`` sends a signal, waits a
 grace period, then kills the group; descendants that left the group are found
 because the supervisor is their subreaper.
 """
@@ -15,7 +18,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from training_toolkit import procfs, settings
@@ -112,8 +115,11 @@ class Supervised:
         relay_stderr: bool = True,
         stdout: int | None = None,
         stdin: int | None = subprocess.DEVNULL,
+        on_output: Callable[[], None] | None = None,
     ):
         self.argv = list(argv)
+        self._on_output = on_output
+        relay_stdout = on_output is not None and stdout is None
         self.tail = Tail()
         self._stop_lock = threading.Lock()
         self._stopper: threading.Thread | None = None
@@ -125,21 +131,28 @@ class Supervised:
             env={**env, TOKEN_VAR: self._token},
             cwd=cwd,
             stdin=stdin,
-            stdout=stdout,
+            stdout=subprocess.PIPE if relay_stdout else stdout,
             stderr=subprocess.PIPE if relay_stderr else None,
             start_new_session=True,
             close_fds=True,
         )
         self.pid = self.proc.pid
         self._relay: threading.Thread | None = None
+        self._stdout_relay: threading.Thread | None = None
         if relay_stderr:
             _widen_pipe(self.proc.stderr.fileno())
-            self._relay = threading.Thread(target=self._pump, name=f"stderr-{self.pid}", daemon=True)
+            self._relay = threading.Thread(target=self._pump, args=(self.proc.stderr, 2, self.tail),
+                                           name=f"stderr-{self.pid}", daemon=True)
             self._relay.start()
+        if relay_stdout:
+            _widen_pipe(self.proc.stdout.fileno())
+            self._stdout_relay = threading.Thread(target=self._pump, args=(self.proc.stdout, 1, None),
+                                                  name=f"stdout-{self.pid}", daemon=True)
+            self._stdout_relay.start()
 
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        fd = self.proc.stderr.fileno()
+    def _pump(self, pipe, out_fd: int, tail: Tail | None) -> None:
+        fd = pipe.fileno()
+        on_output = self._on_output
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -147,9 +160,12 @@ class Supervised:
                 break
             if not chunk:
                 break
-            _write_all(2, chunk)
-            self.tail.feed(chunk)
-        self.proc.stderr.close()
+            _write_all(out_fd, chunk)
+            if tail is not None:
+                tail.feed(chunk)
+            if on_output is not None and b"\n" in chunk:
+                on_output()
+        pipe.close()
 
     def send(self, sig: int) -> None:
         """Signal the whole group; a group already gone is not an error."""
@@ -200,8 +216,9 @@ class Supervised:
             self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
         _end_leftovers(self.proc, self._token, linger_s)
         self._tripwire.disarm()
-        if self._relay is not None:
-            self._relay.join(timeout=linger_s)
+        for relay in (self._relay, self._stdout_relay):
+            if relay is not None:
+                relay.join(timeout=linger_s)
 
 
 def _end_leftovers(main: subprocess.Popen, token: str, linger_s: float) -> None:
@@ -226,6 +243,9 @@ def end_descendants(linger_s: float = 1.0) -> list[str]:
     process that started them; because the toolkit is a subreaper, they are
     re-parented to us, and so still found here.  Returns what had to be ended.
     """
+
+    if not procfs.has_children(os.getpid()):
+        return []  # the usual end: nothing below us, known without a scan of every process
 
     def below() -> list[int]:
         return [p.pid for p in procfs.descendants(os.getpid())]

@@ -237,3 +237,50 @@ def in_network_namespaces(namespaces: set[NamespaceId] | frozenset[NamespaceId])
             if namespace in namespaces:
                 found[pid] = namespace
     return found
+
+
+def has_children(pid: int) -> bool:
+    """Whether any thread of the process has a child now: one small read per thread, no scan of the table.
+
+    True when it cannot tell (a kernel without ``/proc/PID/task/TID/children``): then callers scan.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                if f.read().strip():
+                    return True
+        except FileNotFoundError:
+            continue  # a thread that just ended
+        except OSError:
+            return True
+    return False
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler installed for ``signum`` (``SigCgt`` in its status); False once gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """One variable of the process's environment as it started; None if unset or gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in entries:
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None

@@ -21,6 +21,7 @@ class Outcome(NamedTuple):
     reason: str | None = None  # one line naming the cause; None on success
     command: tuple[str, ...] = ()
     stderr_tail: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()  # more about the cause (a stall's stacks, earlier attempts' causes), first in the file
 
     @property
     def ok(self) -> bool:
@@ -28,6 +29,8 @@ class Outcome(NamedTuple):
 
     def failure_text(self) -> str:
         lines = [self.reason or f"exited with code {self.exit_code}"]
+        if self.details:
+            lines += ["", *self.details]
         if self.command:
             lines += ["", "command: " + shlex.join(self.command)]
         if self.stderr_tail:

@@ -42,7 +42,10 @@ MIN_SECRET_BYTES = 16  # shorter secrets could be searched for offline by anyone
 # Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
 SUPERVISOR_VAR = "TRAINING_TOOLKIT_SUPERVISOR"  # marks every descendant of a supervised child (process.py)
 RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # how each host finds its own MPI ranks (runners/mpi.py)
-INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR)
+RESTART_COUNT_VAR = "TRAINING_TOOLKIT_RESTART_COUNT"  # the script's attempt, from 0 (docs/resilience.md)
+HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a file as its heartbeat
+STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
+INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
@@ -92,6 +95,17 @@ def _count(raw: str) -> int:
     if not raw.isascii() or not raw.isdigit():
         raise ValueError("expected a whole number, 0 or more")
     return int(raw)
+
+
+def _seconds_or_off(raw: str) -> float | None:
+    """Seconds, or 0 for "never" (None)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("expected a number of seconds (0: never)")
+    return value or None
 
 
 def _platform(raw: str) -> str:
@@ -182,6 +196,19 @@ VARIABLES = (
              "under JobSet: `NAME:JOBS:PODS` per replicated job, in rank order (the pods cannot see it)"),
     Variable("TRAINING_TOOLKIT_COMPLETIONS", "completions", _completions, None, "none",
              "under a plain indexed Job: its `completions`, the number of pods (the pods cannot see it)"),
+    # Resilience (docs/resilience.md)
+    Variable("TRAINING_TOOLKIT_STALL_TIMEOUT", "stall_timeout_s", _seconds_or_off, None, "0 (never)",
+             "seconds the job may go without progress (an output line of any rank, or a heartbeat) before it "
+             "counts as stalled: every rank's stack is gathered, then the job ends or restarts"),
+    Variable("TRAINING_TOOLKIT_STALL_STARTUP", "stall_startup_s", _seconds, 600.0, "600",
+             "seconds an attempt may take to its first progress (imports, data loading), if longer than the "
+             "stall timeout"),
+    Variable("TRAINING_TOOLKIT_PY_SPY", "py_spy", _text, None, "beside the toolkit's python, else on PATH",
+             "the py-spy that reads a stalled rank's stack where its faulthandler hook cannot (needs ptrace); "
+             "`none`: never use py-spy"),
+    Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
+             "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
+             "and starts them again); a stopping signal from the platform never restarts"),
 )
 
 
@@ -208,6 +235,10 @@ class Settings(NamedTuple):
     termination_log: str = "/dev/termination-log"
     jobset_shape: str | None = None
     completions: int | None = None
+    stall_timeout_s: float | None = None  # None: stalls are not watched for
+    stall_startup_s: float = 600.0
+    py_spy: str | None = None
+    max_restarts: int = 0
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback

@@ -57,6 +57,12 @@ def _openmpi5() -> str | None:
     return None
 
 
+def _py_spy() -> str | None:
+    from training_toolkit.stacks import pyspy_path
+
+    return None if pyspy_path() else "needs py-spy (pip install 'training-toolkit[stacks]')"
+
+
 def _module(name: str, how: str) -> Callable[[], str | None]:
     return lambda: None if importlib.util.find_spec(name) is not None else f"needs {name} ({how})"
 
@@ -125,6 +131,7 @@ REQUIREMENTS = {r.marker: r for r in (
     Requirement("moto", "needs moto (a local S3 server)", _module("moto", "pip install -e '.[test]'")),
     Requirement("reference", "compares against the reference sagemaker-training in .venv-ref", _reference),
     Requirement("ruff", "needs ruff", _ruff),
+    Requirement("py_spy", "needs py-spy beside the toolkit's python or on PATH", _py_spy),
     Requirement("slurm", "needs root, Slurm with munge and its accounting (slurmctld, slurmd, slurm-client, munge, "
                 "slurmdbd, mariadb-server)", _slurm),
     Requirement("kubernetes_validate", "needs kubernetes-validate (offline schemas of Kubernetes' core kinds)",

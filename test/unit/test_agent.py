@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import procfs, settings
-from training_toolkit.agent import HostAgent, Local, fail_job
+from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.channel import PeerFailed, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
@@ -40,12 +40,12 @@ class FakeSeat:
     def open(self):
         self.told.append("open")
 
-    def barrier(self):
-        self.told.append("barrier")
+    def barrier(self, attempt=0, deadline_s=None):
+        self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier
 
-    def report_failure(self, reason, exit_code, at=None):
+    def report_failure(self, reason, exit_code, at=None, attempt=0, stopped=False):
         self.told.append(("failed", reason, exit_code, at))
         if self._answer:
             self.events.put(self._answer)
@@ -60,6 +60,18 @@ class FakeSeat:
 
     def announce(self, verdict):
         self.told.append(("verdict", verdict))
+
+    def restart(self, attempt, reason):
+        self.told.append(("restart", attempt, reason))
+
+    def progress(self, heartbeat):
+        self.told.append(("progress", heartbeat))
+
+    def request_stacks(self, timeout_s):
+        return {}
+
+    def send_stacks(self, stacks):
+        self.told.append(("stacks", stacks))
 
     def close(self):
         self.told.append("close")
@@ -151,11 +163,17 @@ def test_a_failed_barrier_is_told_to_the_job(tmp_path):
     assert (kind, reason, code) == ("failed", outcome.reason, 69) and at is not None
 
 
-def test_fail_job_uses_the_seat_it_is_given(tmp_path):
+@pytest.mark.parametrize("host, told", [
+    ("algo-1", ["open", ("verdict", Verdict(66, "algo-1: cannot install", "algo-1")), "close"]),
+    ("algo-2", ["open", ("failed", "algo-2: cannot install", 66), "close"]),
+])
+def test_a_host_that_cannot_take_part_joins_to_say_so_as_a_setup_failure(tmp_path, host, told):
+    """Its code did not install: no more fail_job beside the agent, one setup failure inside it."""
     seats: list[FakeSeat] = []
-    ctx = context(tmp_path, "algo-1")
-    fail_job(ctx.job, ctx.plan, {}, ctx.settings, CodeError("cannot install"), seat_factory(seats))
-    assert seats[0].told == ["open", ("fail", "algo-1: cannot install", 66), "close"]
+    ctx = context(tmp_path, host)._replace(setup_error=CodeError(f"{host}: cannot install"))
+    outcome = ScriptAgent(ctx, seat_factory(seats)).run()
+    assert outcome == Outcome(66, f"{host}: cannot install")
+    assert [t[:3] if isinstance(t, tuple) and t[0] == "failed" else t for t in seats[0].told] == told
 
 
 @pytest.mark.parametrize("rank, program, reason", [

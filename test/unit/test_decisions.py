@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
+from training_toolkit.records import replace
 
 import pytest
 
@@ -104,7 +104,8 @@ def test_root_cause_ordering(failures, expected):
 ])
 def test_first_host_failures(event, outcome):
     state, actions = run(master(), (0.0, event))
-    assert actions == [] and state.failures == (Failure(outcome, 1.0),) and state.deadline == FAILURE_WINDOW_S
+    stopped = isinstance(event, PartStopped)  # a stop is never a cause to restart
+    assert actions == [] and state.failures == (Failure(outcome, 1.0, stopped),) and state.deadline == FAILURE_WINDOW_S
     assert run(state, (FAILURE_WINDOW_S, Tick()))[1] == announced(outcome)
 
 
@@ -158,7 +159,7 @@ def test_a_stopped_first_host_reports_the_stop_however_its_processes_ended():
     state, actions = run(master(), (1.0, GotSignal(TERM)))
     assert actions == [Forward(TERM)] and state.stop_signal == TERM
     state, actions = run(state, (2.0, LocalExit("script", OK, at=2.0)))  # a script that saved and exited 0
-    assert state.failures == (Failure(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), 2.0),)
+    assert state.failures == (Failure(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), 2.0, stopped=True),)
     assert run(state, (2.0 + FAILURE_WINDOW_S, Tick()))[1] == announced(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"))
 
 
@@ -245,13 +246,13 @@ def test_worker_losing_the_first_host(own, outcome):
 
 def test_worker_stopped_by_a_signal():
     state, actions = run(worker(), (1.0, GotSignal(TERM)), (2.0, LocalExit("script", OK, at=2.0)))
-    assert actions == [Forward(TERM), Report("algo-2: stopped by SIGTERM", 128 + TERM, 2.0)]
+    assert actions == [Forward(TERM), Report("algo-2: stopped by SIGTERM", 128 + TERM, 2.0, stopped=True)]
 
 
 def test_worker_part_stopped_by_its_runner():
     state, actions = run(replace(worker(), primaries=frozenset()), (1.0, GotSignal(TERM)),
                          (3.0, PartStopped(TERM, at=3.0)))
-    assert actions == [Forward(TERM), Report("algo-2: stopped by SIGTERM", 128 + TERM, 3.0)]
+    assert actions == [Forward(TERM), Report("algo-2: stopped by SIGTERM", 128 + TERM, 3.0, stopped=True)]
 
 
 def test_worker_helper_ending_on_its_own_is_a_failure():

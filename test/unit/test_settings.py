@@ -52,6 +52,11 @@ def test_every_variable_read():
                   "TRAINING_TOOLKIT_TERMINATION_LOG": "/tl", "TRAINING_TOOLKIT_JOBSET_SHAPE": "w:1:2"}
     assert parse(kubernetes)[13:19] == ("jobset", "{}", "/hp.json", 5.0, "/tl", "w:1:2")
     assert parse({"TRAINING_TOOLKIT_COMPLETIONS": "4"}).completions == 4
+    resilience = parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "10", "TRAINING_TOOLKIT_STALL_STARTUP": "30",
+                        "TRAINING_TOOLKIT_PY_SPY": "none", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    assert (resilience.stall_timeout_s, resilience.stall_startup_s, resilience.py_spy, resilience.max_restarts) == \
+        (10.0, 30.0, "none", 2)
+    assert parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "0"}).stall_timeout_s is None  # 0: never
 
 
 def test_an_empty_variable_is_unset():
@@ -93,6 +98,11 @@ def test_flags_win_over_variables_even_bad_ones():
     ("TRAINING_TOOLKIT_JOB_SECRET", "short", "the job secret must be at least 16 bytes"),
     ("TRAINING_TOOLKIT_COMPLETIONS", "0", "expected a whole number of pods, 1 or more"),
     ("TRAINING_TOOLKIT_DNS_TIMEOUT", "0", "expected a positive number of seconds"),
+    ("TRAINING_TOOLKIT_STALL_TIMEOUT", "-5", "expected a number of seconds (0: never)"),
+    ("TRAINING_TOOLKIT_STALL_TIMEOUT", "ten", "expected a number of seconds (0: never)"),
+    ("TRAINING_TOOLKIT_STALL_STARTUP", "0", "expected a positive number of seconds"),
+    ("TRAINING_TOOLKIT_MAX_RESTARTS", "-1", "expected a whole number, 0 or more"),
+    ("TRAINING_TOOLKIT_MAX_RESTARTS", "two", "expected a whole number, 0 or more"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_what_was_expected(name, raw, expected):
     with pytest.raises(ConfigError) as caught:
@@ -159,7 +169,12 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     from training_toolkit.process import TOKEN_VAR
     from training_toolkit.runners.mpi import RANK_TAG_VAR
 
-    assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR}
+    from training_toolkit.agent_watch import RESTART_COUNT_VAR
+    from training_toolkit.stacks import script_env
+
+    given_to_ranks = set(script_env(Path("/w"), {})) - {"PYTHONPATH"}
+    assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
+    assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks}
 
 
 def test_readme_settings_table_is_the_table_in_code():
@@ -187,7 +202,10 @@ def test_every_variable_named_anywhere_is_a_setting_or_internal():
 def test_nothing_but_settings_reads_the_variables():
     reads = re.compile(r"""(?:\.get\(|\[)\s*["'](?:TRAINING_TOOLKIT_|SAGEMAKER_BASE_DIR)""")
     readers = sorted(str(f.relative_to(SRC)) for f in SRC.rglob("*.py") if reads.search(f.read_text()))
-    assert readers == []
+    # the faulthandler hook runs in the user's interpreter, importing nothing of ours: it reads its one variable
+    assert readers == ["stackhook/sitecustomize.py"]
+    hook = (SRC / "stackhook" / "sitecustomize.py").read_text()
+    assert set(re.findall(r"TRAINING_TOOLKIT_\w+", hook)) == {settings.STACKS_DIR_VAR}
 
 
 def test_defaults_used_outside_settings_are_its_own():

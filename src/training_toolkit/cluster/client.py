@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.events import PeerLost, Verdict
+from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
 from training_toolkit.errors import ClusterError, JobFailed
@@ -55,7 +55,7 @@ class ControlClient:
         self._link: Link | None = None
         self.job_id = ""
         self.introduction: dict[str, str] = {}
-        self._go = threading.Event()
+        self._go = -1  # the last attempt the first host started
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()
         self._closed = threading.Event()
@@ -122,9 +122,13 @@ class ControlClient:
                 message = self._link.recv()
                 kind = message.get("t")
                 if kind == "go":
-                    self._go.set()
                     with self._state:
+                        self._go = wire.attempt(message)
                         self._state.notify_all()
+                elif kind == "restart":
+                    self._events.put(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
+                elif kind == "stacks?":
+                    self._events.put(StacksWanted())
                 elif kind == "verdict":
                     verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
                                       wire.text(message, "host", limit=255, optional=True))
@@ -155,20 +159,31 @@ class ControlClient:
         except OSError:
             pass
 
-    def ready(self) -> None:
-        self._send("ready")
+    def ready(self, attempt: int = 0) -> None:
+        self._send("ready", n=attempt)
 
-    def failed(self, reason: str, exit_code: int, at: float | None = None) -> None:
+    def failed(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+               stopped: bool = False) -> None:
         """Report this host's failure, and when it happened (wall clock; None: now)."""
-        self._send("failed", reason=reason, code=exit_code, at=time.time() if at is None else at)
+        self._send("failed", reason=reason, code=exit_code, at=time.time() if at is None else at, n=attempt,
+                   stop=stopped)
+
+    def progress(self, heartbeat: bool) -> None:
+        self._send("progress", hb=heartbeat)
+
+    def send_stacks(self, stacks: list) -> None:
+        """This host's ranks' stacks (``RankStack.to_wire`` each), as many as fit in one frame."""
+        while stacks and len(wire.encode({"stacks": stacks})) > wire.MAX_FRAME - 1024:
+            stacks = stacks[:-1]
+        self._send("stacks", stacks=stacks)
 
     def done(self, exit_code: int) -> None:
         self._send("done", code=exit_code)
 
-    def wait_go(self, deadline_s: float) -> None:
+    def wait_go(self, deadline_s: float, attempt: int = 0) -> None:
         end = time.monotonic() + deadline_s
         with self._state:
-            while not self._go.is_set():
+            while self._go < attempt:
                 if isinstance(self._ended, Verdict):
                     verdict = self._ended
                     raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)

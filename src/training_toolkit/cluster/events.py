@@ -7,36 +7,68 @@ when this host learnt of it; it orders failures (decisions.root_cause), it is no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from training_toolkit.records import record
+
+T = TypeVar("T")
+
+# After the first failure, how long reports of earlier failures may take to arrive (a worker's report crosses
+# the network and waits for the failed process's last stderr lines); then the earliest is the root cause.
+FAILURE_WINDOW_S = 0.5
 
 # A failure report's own time is believed within this much before its arrival (clocks differ; a report
 # is sent within a second of the failure), and never after its arrival.
 MAX_REPORT_AGE_S = 2.0
 
 
-@dataclass(frozen=True)
+@record(uncompared=("at",))
 class PeerFailed:
     host: str
     reason: str
     exit_code: int
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
+    attempt: int = 0  # the attempt the host was in: a report from an attempt already over is stale
+    stopped: bool = False  # the host was stopped by a signal (the platform's stop): never a cause to restart
 
 
-@dataclass(frozen=True)
+@record
+class PeerProgress:
+    """A host saw progress (an output line of a rank, or a heartbeat)."""
+
+    host: str
+    heartbeat: bool = False
+
+
+@record
+class RestartCalled:
+    """Other hosts: the first host restarts the job; ``attempt`` is the new one."""
+
+    attempt: int
+    reason: str
+
+
+@record
+class StacksWanted:
+    """Other hosts: the job stalled; the first host wants this host's ranks' stacks."""
+
+
+@record(uncompared=("at",))
 class PeerDone:
     host: str
     exit_code: int
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
 
 
-@dataclass(frozen=True)
+@record(uncompared=("at",))
 class PeerLost:
     host: str
     reason: str
-    at: float | None = field(default=None, compare=False)
+    at: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """The job's end, as decided by the first host."""
 
@@ -53,3 +85,11 @@ def reported_time(value: object, received: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return received
     return min(received, max(float(value), received - MAX_REPORT_AGE_S))
+
+
+def earliest(failures: Sequence[T], at: Callable[[T], float | None]) -> T:
+    """The root cause: the earliest failure by the time it happened; unknown times last; ties by arrival.
+
+    The one rule, for a barrier (the channel's server) and for a running job (``decisions``) alike.
+    """
+    return min(failures, key=lambda f: (at(f) is None, at(f) or 0.0))

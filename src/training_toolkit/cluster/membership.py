@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Protocol
 
-from training_toolkit.cluster.channel import ControlClient, ControlServer, Verdict
+from typing import TYPE_CHECKING
+
+from training_toolkit.cluster.events import Verdict
+from training_toolkit.records import record
 from training_toolkit.settings import Settings
+
+if TYPE_CHECKING:
+    from training_toolkit.cluster.channel import ControlClient, ControlServer
 
 VERDICT_LINGER_S = 10.0
 
 
-@dataclass(frozen=True)
+@record
 class ChannelSettings:
     port: int
     join_timeout_s: float
@@ -44,9 +49,18 @@ class Seat(Protocol):
 
     def open(self) -> None: ...
 
-    def barrier(self) -> None: ...
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None: ...
 
-    def report_failure(self, reason: str, exit_code: int, at: float | None = None) -> None: ...
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+                       stopped: bool = False) -> None: ...
+
+    def restart(self, attempt: int, reason: str) -> None: ...
+
+    def progress(self, heartbeat: bool) -> None: ...
+
+    def request_stacks(self, timeout_s: float) -> Mapping[str, object]: ...
+
+    def send_stacks(self, stacks: list) -> None: ...
 
     def report_done(self, exit_code: int) -> None: ...
 
@@ -68,6 +82,8 @@ class Membership:
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        from training_toolkit.cluster.channel import ControlClient, ControlServer  # a job of one seat has none
+
         self.hosts = tuple(hosts)
         self.current = current
         self.settings = settings
@@ -100,20 +116,40 @@ class Membership:
             assert self._client is not None
             self._client.connect(self.settings.join_timeout_s)
 
-    def barrier(self) -> None:
-        """Every host ready, or a ClusterError naming who is not."""
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
+        """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline)."""
+        deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
         if self._server:
-            self._server.wait_ready(self.settings.join_timeout_s)
+            self._server.wait_ready(deadline_s)
             self._server.release()
         else:
             assert self._client is not None
-            self._client.ready()
-            self._client.wait_go(self.settings.join_timeout_s)
+            self._client.ready(attempt)
+            self._client.wait_go(deadline_s, attempt)
 
-    def report_failure(self, reason: str, exit_code: int, at: float | None = None) -> None:
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+                       stopped: bool = False) -> None:
         """Other hosts: tell the first host this one failed, and when (wall clock; None: now)."""
         if self._client:
-            self._client.failed(reason, exit_code, at)
+            self._client.failed(reason, exit_code, at, attempt, stopped)
+
+    def restart(self, attempt: int, reason: str) -> None:
+        """First host: every host stops its part and meets at the barrier of ``attempt``."""
+        if self._server:
+            self._server.restart(attempt, reason)
+
+    def progress(self, heartbeat: bool) -> None:
+        """Other hosts: tell the first host this host saw progress."""
+        if self._client:
+            self._client.progress(heartbeat)
+
+    def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
+        """First host: every other host's ranks' stacks, as sent (checked by the caller), within ``timeout_s``."""
+        return self._server.request_stacks(timeout_s) if self._server else {}
+
+    def send_stacks(self, stacks: list) -> None:
+        if self._client:
+            self._client.send_stacks(stacks)
 
     def report_done(self, exit_code: int) -> None:
         if self._client:
@@ -137,3 +173,52 @@ class Membership:
             self._server.close()
         if self._client:
             self._client.close()
+
+
+class SoloSeat:
+    """The seat of a job of one host (the single runner): no channel, no port, nothing to tell anyone.
+
+    The agent runs the same phases and attempts on it; the barrier is this host alone.
+    """
+
+    is_master = True
+    job_id = ""
+    introductions: Mapping[str, Mapping[str, str]] = {}
+
+    def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
+                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        self.current = current
+
+    def open(self) -> None:
+        pass
+
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
+        pass
+
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+                       stopped: bool = False) -> None:
+        pass
+
+    def report_done(self, exit_code: int) -> None:
+        pass
+
+    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        pass
+
+    def announce(self, verdict: Verdict) -> None:
+        pass
+
+    def restart(self, attempt: int, reason: str) -> None:
+        pass
+
+    def progress(self, heartbeat: bool) -> None:
+        pass
+
+    def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
+        return {}
+
+    def send_stacks(self, stacks: list) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

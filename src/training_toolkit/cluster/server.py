@@ -10,7 +10,8 @@ from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
 from training_toolkit.cluster.admission import Admission, RefusalLog
-from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict, reported_time
+from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress, Verdict,
+                                             earliest, reported_time)
 from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
@@ -64,7 +65,10 @@ class ControlServer:
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
         self._verdict: Verdict | None = None
         self._ready: set[str] = set()
-        self._failure: JobFailed | None = None
+        self._attempt = 0  # the job's attempt: a ready or a failure of another attempt does not count
+        self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
+        # failures reported during this attempt's barrier: (when it happened, when it arrived, what)
+        self._failures: list[tuple[float, float, JobFailed]] = []
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -211,20 +215,29 @@ class ControlServer:
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
+        attempt = wire.attempt(message)
         if kind == "ready":
             with self._state:
-                self._ready.add(host)
+                if attempt == self._attempt:
+                    self._ready.add(host)
                 self._state.notify_all()
         elif kind == "failed":
             reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
             at = reported_time(message.get("at"), time.time())
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
-                self._failure = self._failure or JobFailed(named, code)
+                if attempt == self._attempt:
+                    self._failures.append((at, time.monotonic(), JobFailed(named, code)))
                 self._state.notify_all()
-            self._events.put(PeerFailed(host, reason, code, at))
+            self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
             self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
+        elif kind == "progress":
+            self._events.put(PeerProgress(host, message.get("hb") is True))
+        elif kind == "stacks":
+            with self._state:
+                self._stacks[host] = message.get("stacks")
+                self._state.notify_all()
 
     def _lost(self, host: str, link: Link, reason: str) -> None:
         link.close()
@@ -232,7 +245,8 @@ class ControlServer:
             if self._closed.is_set() or self._links.get(host) not in (link, None):
                 return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
-            self._failure = self._failure or JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)
+            self._failures.append((time.time(), time.monotonic(),
+                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -251,8 +265,12 @@ class ControlServer:
         end = time.monotonic() + deadline_s
         with self._state:
             while True:
-                if self._failure:
-                    raise self._failure
+                if self._failures:  # the earliest, once reports of earlier failures had the window to arrive
+                    window_ends = self._failures[0][1] + FAILURE_WINDOW_S
+                    if time.monotonic() >= window_ends:
+                        raise earliest(self._failures, lambda f: f[0])[2]
+                    self._state.wait(max(0.0, window_ends - time.monotonic()))
+                    continue
                 missing = [h for h in self.expected if h not in self._ready]
                 if not missing:
                     return
@@ -269,7 +287,31 @@ class ControlServer:
                 self._state.wait(min(left, 1.0))
 
     def release(self) -> None:
-        self._send_all("go")
+        self._send_all("go", n=self._attempt)
+
+    def restart(self, attempt: int, reason: str) -> None:
+        """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
+        with self._state:
+            self._attempt = attempt
+            self._ready.clear()
+            self._failures = []
+            self._state.notify_all()
+        self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
+
+    def request_stacks(self, timeout_s: float) -> dict[str, object]:
+        """Ask every joined host for its ranks' stacks; what came within ``timeout_s``, by host (unchecked)."""
+        end = time.monotonic() + timeout_s
+        with self._state:
+            self._stacks = {}
+            asked = set(self._links)
+        self._send_all("stacks?")
+        with self._state:
+            while not asked <= set(self._stacks):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._state.wait(min(left, 0.5))
+            return dict(self._stacks)
 
     def broadcast(self, verdict: Verdict) -> None:
         with self._state:

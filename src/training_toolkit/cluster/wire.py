@@ -76,6 +76,14 @@ def exit_code(message: dict, key: str = "code") -> int:
     return value
 
 
+def attempt(message: dict, key: str = "n") -> int:
+    """The job attempt a message belongs to (0 when absent: a host of a version before restarts)."""
+    value = message.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000:
+        raise FrameError(f"field {key!r} is not an attempt number")
+    return value
+
+
 def introduction(message: dict) -> dict[str, str]:
     """What a host tells the others about itself (e.g. its ssh host key): a small map of strings."""
     value = message.get("intro", {})

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from training_toolkit.errors import ToolkitError
 from training_toolkit.job import JobSpec
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import ExitStatus, Supervised
@@ -22,6 +23,9 @@ class RunContext(NamedTuple):
     argv: tuple[str, ...]  # the user's command with its arguments
     code_dir: Path
     python: str
+    setup_error: ToolkitError | None = None  # this host cannot take part (its code did not install): the
+    #                                          agent joins the job to say so, as a failure of its setup
+
 
     @property
     def grace_s(self) -> float:

@@ -14,20 +14,22 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from training_toolkit import names, native, procfs, settings
+from training_toolkit import names, native, procfs, settings, stacks
 from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, Supervised
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
 from training_toolkit.redact import redact
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
@@ -121,13 +123,22 @@ class MpiAgent(HostAgent):
                          every_port_of=RUNTIME)
 
     def _write_rank_file(self) -> None:
-        """This host's ranks' command and environment, written once, before any rank can start."""
+        """This host's ranks' command and environment, written before any rank can start."""
         path = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
-        env = rank_environment(self.ctx, self.rank_tag)
-        data = rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)), env)
         self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
-        rank_env.write_rank_file(path, data)
+        rank_env.write_rank_file(path, self._rank_file_data())
         self._rank_file = path
+
+    def _rank_file_data(self) -> bytes:
+        # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
+        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env))
+        return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
+                                         env)
+
+    def prepare_attempt(self) -> None:
+        """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
+        if self._rank_file is not None:
+            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
 
     def start(self) -> list[Local]:
         if not self.is_master:
@@ -138,7 +149,20 @@ class MpiAgent(HostAgent):
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         env = rank_env.mpirun_environment(self.ctx.environ, self.host, hostname_preload(self.host))
-        return [Local("mpirun", Supervised(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+        return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+
+    def watched(self) -> list[stacks.Watched]:
+        """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
+        found = []
+        for pid in self._ranks():
+            rank = stacks.rank_of(pid)
+            found.append(stacks.Watched(pid, rank, f"rank {rank}" if rank is not None else f"process {pid}"))
+        return found
+
+    def stop_part(self) -> None:
+        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends."""
+        stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
+        super().stop_part()
 
     def signal_job(self, signum: int) -> None:
         if signum not in STOPPING_SIGNALS:
@@ -263,9 +287,10 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
-def rank_environment(ctx: RunContext, rank_tag: str) -> dict[str, str]:
+def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
-    return rank_env.rank_environment(ctx.script_env, interface=ctx.job.resource.network_interface_name,
+    return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
+                                     interface=ctx.job.resource.network_interface_name,
                                      custom=mpi_options(ctx).custom, preload=hostname_preload(ctx.plan.current_host),
                                      extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
 

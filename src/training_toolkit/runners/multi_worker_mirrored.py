@@ -11,7 +11,6 @@ import json
 from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import MultiWorkerMirroredOptions
-from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.tf_config import mwms_config
@@ -45,4 +44,4 @@ class MultiWorkerMirroredAgent(HostAgent):
     def start(self) -> list[Local]:
         config = mwms_config(self.ctx.plan.hosts, self.host, port_of(self.ctx))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(config)}
-        return [Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir)))]
+        return [Local("script", self.supervise(self.ctx.argv, env, cwd=str(self.ctx.code_dir)))]

@@ -16,7 +16,6 @@ from training_toolkit import ps_server
 from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import ParameterServerOptions
-from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.tf_config import PsLayout
@@ -58,10 +57,10 @@ class ParameterServerAgent(HostAgent):
         ps = layout.ps_config(self.host)
         if ps is not None:
             env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
-            server = Supervised([self.ctx.python, ps_server.__file__], env, cwd=str(self.ctx.code_dir))
+            server = self.supervise([self.ctx.python, ps_server.__file__], env, cwd=str(self.ctx.code_dir))
             started.append(Local("parameter server", server, primary=False, program=False))
         env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
         # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
         # until stopped (TF2) or finish its own loop (estimator era): both are fine.
-        started.append(Local("script", Supervised(self.ctx.argv, env, cwd=str(self.ctx.code_dir))))
+        started.append(Local("script", self.supervise(self.ctx.argv, env, cwd=str(self.ctx.code_dir))))
         return started

@@ -112,6 +112,18 @@ def default_parent() -> Path:
     return Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
 
 
+def rewrite_rank_file(path: Path, data: bytes) -> None:
+    """Replace an existing rank file whole (a restart's attempt): written aside, then renamed over it."""
+    aside = path.with_name(path.name + ".next")
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(aside, path)
+    except OSError as exc:
+        raise ClusterError(f"{path}: cannot rewrite the ranks' file: {exc.strerror or exc}") from None
+
+
 def write_rank_file(path: Path, data: bytes) -> None:
     """Write it readable by its owner only, in a new directory of its own (an existing one is refused)."""
     try:

@@ -13,7 +13,6 @@ from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import TorchDistributedOptions
-from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.ports import check_free
@@ -81,6 +80,7 @@ class TorchDistributedAgent(HostAgent):
         started = []
         for local_rank in range(per_host):
             extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options.master_port)
-            child = Supervised(self.ctx.argv, {**self.ctx.script_env, **bind, **extra}, cwd=str(self.ctx.code_dir))
+            extra["TORCHELASTIC_RESTART_COUNT"] = str(self.attempt)  # as torchrun gives it
+            child = self.supervise(self.ctx.argv, {**self.ctx.script_env, **bind, **extra}, cwd=str(self.ctx.code_dir))
             started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
         return started

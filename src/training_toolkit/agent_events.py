@@ -1,0 +1,208 @@
+"""What the agent's pure step reads (events) and returns (actions), and the phases it moves through.
+
+Kept apart from ``decisions`` (the rules) so that the rules module stays
+readable on its own; ``decisions`` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Union
+
+from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled,
+                                             StacksWanted, Verdict)
+from training_toolkit.process import ExitStatus
+from training_toolkit.records import record
+from training_toolkit.report import Outcome
+
+if TYPE_CHECKING:
+    from training_toolkit.stackreport import RankStack
+
+
+class Phase(str, Enum):
+    """Where a host is in the job.  Transitions (``decisions.step``)::
+
+        SETUP (join, prepare, barrier 0, start) --Started--> RUNNING
+        RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
+        RUNNING --no progress within the stall timeout (first host)--> GATHERING --stacks--> as a failure
+        STOPPING --this host's part of the attempt ended (PartEnded)--> BARRIER (attempt n+1)
+        BARRIER (barrier n+1, start) --Started--> RUNNING;  --SetupFailed--> ENDED
+        any --a stopping signal--> ends the job (never a restart)
+
+    SETUP and BARRIER are run by the shell in order (they block); a signal then
+    interrupts them (``Interrupt``).
+    """
+
+    SETUP = "setup"
+    RUNNING = "running"
+    GATHERING = "gathering"
+    STOPPING = "stopping"
+    BARRIER = "barrier"
+    ENDED = "ended"
+
+
+# Events: what happened ------------------------------------------------------------------------------
+
+
+@record
+class LocalExit:
+    """A local process ended; ``failure`` is the runner's description of a failed exit (None if it did not fail)."""
+
+    name: str
+    status: ExitStatus
+    at: float | None = None  # wall clock when its end was seen
+    failure: Outcome | None = None
+    attempt: int = 0  # the attempt it was started for: an earlier attempt's exit is stale
+
+
+@record
+class GotSignal:
+    signum: int
+
+
+@record
+class PartStopped:
+    """A runner's own report: this host's part of the job was stopped by a signal."""
+
+    signum: int
+    at: float | None = None
+
+
+@record
+class Started:
+    """Setup (or a restart's barrier) is over; ``primaries`` are the local processes whose ends end this host's part."""
+
+    primaries: tuple[str, ...]
+
+
+@record
+class SetupFailed:
+    """Setup failed (join, prepare, barrier, start); ``outcome`` names the cause."""
+
+    outcome: Outcome
+    at: float | None = None
+
+
+@record
+class Tick:
+    """Time passed with nothing else happening (the shell's wait for the next event timed out)."""
+
+
+@record
+class Progress:
+    """This host saw progress: an output line of one of its ranks, or a heartbeat file touched."""
+
+    heartbeat: bool = False
+    attempt: int = 0  # of the processes that made it: an earlier attempt's last words are not progress
+
+
+@record
+class StacksGathered:
+    """First host: every rank's stack it could get, from every host that answered in time."""
+
+    stacks: tuple[RankStack, ...]
+    missing: tuple[str, ...] = ()  # hosts that did not answer
+
+
+@record
+class PartEnded:
+    """This host's part of ``attempt`` is stopped (every local process gone), for a restart."""
+
+    attempt: int
+
+
+Event = Union[LocalExit, GotSignal, PartStopped, Started, SetupFailed, Tick, Progress, StacksGathered, PartEnded,
+              PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled, StacksWanted, Verdict]
+
+
+# Actions: what the shell does ------------------------------------------------------------------------
+
+
+@record
+class Forward:
+    """Pass a signal to this host's part of the job (``HostAgent.signal_job``)."""
+
+    signum: int
+
+
+@record
+class Interrupt:
+    """Abandon setup at once: a stopping signal arrived before the job started."""
+
+    signum: int
+
+
+@record
+class Announce:
+    """First host: tell every host the job's verdict."""
+
+    verdict: Verdict
+
+
+@record
+class Report:
+    """Other hosts: tell the first host this host failed, and when."""
+
+    reason: str
+    exit_code: int
+    at: float | None
+    attempt: int = 0
+    stopped: bool = False
+
+
+@record
+class ReportDone:
+    """Other hosts: tell the first host this host's part ended well."""
+
+    exit_code: int = 0
+
+
+@record
+class Finish:
+    """This host is done: ``outcome`` is its verdict."""
+
+    outcome: Outcome
+
+
+@record
+class ShareProgress:
+    """Other hosts: tell the first host this host saw progress."""
+
+    heartbeat: bool = False
+
+
+@record
+class GatherStacks:
+    """First host: read this host's ranks' stacks and ask every host for theirs; then ``StacksGathered``."""
+
+
+@record
+class SendStacks:
+    """Other hosts: read this host's ranks' stacks and send them to the first host."""
+
+
+@record
+class AnnounceRestart:
+    """First host: tell every host to stop its part and meet for ``attempt``."""
+
+    attempt: int
+    reason: str
+
+
+@record
+class StopPart:
+    """Stop this host's part of ``attempt`` (grace period, then kill); then ``PartEnded``."""
+
+    attempt: int
+
+
+@record
+class Rejoin:
+    """Meet every host at the barrier of ``attempt`` and start again; then ``Started`` or ``SetupFailed``."""
+
+    attempt: int
+    reason: str
+
+
+Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, GatherStacks, SendStacks,
+               AnnounceRestart, StopPart, Rejoin]

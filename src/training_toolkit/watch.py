@@ -1,0 +1,72 @@
+"""Progress, as the agent sees it without the script's help: output lines, and heartbeat files.
+
+``ProgressWatch`` turns both into ``Progress`` events at most once per
+``interval_s`` each, so a chatty script costs the agent's queue nothing: the
+relay threads only set a flag (``output_seen``), and one thread looks at the
+flag and at the heartbeat directory's files (a rank touches
+``$TRAINING_TOOLKIT_HEARTBEAT_DIR/<anything>``, from any language).
+
+Each event carries the attempt it belongs to: the last words of an attempt
+being stopped (mpirun's abort notice) must not count as the next attempt's
+progress, or its startup allowance would be cut short.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from queue import SimpleQueue
+
+from training_toolkit.agent_events import Progress
+
+INTERVAL_S = 0.5
+
+
+class ProgressWatch:
+    def __init__(self, events: SimpleQueue, heartbeat_dir: Path, interval_s: float = INTERVAL_S):
+        self._events = events
+        self._heartbeat_dir = heartbeat_dir
+        self._interval_s = interval_s
+        self._output: int | None = None  # the attempt of the last output seen since the last event
+        self._last_beat = 0
+        self.attempt = 0  # the attempt now running: the agent sets it when one starts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="progress-watch", daemon=True)
+        self._thread.start()
+
+    def output_seen(self, attempt: int) -> None:
+        """Called by a relay thread for every chunk that holds an end of line: one store, no lock.
+
+        ``attempt``: of the process that wrote it; the event carries it, and the step drops it if stale.
+        """
+        self._output = attempt
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            seen, self._output = self._output, None
+            if seen is not None:
+                self._events.put(Progress(False, seen))
+            beat = latest_mtime(self._heartbeat_dir)
+            if beat > self._last_beat:
+                self._last_beat = beat
+                self._events.put(Progress(True, self.attempt))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+
+def latest_mtime(directory: Path) -> int:
+    """The newest modification time (ns) of the files in ``directory``; 0 when there are none."""
+    latest = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    latest = max(latest, entry.stat(follow_symlinks=False).st_mtime_ns)
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return latest

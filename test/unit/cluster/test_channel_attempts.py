@@ -1,0 +1,120 @@
+"""The channel's part in restarts and stalls, over real sockets: attempts, progress, stacks."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from queue import SimpleQueue
+
+import pytest
+
+from training_toolkit.cluster import wire
+from training_toolkit.cluster.channel import ControlClient, ControlServer, PeerFailed
+from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
+from training_toolkit.errors import ClusterError
+SECRET = b"s" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(events, timeout=5.0):
+    return events.get(timeout=timeout)
+
+
+@pytest.fixture
+def job():
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, ["w1", "w2"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=2.0)
+    srv.start()
+    clients = []
+    for host in ("w1", "w2"):
+        client_events = SimpleQueue()
+        c = ControlClient(SECRET, host, "127.0.0.1", srv.port, client_events, heartbeat_s=0.1, timeout_s=2.0)
+        c.connect(5)
+        clients.append((c, client_events))
+    for c, _ in clients:
+        c.ready(0)
+    srv.wait_ready(5)
+    srv.release()
+    for c, _ in clients:
+        c.wait_go(5, 0)
+    yield srv, events, clients
+    for c, _ in clients:
+        c.close()
+    srv.close()
+
+
+def test_a_restart_reaches_every_host_and_the_next_barrier_counts_only_its_own_readies(job):
+    srv, events, [(c1, e1), (c2, e2)] = job
+    c1.failed("w1: boom", 1, attempt=0)
+    assert get(events).host == "w1"
+    srv.restart(1, "w1: boom")
+    assert get(e1) == RestartCalled(1, "w1: boom") and get(e2) == RestartCalled(1, "w1: boom")
+    c2.failed("w2: a consequence, sent late", 1, attempt=0)  # of the attempt that is over: no barrier failure
+    assert get(events) == PeerFailed("w2", "w2: a consequence, sent late", 1, attempt=0)
+    c1.ready(0)  # a stale ready does not count
+    with pytest.raises(ClusterError, match="joined but never ready: w1, w2"):
+        srv.wait_ready(0.5)
+    c1.ready(1)
+    c2.ready(1)
+    srv.wait_ready(5)
+    srv.release()
+    c1.wait_go(5, 1)
+    c2.wait_go(5, 1)
+
+
+def test_a_client_waits_for_the_go_of_its_own_attempt(job):
+    _, _, [(c1, _), _] = job
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="did not start the job"):
+        c1.wait_go(0.5, 1)  # the go of attempt 0 came before: not this one
+    assert time.monotonic() - t0 >= 0.5
+
+
+def test_progress_and_stops_are_told_to_the_first_host(job):
+    _, events, [(c1, _), (c2, _)] = job
+    c1.progress(False)
+    c2.progress(True)
+    assert {get(events), get(events)} == {PeerProgress("w1", False), PeerProgress("w2", True)}
+    c1.failed("w1: stopped by SIGTERM", 143, attempt=0, stopped=True)
+    assert get(events).stopped is True
+
+
+def test_stacks_are_asked_of_every_host_within_a_bound(job):
+    srv, _, [(c1, e1), (c2, e2)] = job
+    def answer_later():
+        assert get(e1) == StacksWanted()
+        c1.send_stacks([{"host": "w1", "rank": 0, "name": "rank 0", "note": "", "frames": []}])
+
+    threading.Thread(target=answer_later, daemon=True).start()
+    t0 = time.monotonic()
+    answers = srv.request_stacks(1.0)  # w2 never answers
+    assert 1.0 <= time.monotonic() - t0 < 3.0
+    assert answers == {"w1": [{"host": "w1", "rank": 0, "name": "rank 0", "note": "", "frames": []}]}
+    assert get(e2) == StacksWanted()
+
+
+def test_an_attempt_is_a_small_whole_number():
+    assert wire.attempt({}) == 0 and wire.attempt({"n": 3}) == 3
+    for bad in (-1, True, "1", 1.0, 10_001):
+        with pytest.raises(wire.FrameError, match="not an attempt number"):
+            wire.attempt({"n": bad})
+
+
+def test_at_a_barrier_the_earliest_failure_is_the_cause_not_the_first_report(job):
+    """The same rule as a running job's (decisions.root_cause): reports of earlier failures may arrive later."""
+    from training_toolkit.errors import JobFailed
+
+    srv, events, [(c1, _), (c2, _)] = job
+    srv.restart(1, "again")
+    now = time.time()
+    c1.failed("w1: a consequence", 69, at=now, attempt=1)
+    time.sleep(0.1)
+    c2.failed("w2: the cause", 66, at=now - 1.0, attempt=1)
+    with pytest.raises(JobFailed, match="w2: the cause"):
+        srv.wait_ready(5)

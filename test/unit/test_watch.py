@@ -1,0 +1,59 @@
+"""The progress watch with its real thread and real files: output and heartbeats become tagged events."""
+
+from __future__ import annotations
+
+import os
+import time
+from queue import Empty, SimpleQueue
+
+import pytest
+
+from training_toolkit.agent_events import Progress
+from training_toolkit.watch import ProgressWatch, latest_mtime
+
+
+def events_within(queue: SimpleQueue, seconds: float) -> list:
+    found, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            found.append(queue.get(timeout=max(0.0, end - time.monotonic())))
+        except Empty:
+            break
+    return found
+
+
+@pytest.fixture
+def watch(tmp_path):
+    queue: SimpleQueue = SimpleQueue()
+    w = ProgressWatch(queue, tmp_path, interval_s=0.05)
+    yield w, queue, tmp_path
+    w.close()
+
+
+def test_many_output_lines_make_one_event_per_interval_tagged_with_their_attempt(watch):
+    w, queue, _ = watch
+    for _ in range(10_000):
+        w.output_seen(0)
+    assert events_within(queue, 0.5) == [Progress(False, 0)]
+    w.attempt = 1
+    w.output_seen(0)  # the last words of attempt 0, seen while attempt 1 starts: still attempt 0's
+    assert events_within(queue, 0.5) == [Progress(False, 0)]
+
+
+def test_a_touched_file_is_a_heartbeat_of_the_running_attempt(watch):
+    w, queue, directory = watch
+    assert events_within(queue, 0.3) == []
+    w.attempt = 2
+    (directory / "rank-3").touch()
+    assert events_within(queue, 0.5) == [Progress(True, 2)]
+    assert events_within(queue, 0.3) == []  # untouched since: nothing more
+    later = time.time() + 5
+    os.utime(directory / "rank-3", (later, later))
+    assert events_within(queue, 0.5) == [Progress(True, 2)]
+
+
+def test_latest_mtime(tmp_path):
+    assert latest_mtime(tmp_path / "missing") == 0 and latest_mtime(tmp_path) == 0
+    (tmp_path / "a").touch()
+    os.utime(tmp_path / "a", ns=(5, 7_000_000_000))
+    assert latest_mtime(tmp_path) == 7_000_000_000
