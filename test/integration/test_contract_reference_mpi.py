@@ -53,7 +53,8 @@ RUNTIME_NAMES = {"HFI_NO_BACKTRACE", "IPATH_NO_BACKTRACE"}
 # What an ssh session adds to a remote rank of the reference (sshd, PAM, login): our ranks keep none of it.
 SESSION_NAMES = {"SSH_CLIENT", "SSH_CONNECTION", "USER", "LOGNAME", "MAIL", "SHELL", "MOTD_SHOWN", "SHLVL", "OLDPWD", "_"}
 # Ours only (docs/contract.md, "added variables"), and the platform's job secret, which ours removes ("job secret").
-OURS_ONLY = {"TRAINING_TOOLKIT_RANK_TAG", "TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_TOOLKIT_JOB_SECRET"}
+OURS_ONLY = {"TRAINING_TOOLKIT_RANK_TAG", "TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_TOOLKIT_JOB_SECRET",
+             "TRAINING_TOOLKIT_RESTART_COUNT"}
 # The first host's values that the reference forwards to every rank (docs/contract.md, "MPI ranks"): ours are each host's.
 HOST_SPECIFIC = {"SM_CURRENT_HOST", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV"}
 

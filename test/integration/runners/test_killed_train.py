@@ -69,12 +69,29 @@ def test_the_script_and_what_it_started_die_with_train(tmp_path):
     (job / "model").mkdir()
     train = subprocess.Popen(train_cmd() + ["--base-dir", str(job)], env=clean_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    wait_for_files([job / "model" / "started"])
-    held = pidfds(train.pid)
-    assert len(held) >= 5  # the script, sleep, sh, its sleep and its loop (the tripwire is not below the script)
-    train.kill()
-    train.wait()
-    print(f"\nlast process gone {wait_all_gone(held, 'single'):.3f} s after train")
+    held: dict[int, int] = {}
+    try:
+        wait_for_files([job / "model" / "started"])
+        deadline = time.monotonic() + 30  # the script, both sleeps and the loop: the last may still be forking
+        while not any(procfs.cmdline(p.pid) == "sleep 301" for p in procfs.descendants(train.pid)):
+            assert time.monotonic() < deadline, "the script's children never started"
+            time.sleep(0.02)
+        held = pidfds(train.pid)
+        train.kill()
+        train.wait()
+        print(f"\nlast process gone {wait_all_gone(held, 'single'):.3f} s after train")
+    finally:
+        _kill_tree(train)  # a failed assertion above must not leave the job for the next tests
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    for child in procfs.descendants(proc.pid):
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.kill()
+    proc.wait()
 
 
 @pytest.mark.root
