@@ -4,39 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from common import REPO
 
+sys.path.insert(0, str(REPO / "test"))
+from helpers.recorder import Recorder  # noqa: E402,F401 - the benches take it from here
+
 FIXTURES = REPO / "test" / "fixtures" / "scripts"
-
-
-class Recorder:
-    """The launcher's output, each line with its arrival (monotonic); echoed when ``echo``."""
-
-    def __init__(self, echo: bool = False):
-        self.lines: list[tuple[float, bytes]] = []
-        self._buf = b""
-        self._echo = echo
-
-    def write(self, data: bytes) -> int:
-        if self._echo:
-            sys.stdout.buffer.write(data)
-        self._buf += data
-        *done, self._buf = self._buf.split(b"\n")
-        now = time.monotonic()
-        self.lines += [(now, line) for line in done]
-        return len(data)
-
-    def flush(self) -> None:
-        sys.stdout.buffer.flush()
-
-    def last(self, marker: bytes) -> float:
-        return max(t for t, line in self.lines if marker in line)
-
-    def text(self) -> str:
-        return b"\n".join(line for _, line in self.lines).decode(errors="replace")
 
 
 def source(tmp: Path, *scripts: str) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.jobs import clean_env, train_cmd, write_job
+from helpers.recorder import Recorder
 from helpers.multihost import hps, rank_files, run, source_dir
 from helpers.paths import REPO
 from training_toolkit.errors import EXIT_STALLED
@@ -36,25 +37,6 @@ def last_output_time(lines: list[tuple[float, bytes]]) -> float:
     return max(t for t, line in lines if b"<stdout>:attempt " in line)  # rank 0's steps, tagged by mpirun
 
 
-class Recorder:
-    """The launcher's output, each line with when it arrived (monotonic)."""
-
-    def __init__(self):
-        self.lines: list[tuple[float, bytes]] = []
-        self._buf = b""
-
-    def write(self, data: bytes) -> int:
-        sys.stdout.buffer.write(data)
-        self._buf += data
-        *done, self._buf = self._buf.split(b"\n")
-        now = time.monotonic()
-        self.lines += [(now, line) for line in done]
-        return len(data)
-
-    def flush(self) -> None:
-        sys.stdout.buffer.flush()
-
-
 @pytest.mark.root
 @pytest.mark.mpi
 @pytest.mark.sshd
@@ -68,7 +50,7 @@ def test_a_hung_rank_ends_the_job_with_every_ranks_stack_without_ptrace(tmp_path
 
     src = source_dir(tmp_path, "mpi_stall.py")
     env = {"TRAINING_TOOLKIT_STALL_TIMEOUT": "10", "TRAINING_TOOLKIT_PY_SPY": "none", "STALL_RANK": "3"}
-    out = Recorder()
+    out = Recorder(echo=True)
     results = run_local(mpi_job(src, env, train=[*NO_PTRACE, *default_train()]), tmp_path / "cluster",
                         timeout_s=120, out=out)
     last = last_output_time(out.lines)
