@@ -6,8 +6,12 @@ For each N, one run of each, interleaved:
   up to the last process starting, and from then to the last host's exit;
 - an MPI job of N hosts x 1 rank (mpi4py allreduce) through ``run_local``, from the hosts being up
   to the last host's exit, beside a bare ``mpirun`` with the same options on a cluster of N hosts
-  prepared in advance (code in place, sshd up, one shared key): ``ours - bare`` is what the
-  toolkit costs, and ``per host`` divides it by N.
+  prepared in advance (code in place, sshd up, one shared key, no connection left open: the bare
+  mpirun logs in to every host itself): ``ours - bare`` is what the toolkit costs, and ``per host``
+  divides it by N;
+- the CPU time of each of those two (every process of the job, on every host, through a cgroup of
+  the benchmark's own: ``common.CpuMeter``), per host: unlike wall time, it does not move with
+  whatever else the machine runs.
 
 On this machine every host shares two cores, so per-host CPU shows as wall time; on real hosts
 most of it would run in parallel, except the first host's fan-in.  Needs root, Open MPI,
@@ -21,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import STAMP, LocalRun, stamps
+from common import STAMP, CpuMeter, LocalRun, stamps
 from mpi_job import ALLREDUCE, bare, prepare
 
 from training_toolkit.local.launcher import LocalJob
@@ -48,6 +52,30 @@ def main() -> None:
     tags: list[str] = []
     rows = []
     left: list[str] = []
+    meter = CpuMeter()
+    try:
+        measure(sizes, meter, tags, rows, left)
+    finally:
+        meter.close()
+    left += [item for tag in tags for item in leftovers(tag)]
+    print("\n| hosts | start to barrier | barrier to verdict | MPI job, ours | bare mpirun | ours - bare | per host "
+          "| CPU per host, ours | bare | ours - bare |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n, barrier, verdict, ours, bare_s, cpu_ours, cpu_bare in rows:
+        print(f"| {n} | {barrier:.2f} s | {verdict:.2f} s | {ours:.2f} s | {bare_s:.2f} s | {ours - bare_s:.2f} s "
+              f"| {(ours - bare_s) / n * 1000:.0f} ms | {cpu(cpu_ours, n)} | {cpu(cpu_bare, n)} "
+              f"| {cpu(cpu_ours - cpu_bare if cpu_ours is not None else None, n)} |")
+    print("nothing left running" if not left else f"LEFT BEHIND: {left}")
+    if left:
+        raise SystemExit(1)
+
+
+def cpu(seconds: float | None, n: int) -> str:
+    return "n/a (no cpuacct cgroup)" if seconds is None else f"{seconds / n * 1000:.0f} ms"
+
+
+def measure(sizes: list[int], meter: CpuMeter, tags: list[str], rows: list, left: list[str]) -> None:
+    """One launcher job, one MPI job through run_local and one bare mpirun per size, each timed and metered."""
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
@@ -59,29 +87,28 @@ def main() -> None:
             starts = stamps(run.results)
             barrier = max(starts) - run.hosts_up
             verdict = run.last_exit - max(starts)
-            mpi = LocalRun(mpi_job(src, n), Path(tmp) / f"mpi-{n}", tags, timeout_s=600)
+            # CPU from the hosts being up (the platform's part done) to run_local's return, teardown included.
+            at_up: list[float | None] = []
+            mpi = LocalRun(mpi_job(src, n), Path(tmp) / f"mpi-{n}", tags, timeout_s=600,
+                           before_start=lambda _cluster: at_up.append(meter.seconds()))
+            cpu_ours = None if at_up[0] is None else meter.seconds() - at_up[0]
             mpi.check(f"mpi on {n} hosts")
             ours = mpi.last_exit - mpi.hosts_up
             prepared = NamespaceCluster(hosts(n), Path(tmp) / f"prepared-{n}")
             try:
                 prepared.start()
-                bare_s = bare(prepared, prepare(prepared, src), "allreduce.py")
+                mpirun = prepare(prepared, src)
+                before = meter.seconds()
+                bare_s = bare(prepared, mpirun, "allreduce.py")
+                cpu_bare = None if before is None else meter.seconds() - before
             finally:
                 prepared.close()
                 left += prepared.leftovers()
-            rows.append((n, barrier, verdict, ours, bare_s))
+            rows.append((n, barrier, verdict, ours, bare_s, cpu_ours, cpu_bare))
             print(f"N={n:3d}: start to barrier {barrier:6.2f} s, barrier to verdict {verdict:5.2f} s; "
                   f"MPI job ours {ours:6.2f} s, bare {bare_s:6.2f} s, ours - bare {ours - bare_s:5.2f} s "
-                  f"({(ours - bare_s) / n * 1000:4.0f} ms per host)", flush=True)
-    left += [item for tag in tags for item in leftovers(tag)]
-    print("\n| hosts | start to barrier | barrier to verdict | MPI job, ours | bare mpirun | ours - bare | per host |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for n, barrier, verdict, ours, bare_s in rows:
-        print(f"| {n} | {barrier:.2f} s | {verdict:.2f} s | {ours:.2f} s | {bare_s:.2f} s | {ours - bare_s:.2f} s "
-              f"| {(ours - bare_s) / n * 1000:.0f} ms |")
-    print("nothing left running" if not left else f"LEFT BEHIND: {left}")
-    if left:
-        raise SystemExit(1)
+                  f"({(ours - bare_s) / n * 1000:4.0f} ms per host); CPU per host ours {cpu(cpu_ours, n)}, "
+                  f"bare {cpu(cpu_bare, n)}", flush=True)
 
 
 if __name__ == "__main__":

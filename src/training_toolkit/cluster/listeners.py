@@ -56,30 +56,40 @@ def parse_table(text: str) -> list[TcpSocket]:
     return rows
 
 
-def listening_inodes() -> set[int]:
+def diag_socket() -> socket.socket:
+    """A sock_diag netlink socket for ``listening_inodes``: one per guard, kept, not one per look."""
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+
+
+def listening_inodes(nl: socket.socket | None = None) -> set[int]:
     """The inodes of every listening TCP socket of this process's network namespace (sock_diag netlink).
 
     A cheap first look, many times a second: the kernel walks only its
     listening hash, where reading /proc/net/tcp walks the whole established
     hash (about 15 ms per read on this kernel, whatever the namespace holds).
+    ``nl``: a ``diag_socket()`` to ask through (a new one, closed after, when
+    None); each request reads to its ``NLMSG_DONE``, so the socket is ready for
+    the next.
     """
+    if nl is None:
+        with diag_socket() as fresh:
+            return listening_inodes(fresh)
     found: set[int] = set()
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            request = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << 10)  # states: TCP_LISTEN
-            header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
-            nl.send(header + request)
-            done = False
-            while not done:
-                data = nl.recv(65536)
-                offset = 0
-                while offset + 16 <= len(data):
-                    length, kind = struct.unpack_from("=IH", data, offset)
-                    if kind in (_NLMSG_DONE, _NLMSG_ERROR) or length < 16:
-                        done = True
-                        break
-                    found.add(struct.unpack_from("=I", data, offset + 16 + 68)[0])  # inet_diag_msg.idiag_inode
-                    offset += (length + 3) & ~3
+    for family in (socket.AF_INET, socket.AF_INET6):
+        request = struct.pack("=BBBBI48x", family, socket.IPPROTO_TCP, 0, 0, 1 << 10)  # states: TCP_LISTEN
+        header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+        nl.send(header + request)
+        done = False
+        while not done:
+            data = nl.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind in (_NLMSG_DONE, _NLMSG_ERROR) or length < 16:
+                    done = True
+                    break
+                found.add(struct.unpack_from("=I", data, offset + 16 + 68)[0])  # inet_diag_msg.idiag_inode
+                offset += (length + 3) & ~3
     return found
 
 

@@ -121,12 +121,37 @@ def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_co
         mark = f"{pair.client.directory}/cm-"
         masters = [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
         assert len(masters) == 1
-        sessions_before = len(procfs.descendants(sshd.pid))
+        # One process per connection, forked by sshd at accept: settled once the probe has logged in
+        # (its session's own processes are not, with nothing to run).
+        connections = psutil.Process(sshd.pid).children
+        connections_before = len(connections())
         assert run_ssh(pair.client, HOST, "true").returncode == 0  # over the shared connection
-        assert len(procfs.descendants(sshd.pid)) == sessions_before  # no new connection on the server
+        assert len(connections()) == connections_before  # no new connection on the server
         assert end_connections(pair.client) == masters
         assert not [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
     shutil.rmtree(short)
+
+
+def test_the_probe_runs_nothing_on_the_peer_and_a_probe_without_a_shared_connection_runs_true(tmp_path):
+    """No session, so no login shell (a root .bashrc can cost more than the login): shown by a forced command."""
+    from training_toolkit.cluster.ssh import end_connections
+
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # room for a socket path
+    long = tmp_path / ("x" * 80)  # none
+    try:
+        for base, probed_runs in ((short, False), (long, True)):
+            pair = setup(base, free_port())
+            marker = base / "ran"
+            keys = pair.server.authorized_keys
+            keys.write_text(keys.read_text().replace("restrict ", f'restrict,command="touch {marker}" ', 1))
+            with Sshd(pair.server):
+                wait_for_ssh(pair.client, [HOST], deadline_s=15)
+                assert marker.exists() is probed_runs, pair.client.control_path
+                assert run_ssh(pair.client, HOST, "true").returncode == 0
+                assert marker.exists()  # a session does run the forced command: the check can fail
+                end_connections(pair.client)
+    finally:
+        shutil.rmtree(short)
 
 
 def test_wait_for_ssh_returns_once_every_name_answers(tmp_path):

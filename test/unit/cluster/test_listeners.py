@@ -31,6 +31,8 @@ def test_this_process_listener_is_found_by_inode_and_fd():
         mine = [inode for inode, fd in fds.items() if fd == server.fileno()]
         assert len(mine) == 1 and rows[mine[0]] == TcpSocket(mine[0], "0A", ("127.0.0.1", port), ("0.0.0.0", 0))
         assert mine[0] in listeners.listening_inodes()  # netlink's answer names the same socket
+        with listeners.diag_socket() as nl:  # and a kept socket answers every request in full
+            assert all(mine[0] in listeners.listening_inodes(nl) for _ in range(3))
         with listeners.take(os.getpid(), server.fileno()) as copy:
             assert copy.getsockname() == ("127.0.0.1", port)
     assert listeners.tcp_sockets(2**22 + 1) == {} and listeners.socket_fds(2**22 + 1) == {}  # no such process
@@ -139,3 +141,13 @@ def test_the_guard_is_off_with_one_line_when_a_host_does_not_resolve(monkeypatch
     assert capsys.readouterr().err == ("training-toolkit: listener guard off: algo-2 does not resolve here; the job's "
                                        "listeners stay open to the whole network (docs/security.md)\n")
     assert start_guard(None, ["algo-1"]) is None
+
+
+def test_the_guard_looks_fast_while_listeners_appear_and_slowly_once_none_has_for_a_while():
+    from training_toolkit.cluster.guard import FAST_S, SETTLE_S, SLOW_S, look_interval
+
+    assert (FAST_S, SLOW_S, SETTLE_S) == (0.02, 0.25, 10.0)
+    assert look_interval(0.0) == 0.02
+    assert look_interval(9.99) == 0.02
+    assert look_interval(10.0) == 0.25
+    assert look_interval(3600.0) == 0.25

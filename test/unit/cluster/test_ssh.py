@@ -316,3 +316,14 @@ def test_load_keys_accepts_other_key_types_and_crlf(tmp_path):
     (mounted / "id_ed25519").write_bytes(private.replace(b"\n", b"\r\n"))
     (mounted / "id_ed25519.pub").write_text(public + " someone@laptop\r\n")
     assert load_keys(mounted).client.private == private
+
+
+def test_the_probe_opens_the_shared_connection_with_no_command_and_runs_true_where_there_can_be_none():
+    from training_toolkit.cluster.ssh.probe import probe_target
+
+    short = SshLayout(Path("/run/training-toolkit-ssh-abc"), 22)
+    assert short.control_path == "/run/training-toolkit-ssh-abc/cm-%C"
+    assert probe_target(short, "algo-2") == ["-S", "/run/training-toolkit-ssh-abc/cm-%C", "-N", "algo-2"]
+    long = SshLayout(Path("/tmp/" + "d" * 50), 22)  # 56 + 4 + 40 + 17 bytes: no room for the socket
+    assert long.control_path is None
+    assert probe_target(long, "algo-2") == ["algo-2", "true"]

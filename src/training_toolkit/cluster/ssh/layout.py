@@ -77,6 +77,12 @@ class SshLayout:
     def sshd_log(self) -> Path:
         return self.directory / "sshd.log"
 
+    @property
+    def control_path(self) -> str | None:
+        """The shared connections' socket pattern, or None where the directory's path is too long for one."""
+        control = str(self.directory / "cm-%C")
+        return control if _socket_path_fits(control) else None
+
 
 def new_ssh_dir(parent: Path | None = None) -> Path:
     """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there."""
@@ -121,9 +127,8 @@ def write_client_side(
     known_hosts = render_known_hosts(host_keys, port=port, aliases=aliases)
     _write_file(layout.client_key, client_key.private, 0o600)
     _write_file(layout.known_hosts, known_hosts.encode(), 0o600)
-    control = str(layout.directory / "cm-%C")
     config = render_ssh_config(identity_file=layout.client_key, known_hosts=layout.known_hosts, port=port,
-                               control_path=control if _socket_path_fits(control) else None)
+                               control_path=layout.control_path)
     _write_file(layout.ssh_config, config.encode(), 0o600)
     return layout
 

@@ -40,14 +40,31 @@ def wait_for_ssh(
     prefix = ssh_command(layout, ssh=ssh)
     workers = max(1, min(len(hosts), max_parallel))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh-probe") as pool:
-        errors = list(pool.map(lambda host: _probe_until(prefix, host, deadline, per_try_timeout_s), hosts))
+        errors = list(pool.map(lambda host: _probe_until(prefix, probe_target(layout, host), deadline, per_try_timeout_s),
+                               hosts))
     failures = {host: error for host, error in zip(hosts, errors) if error is not None}
     if failures:
         raise SshUnreachable(failures, deadline_s, len(hosts))
 
 
-def _probe_until(prefix: Sequence[str], host: str, deadline: float, per_try_timeout_s: float) -> str | None:
-    """Probe one host until it answers (None) or the deadline passes (its last error)."""
+def probe_target(layout: SshLayout, host: str) -> list[str]:
+    """What the probe asks of ``host``: a login that runs nothing, kept as the shared connection when there is one.
+
+    With a control path, ``-N`` under ``ControlPersist`` returns once the
+    key is accepted and leaves the connection open for mpirun's sessions: no
+    command, so no login shell runs on the peer (a root ``.bashrc`` can cost
+    more than the login itself).  ``-S`` repeats the config's path so the
+    connection's command line names the job's directory, which is how
+    ``end_connections`` finds it.  Without one (a directory too long for a
+    socket), ``-N`` would never return: the probe runs ``true``.
+    """
+    if layout.control_path is None:
+        return [host, "true"]
+    return ["-S", layout.control_path, "-N", host]
+
+
+def _probe_until(prefix: Sequence[str], target: Sequence[str], deadline: float, per_try_timeout_s: float) -> str | None:
+    """Probe one host (``target``'s host) until it answers (None) or the deadline passes (its last error)."""
     last_error: str | None = None
     backoff = 0.1
     while True:
@@ -55,7 +72,7 @@ def _probe_until(prefix: Sequence[str], host: str, deadline: float, per_try_time
         if remaining <= 0:
             return last_error or "not tried before the deadline"
         timeout = min(per_try_timeout_s, remaining)
-        error, timed_out = _probe_once(prefix, host, timeout)
+        error, timed_out = _probe_once(prefix, target, timeout)
         if error is None:
             return None
         # A try the deadline cut short says less than a real error seen before it.
@@ -68,10 +85,10 @@ def _probe_until(prefix: Sequence[str], host: str, deadline: float, per_try_time
         backoff = min(backoff * 2, 1.0)
 
 
-def _probe_once(prefix: Sequence[str], host: str, timeout_s: float) -> tuple[str | None, bool]:
-    """One ``ssh host true``: (None, False) on success, else (last error line, whether it timed out)."""
+def _probe_once(prefix: Sequence[str], target: Sequence[str], timeout_s: float) -> tuple[str | None, bool]:
+    """One login: (None, False) on success, else (last error line, whether it timed out)."""
     connect_timeout = max(1, math.ceil(timeout_s))
-    argv = [*prefix, "-o", f"ConnectTimeout={connect_timeout}", host, "true"]
+    argv = [*prefix, "-o", f"ConnectTimeout={connect_timeout}", *target]
     try:
         proc = subprocess.Popen(
             argv,
