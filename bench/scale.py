@@ -90,7 +90,7 @@ def measure(sizes: list[int], meter: CpuMeter, tags: list[str], rows: list, left
             # CPU from the hosts being up (the platform's part done) to run_local's return, teardown included.
             at_up: list[float | None] = []
             mpi = LocalRun(mpi_job(src, n), Path(tmp) / f"mpi-{n}", tags, timeout_s=600,
-                           before_start=lambda _cluster: at_up.append(meter.seconds()))
+                           before_start=lambda _cluster, at_up=at_up: at_up.append(meter.seconds()))
             cpu_ours = None if at_up[0] is None else meter.seconds() - at_up[0]
             mpi.check(f"mpi on {n} hosts")
             ours = mpi.last_exit - mpi.hosts_up

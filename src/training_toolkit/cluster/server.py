@@ -190,10 +190,15 @@ class ControlServer:
         # Seated only once it can sign: a broadcast never reaches a half-joined link.
         with self._state:
             self._joining.discard(host)
-            stale = self._links.get(host)
-            self._links[host] = link
-            self.introductions[host] = introduction
-            verdict = self._verdict
+            # close() sets the flag, then closes the links it finds seated: one seated after that is ended here.
+            over = self._closed.is_set()
+            if not over:
+                stale = self._links.get(host)
+                self._links[host] = link
+                self.introductions[host] = introduction
+                verdict = self._verdict
+        if over:
+            raise Refused("the job is over")
         if verdict is not None:  # a late joiner learns at once that the job is over
             link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
