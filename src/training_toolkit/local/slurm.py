@@ -139,16 +139,19 @@ class SlurmCluster:
     def _wait_for_munge(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for host in self.cluster.hosts:
-            while True:
-                probe = self.cluster.run(host.name, ["sh", "-c", "munge -n | unmunge"], timeout=20,
-                                         env=self.env(), capture_output=True, text=True)
-                if probe.returncode == 0:
-                    break
-                self.check_daemons()
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"munged on {host.name} never answered: {probe.stderr.strip()} "
-                                       f"(log: {self.logs / f'munged-{host.name}.log'})")
-                time.sleep(0.2)
+            self.until_answers(["sh", "-c", "munge -n | unmunge"], host.name, deadline, f"munged on {host.name}",
+                               self.logs / f"munged-{host.name}.log")
+
+    def until_answers(self, argv: Sequence[str], host: str, deadline: float, what: str, log: Path) -> None:
+        """Run ``argv`` in ``host`` until it succeeds; a daemon's death or ``deadline`` ends the wait, named."""
+        while True:
+            probe = self.run(argv, host=host, timeout=20)
+            if probe.returncode == 0:
+                return
+            self.check_daemons()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what} never answered: {probe.stderr.strip()[-300:]} (log: {log})")
+            time.sleep(0.2)
 
     def _wait_for_idle(self) -> None:
         """Until sinfo shows every node idle; names the nodes that are not, with the daemons' logs."""

@@ -65,13 +65,4 @@ def start(slurm, timeout_s: float = 90.0) -> None:
 
 
 def _until(slurm, argv: list[str], host: str, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        probe = slurm.run(argv, host=host, timeout=30)
-        if probe.returncode == 0:
-            return
-        slurm.check_daemons()
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what} did not answer within {timeout_s:g} s: {probe.stderr.strip()[-300:]} "
-                               f"(logs in {slurm.logs})")
-        time.sleep(0.2)
+    slurm.until_answers(argv, host, time.monotonic() + timeout_s, what, slurm.logs)
