@@ -84,6 +84,13 @@ class CpuMeter:
     def seconds(self) -> float | None:
         return int((self.group / "cpuacct.usage").read_text()) / 1e9 if self.group else None
 
+    def exclude_this_thread(self) -> None:
+        """Meter no more of the calling thread (a sampler's own work); v1 groups hold threads, not only processes."""
+        if self.group is not None:
+            import threading
+
+            (self.ROOT / "tasks").write_text(str(threading.get_native_id()))
+
     def close(self) -> None:
         if self.group is None:
             return
