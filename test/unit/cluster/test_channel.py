@@ -246,7 +246,7 @@ def test_late_joiner_gets_the_verdict(server):
 # Without a platform secret: seats by address; introductions; an outsider's attempts --------------------
 
 
-def eventually(condition, timeout_s: float = 3.0) -> bool:
+def eventually(condition, timeout_s: float = 10.0) -> bool:
     """Whether ``condition`` holds within ``timeout_s`` (polled): for what another thread writes."""
     end = time.monotonic() + timeout_s
     while not condition():
@@ -352,7 +352,7 @@ def test_garbage_is_refused_with_one_line_and_the_job_goes_on(payload):
     lines = []
     srv, events = table_server(LOOPBACK, lines)
     try:
-        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=3)
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         raw.recv(4096)  # the challenge
         try:
             raw.sendall(payload)
@@ -361,12 +361,14 @@ def test_garbage_is_refused_with_one_line_and_the_job_goes_on(payload):
         except OSError:
             pass
         raw.close()
+        # the refusal is logged before the server closes: a join still being read at close() is dropped
+        # without a line (this read 0 lines when a loaded machine kept the reader past raw's timeout)
+        assert eventually(lambda: any("refused" in line for line in lines), timeout_s=20), lines
         good = ControlClient(None, "w1", "127.0.0.1", srv.port, SimpleQueue())
         good.connect(10)
         good.close()
     finally:
         srv.close()
-    eventually(lambda: any("refused" in line for line in lines))
     refusals = [line for line in lines if "refused" in line]
     assert len(refusals) == 1 and "\n" not in refusals[0], lines
 
