@@ -161,12 +161,15 @@ class ListenerGuard:
         """
         if self.unavailable is not None:
             return False
+        if nl is None:
+            with listeners.diag_socket() as fresh:
+                return self.sweep(fresh)
         if self.cut_only:
-            self._cut_new_connections()
+            self._cut_new_connections(nl)
         new = listeners.listening_inodes(nl) - self._seen
         if not new:
             return False
-        table = listeners.tcp_sockets(self.root)
+        table = listeners.tcp_sockets(nl)
         for pid in procfs.tree(self.root):
             fds = listeners.socket_fds(pid)
             if new.isdisjoint(fds):
@@ -217,7 +220,7 @@ class ListenerGuard:
         self.guarded.add(action.inode)
 
 
-    def _cut_new_connections(self) -> None:
+    def _cut_new_connections(self, nl: socket.socket) -> None:
         """Without filters: a new socket of a watched process is looked at, and cut if an outsider's."""
         for pid, known in list(self._watched.items()):
             fds = listeners.socket_fds(pid)
@@ -227,7 +230,7 @@ class ListenerGuard:
             if fds.keys() <= known:
                 continue
             self._watched[pid] = set(fds)
-            table = listeners.tcp_sockets(self.root)
+            table = listeners.tcp_sockets(nl)
             ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
             for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
                 if isinstance(action, Cut):

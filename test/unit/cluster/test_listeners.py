@@ -1,41 +1,58 @@
-"""Reading /proc's TCP tables, and the guard's decision over them (pure, exact)."""
+"""The namespace's TCP sockets as the kernel gives them (sock_diag), and the guard's decision over them (pure, exact)."""
 
+import os
 import socket
+import struct
 import sys
 
 from training_toolkit.cluster import listeners
 from training_toolkit.cluster.guard import Attach, Cut, sweep_actions
-from training_toolkit.cluster.listeners import TcpSocket
-
-LITTLE = sys.byteorder == "little"
+from training_toolkit.cluster.listeners import ESTABLISHED, LISTEN, TcpSocket
 
 
-def test_addresses_as_the_kernel_prints_them():
-    assert listeners.parse_address("0100007F:1F90" if LITTLE else "7F000001:1F90") == ("127.0.0.1", 8080)
-    assert listeners.parse_address("0C0200C0:0016" if LITTLE else "C000020C:0016") == ("192.0.2.12", 22)
-    v6_loopback = "00000000000000000000000001000000" if LITTLE else "00000000000000000000000000000001"
-    assert listeners.parse_address(f"{v6_loopback}:0050") == ("::1", 80)
-    mapped = "0000000000000000FFFF00000C0200C0" if LITTLE else "00000000000000000000FFFFC000020C"
-    assert listeners.parse_address(f"{mapped}:7A69") == ("192.0.2.12", 31337)
+
+def diag_message(family, state, local, remote, inode):
+    """An ``inet_diag_msg`` as the kernel writes it (linux/inet_diag.h): 72 bytes, ports and addresses in network order."""
+    def packed(address):
+        raw = socket.inet_pton(family, address)
+        return raw + bytes(16 - len(raw))
+    return (struct.pack("=BBBB", family, state, 0, 0) + struct.pack("!HH", local[1], remote[1]) + packed(local[0])
+            + packed(remote[0]) + bytes(12) + struct.pack("=IIIII", 0, 0, 0, 0, inode))  # interface, cookie; expires, queues, uid
 
 
-def test_this_process_listener_is_found_by_inode_and_fd():
-    with socket.socket() as server:
+def test_the_kernels_rows_are_read_as_it_writes_them():
+    assert listeners.decode(diag_message(socket.AF_INET, LISTEN, ("127.0.0.1", 8080), ("0.0.0.0", 0), 77)) == \
+        TcpSocket(77, LISTEN, ("127.0.0.1", 8080), ("0.0.0.0", 0))
+    assert listeners.decode(diag_message(socket.AF_INET6, ESTABLISHED, ("::1", 80), ("fe80::1", 31337), 78)) == \
+        TcpSocket(78, ESTABLISHED, ("::1", 80), ("fe80::1", 31337))
+    # an IPv4 peer of a dual-stack listener is the IPv4 address the guard's rules name
+    assert listeners.decode(diag_message(socket.AF_INET6, ESTABLISHED, ("::ffff:192.0.2.11", 40000),
+                                         ("::ffff:192.0.2.99", 6666), 79)).remote == ("192.0.2.99", 6666)
+
+
+def test_this_process_sockets_are_found_by_inode_and_fd():
+    with socket.socket() as server, socket.socket() as client:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        import os
-
-        fds = listeners.socket_fds(os.getpid())
-        rows = listeners.tcp_sockets(os.getpid())
-        mine = [inode for inode, fd in fds.items() if fd == server.fileno()]
-        assert len(mine) == 1 and rows[mine[0]] == TcpSocket(mine[0], "0A", ("127.0.0.1", port), ("0.0.0.0", 0))
-        assert mine[0] in listeners.listening_inodes()  # netlink's answer names the same socket
-        with listeners.diag_socket() as nl:  # and a kept socket answers every request in full
-            assert all(mine[0] in listeners.listening_inodes(nl) for _ in range(3))
-        with listeners.take(os.getpid(), server.fileno()) as copy:
-            assert copy.getsockname() == ("127.0.0.1", port)
-    assert listeners.tcp_sockets(2**22 + 1) == {} and listeners.socket_fds(2**22 + 1) == {}  # no such process
+        client.connect(("127.0.0.1", port))
+        accepted, peer = server.accept()
+        with accepted:
+            fds = listeners.socket_fds(os.getpid())
+            inode = {fd: i for i, fd in fds.items()}
+            with listeners.diag_socket() as nl:  # a kept socket answers every request in full
+                for _ in range(3):
+                    rows = listeners.tcp_sockets(nl)
+                    assert rows[inode[server.fileno()]] == TcpSocket(inode[server.fileno()], LISTEN, ("127.0.0.1", port),
+                                                                     ("0.0.0.0", 0))
+                    assert rows[inode[accepted.fileno()]] == TcpSocket(inode[accepted.fileno()], ESTABLISHED,
+                                                                       ("127.0.0.1", port), peer)
+                    assert inode[server.fileno()] in listeners.listening_inodes(nl)
+                    assert inode[accepted.fileno()] not in listeners.listening_inodes(nl)
+            assert inode[server.fileno()] in listeners.listening_inodes()  # a socket of its own when none is given
+            with listeners.take(os.getpid(), server.fileno()) as copy:
+                assert copy.getsockname() == ("127.0.0.1", port)
+    assert listeners.socket_fds(2**22 + 1) == {}  # no such process
 
 
 def row(inode, state, local, remote=("0.0.0.0", 0)):
@@ -43,13 +60,13 @@ def row(inode, state, local, remote=("0.0.0.0", 0)):
 
 
 SOCKETS = {
-    10: row(10, "0A", ("0.0.0.0", 40000)),  # the daemon's listener
-    11: row(11, "0A", ("::", 40001)),  # its IPv6 one
-    12: row(12, "01", ("192.0.2.11", 40000), ("192.0.2.12", 5555)),  # a job host, accepted
-    13: row(13, "01", ("192.0.2.11", 40000), ("192.0.2.99", 6666)),  # an outsider, accepted
-    14: row(14, "01", ("192.0.2.11", 50000), ("192.0.2.99", 443)),  # its own outgoing connection
-    15: row(15, "01", ("127.0.0.1", 40000), ("127.0.0.1", 7777)),  # loopback, accepted
-    16: row(16, "0A", ("0.0.0.0", 8080)),  # a listener of another process
+    10: row(10, LISTEN, ("0.0.0.0", 40000)),  # the daemon's listener
+    11: row(11, LISTEN, ("::", 40001)),  # its IPv6 one
+    12: row(12, ESTABLISHED, ("192.0.2.11", 40000), ("192.0.2.12", 5555)),  # a job host, accepted
+    13: row(13, ESTABLISHED, ("192.0.2.11", 40000), ("192.0.2.99", 6666)),  # an outsider, accepted
+    14: row(14, ESTABLISHED, ("192.0.2.11", 50000), ("192.0.2.99", 443)),  # its own outgoing connection
+    15: row(15, ESTABLISHED, ("127.0.0.1", 40000), ("127.0.0.1", 7777)),  # loopback, accepted
+    16: row(16, LISTEN, ("0.0.0.0", 8080)),  # a listener of another process
 }
 FDS = {10: 3, 11: 4, 12: 5, 13: 6, 14: 7, 15: 8}
 ALLOWED = {"192.0.2.11", "192.0.2.12"}
