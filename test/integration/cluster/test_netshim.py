@@ -1,0 +1,122 @@
+"""The accept() shim on a real 2-host MPI job whose hosts cannot attach socket filters (as in a container).
+
+Every host's ``train`` runs without CAP_NET_ADMIN in its bounding set (``setpriv``), so
+the kernel refuses the listener guard's filters exactly as in a Docker or podman
+container, and the guard falls back to cutting connections when it sees them
+(20-250 ms later).  While the job runs, an outsider on the job's bridge replays
+algo-2's orted connect to mpirun (read off the bridge), then holds a connection to
+every listener of both hosts and sends 4 KiB of garbage to each.  With the shim
+(the default) the job succeeds and ends as soon as its ranks do, with no complaint
+of Open MPI in its output; with ``TRAINING_TOOLKIT_NETSHIM=off`` the replay reaches
+mpirun in the guard's window and the job dies (exit 205), which shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers.capture import on_bridge, segments
+from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
+from helpers.outsider import listeners, mpi_host_ready, targets
+from training_toolkit.local.launcher import LocalJob, default_train, run_local
+
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
+
+HOSTS = ("algo-1", "algo-2")
+NO_NET_ADMIN = ("setpriv", "--bounding-set", "-net_admin", "--")  # what docker's and podman's defaults leave out
+# what Open MPI says when something it did not expect reached its runtime or BTL (seen without the shim)
+COMPLAINTS = ("oob", "btl", "ORTE", "orted", "unexpected", "lost communication", "identifier", "mca_")
+
+
+def attack(cluster, go, workdir, state: dict) -> None:
+    """In a thread: replay algo-2's daemon connect to mpirun, then hold and garble every listener; then ``go``."""
+    capture = state["capture"] = on_bridge(cluster).start()
+    master, worker = cluster.host("algo-1").address, cluster.host("algo-2").address
+    env = {"PATH": os.environ["PATH"]}
+
+    def run() -> None:
+        try:
+            deadline = time.monotonic() + 90
+            found, sent = None, []
+            while time.monotonic() < deadline and not (found and sent):
+                time.sleep(0.2)
+                found = targets(cluster, HOSTS, lambda ports: mpi_host_ready(ports, True))
+                mpirun = {port for _, port, program in listeners(cluster, "algo-1") if program == "mpirun"}
+                sent = [s for s in segments(capture.frames)
+                        if s["src"] == worker and s["dst"] == master and s["dport"] in mpirun]
+            if not (found and sent):
+                state["error"] = "no daemon connect to replay, or the job's listeners never all appeared"
+                return
+            state["payload"] = sent[0]
+            replay = cluster.popen("stranger", [sys.executable, str(FIXTURES / "replay.py"), master,
+                                                str(sent[0]["dport"]), sent[0]["payload"].hex(),
+                                                str(workdir / "replay.json")], env=env)
+            replay.wait(timeout=30)
+            (workdir / "targets.json").write_text(json.dumps(found))
+            state["proc"] = cluster.popen("stranger", [sys.executable, str(FIXTURES / "port_outsider.py"),
+                                                       str(workdir / "targets.json"), str(workdir / "ports.json"),
+                                                       "5"], env=env)
+            deadline = time.monotonic() + 60
+            while not (workdir / "ports.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # anything the runtime or the BTL read has had time to do its harm
+        finally:
+            go.write_text("go")
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.parametrize("shim", ["on", "off"])
+def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, shim):
+    go = tmp_path / "go"
+    src = source_dir(tmp_path, "hold_until.py")
+    job = LocalJob(hosts=HOSTS, hyperparameters=hps("hold_until.py", src, sagemaker_mpi_enabled=True,
+                                                    sagemaker_mpi_num_of_processes_per_host=1, until=str(go)),
+                   env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_NETSHIM": shim},
+                   train=(*NO_NET_ADMIN, *default_train()), outsiders=("stranger",))
+    state: dict = {}
+    out = io.BytesIO()
+    try:
+        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out,
+                            before_start=lambda cluster: attack(cluster, go, tmp_path, state))
+    finally:
+        if "capture" in state:
+            state["capture"].stop()
+        if "proc" in state:
+            state["proc"].kill()
+            state["proc"].wait()
+    log = out.getvalue().decode(errors="replace")
+    assert "error" not in state, (state["error"], log[-3000:])
+    assert "cannot attach a socket filter" in log, log[-3000:]  # the guard could only cut, as in a container
+    replayed = json.loads((tmp_path / "replay.json").read_text())
+    print(f"shim {shim}: replay {replayed}; exit codes {[r.exit_code for r in results]}")
+    if shim == "off":
+        assert [r.exit_code for r in results] == [205, 205], ([r.failure for r in results], log[-3000:])
+        assert not ours_running()
+        return
+    assert [r.exit_code for r in results] == [0, 0], ([r.failure for r in results], log[-3000:])
+    # connected (the kernel completes it), then closed by the shim before mpirun read a byte
+    assert "answered 0 bytes" in replayed["replay"] or "ConnectionReset" in replayed["replay"], replayed
+    tried = json.loads((tmp_path / "ports.json").read_text())
+    assert len(tried) > 4, tried  # both hosts' runtime, BTL and sshd listeners, over IPv4 and IPv6
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1] and all(info["waited"] for info in ranks.values()), ranks
+    late = max(r.ended_at for r in results) - max(info["exited_at"] for info in ranks.values())
+    print(f"last rank to last host's end {late:.2f} s")
+    # the stamp is taken before MPI_Finalize: generous on a loaded machine, far below the outsider's 5 s hold
+    assert late < 5.0, late
+    job_output = [line for line in log.splitlines() if "netshim" not in line and "listener guard" not in line]
+    complaints = [line for line in job_output if any(word in line for word in COMPLAINTS)]
+    assert complaints == [], complaints
+    assert "Traceback" not in log
+    said = [line for line in log.splitlines() if "training-toolkit netshim: closed a connection from " in line]
+    print("\n".join(said))
+    assert said, log[-3000:]  # each process says its first refusal, once
+    assert not ours_running()
