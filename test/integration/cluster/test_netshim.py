@@ -9,6 +9,10 @@ every listener of both hosts and sends 4 KiB of garbage to each.  With the shim
 (the default) the job succeeds and ends as soon as its ranks do, with no complaint
 of Open MPI in its output; with ``TRAINING_TOOLKIT_NETSHIM=off`` the replay reaches
 mpirun in the guard's window and the job dies (exit 205), which shows the test can fail.
+
+And the shim alone in a program of its own, on namespace hosts: accept() (Open MPI's call)
+and accept4() (Python's), on a blocking and a nonblocking listener, skip an outsider's
+connection without an error the program would take for a failure.
 """
 
 from __future__ import annotations
@@ -16,16 +20,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from helpers.capture import on_bridge, segments
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
 from helpers.outsider import listeners, mpi_host_ready, targets
+from training_toolkit import native
 from training_toolkit.local.launcher import LocalJob, default_train, run_local
+from training_toolkit.local.netns import NamespaceCluster
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
 
@@ -120,3 +129,103 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
     print("\n".join(said))
     assert said, log[-3000:]  # each process says its first refusal, once
     assert not ours_running()
+
+
+# A server preloaded with the shim: each step waits for a line on stdin, then prints what accept() gave.
+SERVER = r"""
+import ctypes, select, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)  # accept() as Open MPI calls it: the first definition, the shim's
+
+
+def c_accept(listener, addrlen):
+    buf, size = ctypes.create_string_buffer(128), ctypes.c_uint32(addrlen)
+    fd = libc.accept(listener.fileno(), buf, ctypes.byref(size))
+    if fd < 0:
+        return f"error {ctypes.get_errno()}"
+    conn = socket.socket(fileno=fd)
+    data = conn.recv(10)
+    conn.close()
+    family, port = struct.unpack("=HH", buf.raw[:4])
+    address = socket.inet_ntoa(buf.raw[4:8]) if addrlen >= 8 else "-"
+    return f"{address} {data.decode()} {size.value}"
+
+
+blocking = socket.create_server(("0.0.0.0", 7001))
+nonblocking = socket.create_server(("0.0.0.0", 7002))
+nonblocking.setblocking(False)
+other = socket.create_server(("0.0.0.0", 7003))  # outside the checked ports
+print("ready", flush=True)
+sys.stdin.readline()  # the outsider, then the host, connected to 7001: accept() returns the host
+print("7001", c_accept(blocking, 16), flush=True)
+sys.stdin.readline()  # the outsider connected to 7002: readable, and accept4() says EAGAIN, nothing else
+print("7002", select.select([nonblocking], [], [], 5)[0] != [], flush=True)
+try:
+    nonblocking.accept()
+    print("7002 accepted", flush=True)
+except BlockingIOError:
+    print("7002 EAGAIN", flush=True)
+sys.stdin.readline()  # then the host connected to 7002
+select.select([nonblocking], [], [], 5)
+conn, peer = nonblocking.accept()
+print("7002", peer[0], conn.recv(10).decode(), flush=True)
+sys.stdin.readline()  # the host connected to 7001 again: a short address buffer is filled as the kernel does
+print("7001", c_accept(blocking, 4), flush=True)
+sys.stdin.readline()  # the outsider connected to 7003, outside the ports: left alone
+print("7003", other.accept()[1][0], flush=True)
+"""
+CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.sendall(sys.argv[3].encode())
+s.settimeout(5)
+try:
+    print("closed" if s.recv(10) == b"" else "data", flush=True)
+except OSError as exc:
+    print("closed", exc.__class__.__name__, flush=True)
+"""
+
+
+def test_accept_and_accept4_skip_an_outsiders_connection_blocking_or_not():
+    with tempfile.TemporaryDirectory(prefix="netshim-") as tmp, NamespaceCluster(["a", "b", "c"], Path(tmp)) as cluster:
+        a, b = cluster.host("a").address, cluster.host("b").address
+        env = {"PATH": os.environ["PATH"], "LD_PRELOAD": str(native.path_of(native.NETSHIM_LIBRARY)),
+               "TRAINING_TOOLKIT_NETSHIM_ALLOW": b, "TRAINING_TOOLKIT_NETSHIM_PORTS": "7001-7002"}
+        server = cluster.popen("a", [sys.executable, "-c", SERVER], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        clients = []
+
+        def connect(host, port, word):
+            clients.append(cluster.popen(host, [sys.executable, "-c", CLIENT, a, str(port), word],
+                                         env={"PATH": os.environ["PATH"]}, stdout=subprocess.PIPE, text=True))
+            time.sleep(0.3)  # in the listener's queue
+            return clients[-1]
+
+        def step() -> str:
+            server.stdin.write("\n")
+            server.stdin.flush()
+            return server.stdout.readline().strip()
+
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            outsider = connect("c", 7001, "evil")
+            connect("b", 7001, "hi")
+            assert step() == f"7001 {b} hi 16"
+            assert outsider.communicate(timeout=10)[0].startswith("closed")  # reset: mpirun read nothing
+            outsider = connect("c", 7002, "evil")
+            assert step() == "7002 True"
+            assert server.stdout.readline().strip() == "7002 EAGAIN"
+            assert outsider.communicate(timeout=10)[0].startswith("closed")
+            connect("b", 7002, "hi")
+            assert step() == f"7002 {b} hi"
+            connect("b", 7001, "hi")
+            assert step() == "7001 - hi 16"
+            connect("c", 7003, "ok")
+            assert step() == f"7003 {cluster.host('c').address}"
+        finally:
+            for proc in [server, *clients]:
+                proc.kill()
+                proc.wait()
+        errors = server.stderr.read()
+        c = cluster.host("c").address
+        assert errors == f"training-toolkit netshim: closed a connection from {c} to port 7001 (not a host of the " \
+                         "job; further ones are not logged)\n", errors
