@@ -32,6 +32,7 @@ import pytest
 from helpers.capture import on_bridge, segments
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
 from helpers.outsider import listeners, mpi_host_ready, targets
+from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import native
 from training_toolkit.local.launcher import LocalJob, default_train, run_local
 from training_toolkit.local.netns import NamespaceCluster
@@ -44,8 +45,9 @@ NO_NET_ADMIN = ("setpriv", "--bounding-set", "-net_admin", "--")  # what docker'
 COMPLAINTS = ("oob", "btl", "ORTE", "orted", "unexpected", "lost communication", "identifier", "mca_")
 
 
-def attack(cluster, go, workdir, state: dict) -> None:
+def attack(cluster, go, workdir, state: dict, flavor: str) -> None:
     """In a thread: replay algo-2's daemon connect to mpirun, then hold and garble every listener; then ``go``."""
+    runtime, with_ranks = ("mpirun", True) if flavor == "openmpi4" else ("prterun", False)
     capture = state["capture"] = on_bridge(cluster).start()
     master, worker = cluster.host("algo-1").address, cluster.host("algo-2").address
     env = {"PATH": os.environ["PATH"]}
@@ -56,8 +58,8 @@ def attack(cluster, go, workdir, state: dict) -> None:
             found, sent = None, []
             while time.monotonic() < deadline and not (found and sent):
                 time.sleep(0.2)
-                found = targets(cluster, HOSTS, lambda ports: mpi_host_ready(ports, True))
-                mpirun = {port for _, port, program in listeners(cluster, "algo-1") if program == "mpirun"}
+                found = targets(cluster, HOSTS, lambda ports: mpi_host_ready(ports, with_ranks))
+                mpirun = {port for _, port, program in listeners(cluster, "algo-1") if program == runtime}
                 sent = [s for s in segments(capture.frames)
                         if s["src"] == worker and s["dst"] == master and s["dport"] in mpirun]
             if not (found and sent):
@@ -76,25 +78,42 @@ def attack(cluster, go, workdir, state: dict) -> None:
             while not (workdir / "ports.json").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(1.0)  # anything the runtime or the BTL read has had time to do its harm
+        except Exception as exc:  # the job ended under the attack (without the shim): the cluster is gone
+            state["interrupted"] = repr(exc)
         finally:
             go.write_text("go")
 
     threading.Thread(target=run, daemon=True).start()
 
 
-@pytest.mark.parametrize("shim", ["on", "off"])
-def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, shim):
+def mpi_job(tmp_path, go, shim: str, flavor: str) -> LocalJob:
+    env = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_NETSHIM": shim}
+    if flavor == "openmpi4":
+        src = source_dir(tmp_path, "hold_until.py")
+        program, extra = "hold_until.py", {}
+    else:  # Open MPI 5's runtime, with ranks that do not join MPI (mpi4py here is built against Open MPI 4)
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "hold_until").write_text(f"#!{TOOLKIT_PYTHON}\n" + (FIXTURES / "hold_until.py").read_text())
+        (src / "hold_until").chmod(0o755)
+        program, extra = "hold_until", {"mpi": "no"}
+        env["PATH"] = f"{OMPI5_BIN}:{os.environ.get('PATH', os.defpath)}"
+    return LocalJob(hosts=HOSTS, hyperparameters=hps(program, src, sagemaker_mpi_enabled=True,
+                                                     sagemaker_mpi_num_of_processes_per_host=1, until=str(go), **extra),
+                    env=env, train=(*NO_NET_ADMIN, *default_train()), outsiders=("stranger",))
+
+
+@pytest.mark.parametrize(("flavor", "shim"), [("openmpi4", "on"), ("openmpi4", "off"),
+                                              pytest.param("openmpi5", "on", marks=pytest.mark.openmpi5),
+                                              pytest.param("openmpi5", "off", marks=pytest.mark.openmpi5)])
+def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, flavor, shim):
     go = tmp_path / "go"
-    src = source_dir(tmp_path, "hold_until.py")
-    job = LocalJob(hosts=HOSTS, hyperparameters=hps("hold_until.py", src, sagemaker_mpi_enabled=True,
-                                                    sagemaker_mpi_num_of_processes_per_host=1, until=str(go)),
-                   env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_NETSHIM": shim},
-                   train=(*NO_NET_ADMIN, *default_train()), outsiders=("stranger",))
+    job = mpi_job(tmp_path, go, shim, flavor)
     state: dict = {}
     out = io.BytesIO()
     try:
         results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out,
-                            before_start=lambda cluster: attack(cluster, go, tmp_path, state))
+                            before_start=lambda cluster: attack(cluster, go, tmp_path, state, flavor))
     finally:
         if "capture" in state:
             state["capture"].stop()
@@ -104,12 +123,19 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
     log = out.getvalue().decode(errors="replace")
     assert "error" not in state, (state["error"], log[-3000:])
     assert "cannot attach a socket filter" in log, log[-3000:]  # the guard could only cut, as in a container
-    replayed = json.loads((tmp_path / "replay.json").read_text())
-    print(f"shim {shim}: replay {replayed}; exit codes {[r.exit_code for r in results]}")
-    if shim == "off":
-        assert [r.exit_code for r in results] == [205, 205], ([r.failure for r in results], log[-3000:])
+    print(f"{flavor}, shim {shim}: exit codes {[r.exit_code for r in results]}")
+    if shim == "off":  # the replay reached the runtime in the guard's window, and ended the job
+        if flavor == "openmpi4":
+            assert [r.exit_code for r in results] == [205, 205], ([r.failure for r in results], log[-3000:])
+        else:  # PRRTE took the outsider for its daemon and ended the job; no rank finished (and, see the
+            # report: the toolkit said success; not this test's subject)
+            assert "PRTE has lost communication with a remote daemon" in log, log[-3000:]
+            assert rank_files(results) == {}
         assert not ours_running()
         return
+    assert "interrupted" not in state, state["interrupted"]
+    replayed = json.loads((tmp_path / "replay.json").read_text())
+    print(f"replay: {replayed}")
     assert [r.exit_code for r in results] == [0, 0], ([r.failure for r in results], log[-3000:])
     # connected (the kernel completes it), then closed by the shim before mpirun read a byte
     assert "answered 0 bytes" in replayed["replay"] or "ConnectionReset" in replayed["replay"], replayed
