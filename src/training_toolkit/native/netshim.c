@@ -213,10 +213,18 @@ int training_toolkit_netshim_valid(const char *allow, const char *ports)
     return result;
 }
 
+static void resolve(void)
+{
+    /* libc's own; idempotent, so a call before the constructor ran (another library's) finds them too */
+    if (real_accept == NULL)
+        real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
+    if (real_accept4 == NULL)
+        real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
+}
+
 __attribute__((constructor)) static void start(void)
 {
-    real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
-    real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
+    resolve();
     if (configure(&CONFIG, getenv(ALLOW_VAR), getenv(PORTS_VAR)) != 0)
         say("training-toolkit netshim: " ALLOW_VAR " or " PORTS_VAR " is malformed: listeners admit loopback only\n");
 }
@@ -254,6 +262,8 @@ static void tell(const struct sockaddr *peer, int port)
 /* accept until a connection the job admits, or the real call's own error; four: accept4(flags) */
 static int checked_accept(int fd, struct sockaddr *addr, socklen_t *addrlen, int four, int flags)
 {
+    if (real_accept == NULL || real_accept4 == NULL)
+        resolve(); /* before our constructor: CONFIG is still empty, everything passes */
     for (;;) {
         struct sockaddr_storage peer;
         socklen_t len = sizeof peer;
