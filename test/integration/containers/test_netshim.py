@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -30,7 +31,9 @@ from training_toolkit.local.job import LocalJob
 pytestmark = [pytest.mark.containers]
 
 BTL = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
-COMPLAINTS = ("oob", "btl", "ORTE", "orted", "unexpected", "lost communication", "identifier", "mca_")
+COMPLAINTS = ("oob", "btl", "ORTE", "orted", "unexpected", "lost communication", "identifier", "mca_", "connect_ack",
+              "invalid header")
+OPEN_MPI_LINE = re.compile(r"\[[\w.-]+:\d{3,}\] ")  # Open MPI's own prefix: [algo-1:00022] tcp_peer_recv_connect_ack: ...
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +106,11 @@ def test_an_outsider_container_on_the_jobs_network_reaches_no_open_mpi_process(t
     assert "error" not in state, (state["error"], text[-3000:])
     assert "cannot attach a socket filter" in text, text[-3000:]  # no CAP_NET_ADMIN: the guard only cuts
     complaints = [line for line in text.splitlines()
-                  if any(word in line for word in COMPLAINTS) and "netshim" not in line and "listener guard" not in line]
+                  if (any(word in line for word in COMPLAINTS) or OPEN_MPI_LINE.search(line)) and "netshim" not in line and "listener guard" not in line]
     print(f"shim {shim}: exit codes {[r.exit_code for r in result.results]}; {len(complaints)} complaints")
     print("\n".join(complaints[:20]))
     if shim == "off":
-        assert complaints or any(r.exit_code != 0 for r in result.results), text[-3000:]
+        assert complaints, text[-3000:]  # e.g. "tcp_peer_recv_connect_ack: invalid header type: 171" from mpirun
         return
     assert "interrupted" not in state, state
     assert [r.exit_code for r in result.results] == [0, 0], text[-3000:]
