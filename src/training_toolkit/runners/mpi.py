@@ -102,12 +102,13 @@ class MpiAgent(HostAgent):
             return
         master = self.ctx.plan.hosts[0]
         client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
-        shim = netshim(self.ctx)
+        addresses = job_addresses(self.ctx.plan.hosts)  # sshd's from= and the shim's: one list
+        shim = netshim(self.ctx, tuple(addresses))
         # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
         session_env = {PRELOAD: shim.library, **shim.environment()} if shim else None
         self.layout = ssh.write_server_side(
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
-            allowed_from=job_addresses(self.ctx.plan.hosts), user=_user(),
+            allowed_from=addresses, user=_user(),
             listen_addresses=listen_addresses(self.ctx.job.resource.network_interface_name, self.host),
             session_env=session_env)
         self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
@@ -313,7 +314,7 @@ BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL
 
 
 def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None) -> Shim | None:
-    """The accept() shim with the job's addresses (resolved here unless given), unless the setting turned it off."""
+    """The accept() shim with the job's addresses (``job_addresses``, as sshd's ``from=``, unless given), unless off."""
     if not ctx.settings.netshim:
         return None
     return Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)))
