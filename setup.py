@@ -1,12 +1,14 @@
-"""Builds the toolkit's two native parts at install time (metadata is in setup.cfg).
+"""Builds the toolkit's three native parts at install time (metadata is in setup.cfg).
 
 - ``libtrainingtoolkit_hostname.so``, preloaded into every MPI rank so that ``gethostname()``
   returns the rank's own host where every container has the kernel host name ``aws``;
+- ``libtrainingtoolkit_netshim.so``, preloaded into mpirun, the Open MPI daemons and the ranks:
+  a connection accepted from outside the job is closed before the program sees it;
 - ``training-toolkit-rank``, what every MPI rank runs first: it takes the rank's command and
   environment from a file its own host's ``train`` wrote, so that mpirun carries nothing of
   the job, and it starts in about a millisecond where a Python wrapper took ~50 ms.
 
-Both are plain C (no Python headers): the install needs a C compiler, nothing else.  The
+All are plain C (no Python headers): the install needs a C compiler, nothing else.  The
 reference toolkit builds its ``gethostname`` library the same way (a C extension of its
 package); AWS's framework images compile theirs when the container starts, which needs a
 compiler in every image.
@@ -21,6 +23,8 @@ from setuptools.command.build_ext import build_ext
 
 NATIVE = "training_toolkit.native"
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"
+NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
+LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
 
 
@@ -29,8 +33,9 @@ class BuildNative(build_ext):
 
     def get_ext_filename(self, fullname):
         # called with the module's last part while building, with its full name when copying in place
-        if fullname.split(".")[-1] == "_hostname":
-            return os.path.join(*fullname.split(".")[:-1], HOSTNAME_LIBRARY)
+        parts = fullname.split(".")
+        if parts[-1] in LIBRARIES:
+            return os.path.join(*parts[:-1], LIBRARIES[parts[-1]])
         return super().get_ext_filename(fullname)
 
     def build_extensions(self):
@@ -53,6 +58,8 @@ class BuildNative(build_ext):
 
 setup(
     ext_modules=[Extension(f"{NATIVE}._hostname", sources=["src/training_toolkit/native/hostname.c"],
-                           extra_compile_args=["-O2"])],
+                           extra_compile_args=["-O2"]),
+                 Extension(f"{NATIVE}._netshim", sources=["src/training_toolkit/native/netshim.c"],
+                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"])],
     cmdclass={"build_ext": BuildNative},
 )

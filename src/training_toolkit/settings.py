@@ -45,7 +45,10 @@ RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # how each host finds its own MPI ra
 RESTART_COUNT_VAR = "TRAINING_TOOLKIT_RESTART_COUNT"  # the script's attempt, from 0 (docs/resilience.md)
 HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a file as its heartbeat
 STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
-INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR)
+NETSHIM_ALLOW_VAR = "TRAINING_TOOLKIT_NETSHIM_ALLOW"  # the accept() shim's job addresses (native/netshim.c)
+NETSHIM_PORTS_VAR = "TRAINING_TOOLKIT_NETSHIM_PORTS"  # the local ports it checks, LOW-HIGH (unset: every port)
+INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
+                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
@@ -106,6 +109,12 @@ def _seconds_or_off(raw: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ValueError("expected a number of seconds (0: never)")
     return value or None
+
+
+def _on_off(raw: str) -> bool:
+    if raw.lower() not in ("on", "off"):
+        raise ValueError("expected on or off")
+    return raw.lower() == "on"
 
 
 def _platform(raw: str) -> str:
@@ -209,6 +218,9 @@ VARIABLES = (
     Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
              "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
              "and starts them again); a stopping signal from the platform never restarts"),
+    Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", _on_off, True, "on",
+             "`off`: Open MPI's runtime and ranks are not preloaded with the accept() shim that closes connections "
+             "from outside the job before Open MPI reads them (docs/security.md)"),
 )
 
 
@@ -239,6 +251,7 @@ class Settings(NamedTuple):
     stall_startup_s: float = 600.0
     py_spy: str | None = None
     max_restarts: int = 0
+    netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback

@@ -57,6 +57,8 @@ def test_every_variable_read():
     assert (resilience.stall_timeout_s, resilience.stall_startup_s, resilience.py_spy, resilience.max_restarts) == \
         (10.0, 30.0, "none", 2)
     assert parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "0"}).stall_timeout_s is None  # 0: never
+    assert (parse({}).netshim, parse({"TRAINING_TOOLKIT_NETSHIM": "OFF"}).netshim,
+            parse({"TRAINING_TOOLKIT_NETSHIM": "on"}).netshim) == (True, False, True)
 
 
 def test_an_empty_variable_is_unset():
@@ -103,6 +105,7 @@ def test_flags_win_over_variables_even_bad_ones():
     ("TRAINING_TOOLKIT_STALL_STARTUP", "0", "expected a positive number of seconds"),
     ("TRAINING_TOOLKIT_MAX_RESTARTS", "-1", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_MAX_RESTARTS", "two", "expected a whole number, 0 or more"),
+    ("TRAINING_TOOLKIT_NETSHIM", "no", "expected on or off"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_what_was_expected(name, raw, expected):
     with pytest.raises(ConfigError) as caught:
@@ -172,9 +175,14 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     from training_toolkit.agent_watch import RESTART_COUNT_VAR
     from training_toolkit.stacks import script_env
 
+    from training_toolkit.runners.netshim import Shim
+
     given_to_ranks = set(script_env(Path("/w"), {})) - {"PYTHONPATH"}
     assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
-    assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks}
+    given_to_the_shim = set(Shim("/s.so", ("192.0.2.1",)).environment(range(1, 3)))
+    assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
+    assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks,
+                                                *given_to_the_shim}
 
 
 def test_readme_settings_table_is_the_table_in_code():
@@ -221,5 +229,5 @@ def test_defaults_used_outside_settings_are_its_own():
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
     secret_env = {name: "x" for name in settings.SECRET_VARIABLES}
     assert rank_env.mpirun_environment(secret_env) == {}
-    assert rank_env.rank_environment(secret_env, interface="eth0", custom=CustomMpiOptions(), extra={}, preload=None).keys() \
+    assert rank_env.rank_environment(secret_env, interface="eth0", custom=CustomMpiOptions(), extra={}, preload=()).keys() \
         .isdisjoint(settings.SECRET_VARIABLES)

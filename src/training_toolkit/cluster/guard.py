@@ -23,7 +23,9 @@ profile without it, or, measured on Linux 6.18 with
 which Docker's and podman's defaults do not grant), the guard says so once.
 Without filters it still cuts: every new connection of a guarded process to
 a guarded port from outside the job is shut down when a look sees it, which
-frees a blocked handshake read, though what was sent has been read.  Without
+frees a blocked handshake read, though what was sent has been read (the
+accept() shim preloaded into Open MPI, runners/netshim.py, closes those
+connections before Open MPI reads them).  Without
 ``pidfd_getfd`` it stops: only the platform's network protects these ports.
 
 ``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.

@@ -35,6 +35,7 @@ from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
 from training_toolkit.runners import rank_env
+from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
@@ -101,10 +102,15 @@ class MpiAgent(HostAgent):
             return
         master = self.ctx.plan.hosts[0]
         client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
+        addresses = job_addresses(self.ctx.plan.hosts)  # sshd's from= and the shim's: one list
+        shim = netshim(self.ctx, tuple(addresses))
+        # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
+        session_env = {PRELOAD: shim.library, **shim.environment()} if shim else None
         self.layout = ssh.write_server_side(
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
-            allowed_from=job_addresses(self.ctx.plan.hosts), user=_user(),
-            listen_addresses=listen_addresses(self.ctx.job.resource.network_interface_name, self.host))
+            allowed_from=addresses, user=_user(),
+            listen_addresses=listen_addresses(self.ctx.job.resource.network_interface_name, self.host),
+            session_env=session_env)
         self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
         self.sshd.start()
 
@@ -119,8 +125,7 @@ class MpiAgent(HostAgent):
 
     def guard_spec(self) -> GuardSpec:
         """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
-        return GuardSpec(ports=range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE),
-                         every_port_of=RUNTIME)
+        return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME)
 
     def _write_rank_file(self) -> None:
         """This host's ranks' command and environment, written before any rank can start."""
@@ -131,7 +136,7 @@ class MpiAgent(HostAgent):
 
     def _rank_file_data(self) -> bytes:
         # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env))
+        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), netshim(self.ctx))
         return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
                                          env)
 
@@ -148,7 +153,8 @@ class MpiAgent(HostAgent):
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
-        env = rank_env.mpirun_environment(self.ctx.environ, self.host, hostname_preload(self.host))
+        preload, extra = mpirun_preload(self.ctx)
+        env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
     def watched(self) -> list[stacks.Watched]:
@@ -220,7 +226,7 @@ def describe(ctx: RunContext) -> dict:
     rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
-    ranks = rank_environment(ctx, "JOBID")
+    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",)))
     return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
@@ -287,12 +293,48 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
-def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preload."""
+def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None,
+                     shim: Shim | None = None) -> dict[str, str]:
+    """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
+
+    The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
+    """
+    hostname = hostname_preload(ctx.plan.current_host)
+    preload = [hostname] if hostname else []
+    extra = {**smddp_env(ctx), RANK_TAG_VAR: rank_tag}
+    if shim is not None:
+        preload.append(shim.library)
+        extra.update(shim.environment(BTL_PORTS))
     return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
                                      interface=ctx.job.resource.network_interface_name,
-                                     custom=mpi_options(ctx).custom, preload=hostname_preload(ctx.plan.current_host),
-                                     extra={**smddp_env(ctx), RANK_TAG_VAR: rank_tag})
+                                     custom=mpi_options(ctx).custom, preload=preload, extra=extra)
+
+
+BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
+
+
+def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None) -> Shim | None:
+    """The accept() shim with the job's addresses (``job_addresses``, as sshd's ``from=``, unless given), unless off."""
+    if not ctx.settings.netshim:
+        return None
+    return Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)))
+
+
+def mpirun_preload(ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+    """mpirun's preloads and their variables: gethostname() where the kernel's name is not the host's, the shim.
+
+    mpirun's own ``gethostname()`` must say its host: Open MPI 5 (PRRTE) finds itself in ``--host``
+    by its name, and where every kernel host name is ``aws`` it would ssh to its own host for its
+    own ranks, where no sshd runs (Open MPI 4 recognised its host without it).
+    """
+    host = ctx.plan.current_host
+    hostname = hostname_preload(host)
+    preload, extra = ([hostname], {rank_env.HOST_VARIABLE: host}) if hostname else ([], {})
+    shim = netshim(ctx)
+    if shim is not None:
+        preload.append(shim.library)
+        extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
+    return preload, extra
 
 
 def hostname_preload(host: str) -> str | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from training_toolkit.errors import ClusterError
 from training_toolkit.mpi_options import CustomMpiOptions
+from training_toolkit.runners.netshim import PRELOAD, preload_list
 from training_toolkit.settings import without_secrets
 
 # The reference sets these for every MPI rank (mpirun -x); a value the platform or the user put in the
@@ -40,12 +41,13 @@ _JOB_ID = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def rank_environment(script_env: Mapping[str, str], *, interface: str, custom: CustomMpiOptions,
-                     extra: Mapping[str, str], preload: str | None) -> dict[str, str]:
+                     extra: Mapping[str, str], preload: Sequence[str]) -> dict[str, str]:
     """Every rank's environment on this host: the host's contract, NCCL's defaults, the custom options' variables.
 
     ``-x NAME`` without a value keeps this host's own value (every host of a job has the
     same environment, so it is what mpirun would have forwarded).  ``preload`` (the
-    gethostname library) is added after the user's ``LD_PRELOAD``, never instead of it.
+    gethostname library, the accept() shim) is added after the user's ``LD_PRELOAD``,
+    never instead of it.
     """
     env = dict(script_env)
     for name, value in {**NCCL_DEFAULTS, "NCCL_SOCKET_IFNAME": interface}.items():
@@ -57,8 +59,7 @@ def rank_environment(script_env: Mapping[str, str], *, interface: str, custom: C
             env[name] = value
     env.update(extra)
     if preload:
-        user = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p and p != preload]
-        env["LD_PRELOAD"] = ":".join([*user, preload])
+        env[PRELOAD] = preload_list(env.get(PRELOAD), preload)
     return without_secrets(env)
 
 
@@ -73,16 +74,18 @@ def needs_hostname_preload(kernel_name: str, host: str) -> bool:
     return kernel_name not in (host, host.split(".", 1)[0])
 
 
-def mpirun_environment(environ: Mapping[str, str], host: str | None = None, preload: str | None = None) -> dict[str, str]:
+def mpirun_environment(environ: Mapping[str, str], preload: Sequence[str] = (),
+                       extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """mpirun's own environment: what it needs to run, nothing of the job (it would not stay on this host).
 
-    With ``preload``, mpirun's own ``gethostname()`` says ``host`` too: Open MPI 5 (PRRTE) finds
-    itself in ``--host`` by its name, and where every kernel host name is ``aws`` it sshes to its
-    own host for its own ranks, where no sshd runs (Open MPI 4 recognised its host without it).
+    ``preload`` and ``extra`` are what the libraries need (runners/mpi.py: the gethostname
+    library with ``SM_CURRENT_HOST``, so that Open MPI 5 (PRRTE) finds itself in ``--host``
+    by its name where every kernel host name is ``aws``; the accept() shim with its addresses).
     """
     env = {k: v for k, v in without_secrets(environ).items() if k in MPIRUN_VARIABLES or k.startswith(MPIRUN_PREFIXES)}
-    if preload and host:
-        env.update({"LD_PRELOAD": preload, HOST_VARIABLE: host})
+    env.update(extra or {})
+    if preload:
+        env[PRELOAD] = preload_list(None, preload)
     return env
 
 

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 rank = MPI.COMM_WORLD.Get_rank()
 names = ("SM_CURRENT_HOST", "NCCL_DEBUG", "NCCL_MIN_NRINGS", "NCCL_SOCKET_IFNAME", "MY_VAR", "FROM_HOST", "LD_PRELOAD",
-         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SSH_CONNECTION")
+         "TRAINING_TOOLKIT_NETSHIM_PORTS", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SSH_CONNECTION")
 with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as f:
     json.dump({"rank": rank, "python": socket.gethostname(), "mpi": MPI.Get_processor_name(),
                "c": subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip(),
@@ -66,7 +66,7 @@ def test_custom_options_host_names_and_nccl_defaults_on_hosts_named_aws(tmp_path
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]
-    preload = str(native.path_of(native.HOSTNAME_LIBRARY))
+    preload = f"{native.path_of(native.HOSTNAME_LIBRARY)}:{native.path_of(native.NETSHIM_LIBRARY)}"
     for rank, info in ranks.items():
         host = H2[rank // 2]
         assert (info["host"], info["python"], info["mpi"], info["c"]) == (host, host, host, host), info
@@ -75,7 +75,7 @@ def test_custom_options_host_names_and_nccl_defaults_on_hosts_named_aws(tmp_path
         assert info["env"] == {
             "SM_CURRENT_HOST": host, "NCCL_DEBUG": "WARN", "NCCL_MIN_NRINGS": "4", "NCCL_SOCKET_IFNAME": "eth0",
             "MY_VAR": "on", "FROM_HOST": "each host's own", "LD_PRELOAD": f"{USER_PRELOAD}:{preload}",
-            "RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None, "LOCAL_WORLD_SIZE": None,
+            "TRAINING_TOOLKIT_NETSHIM_PORTS": "31000-31999", "RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None, "LOCAL_WORLD_SIZE": None,
             "MASTER_ADDR": None, "MASTER_PORT": None, "SSH_CONNECTION": None}, rank
         assert info["cwd"] == "/opt/ml/code" and info["argv"] == ["--msg", "a b"]
 
@@ -85,8 +85,9 @@ def test_nccl_debug_defaults_to_info_and_the_platforms_value_is_kept(tmp_path):
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     for info in rank_files(results).values():
         assert (info["env"]["NCCL_DEBUG"], info["env"]["NCCL_MIN_NRINGS"]) == ("INFO", "8")
-        # these hosts' kernel names are their own: nothing is preloaded, gethostname() is the kernel's
-        assert info["env"]["LD_PRELOAD"] is None and info["python"] == info["host"]
+        # these hosts' kernel names are their own: gethostname() is the kernel's, only the accept() shim is preloaded
+        assert info["env"]["LD_PRELOAD"] == str(native.path_of(native.NETSHIM_LIBRARY))
+        assert info["python"] == info["host"]
 
 
 def first_lines(results) -> list[str]:

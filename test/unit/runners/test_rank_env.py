@@ -19,7 +19,7 @@ SCRIPT_ENV = {"PATH": "/usr/bin:/bin", "SM_CURRENT_HOST": "algo-2", "SM_HP_LEARN
 NO_OPTIONS = CustomMpiOptions()
 
 
-def build(script_env=SCRIPT_ENV, custom=NO_OPTIONS, extra=None, preload="/lib/tt.so"):
+def build(script_env=SCRIPT_ENV, custom=NO_OPTIONS, extra=None, preload=("/lib/tt.so",)):
     return rank_env.rank_environment(script_env, interface="eth1", custom=custom, extra=extra or {}, preload=preload)
 
 
@@ -40,7 +40,8 @@ def test_the_users_preload_is_kept_first_and_secrets_never_reach_a_rank():
     env = build({**SCRIPT_ENV, "LD_PRELOAD": "/a.so /b.so:/lib/tt.so", "TRAINING_TOOLKIT_JOB_SECRET": "s" * 32})
     assert env["LD_PRELOAD"] == "/a.so:/b.so:/lib/tt.so"
     assert "TRAINING_TOOLKIT_JOB_SECRET" not in env
-    assert "LD_PRELOAD" not in build(preload=None)
+    assert "LD_PRELOAD" not in build(preload=())
+    assert build(preload=("/lib/tt.so", "/lib/shim.so"))["LD_PRELOAD"] == "/lib/tt.so:/lib/shim.so"
 
 
 def test_mpirun_gets_what_it_needs_and_nothing_of_the_job():
@@ -50,9 +51,10 @@ def test_mpirun_gets_what_it_needs_and_nothing_of_the_job():
                                                     "OMPI_MCA_plm_rsh_args": "-o x", "PRTE_MCA_a": "1"}
 
 
-def test_mpiruns_own_gethostname_says_its_host_with_the_preload():
-    assert rank_env.mpirun_environment({"PATH": "/p", "SM_HPS": "{}"}, "algo-1", "/lib/tt.so") == \
-        {"PATH": "/p", "LD_PRELOAD": "/lib/tt.so", "SM_CURRENT_HOST": "algo-1"}
+def test_mpirun_gets_its_preloads_and_their_variables():
+    assert rank_env.mpirun_environment({"PATH": "/p", "SM_HPS": "{}", "LD_PRELOAD": "/user.so"}, ("/lib/tt.so", "/s.so"),
+                                       {"SM_CURRENT_HOST": "algo-1"}) == \
+        {"PATH": "/p", "LD_PRELOAD": "/lib/tt.so:/s.so", "SM_CURRENT_HOST": "algo-1"}
 
 
 def test_the_file_exactly_and_what_it_refuses():

@@ -27,6 +27,7 @@ def render_sshd_config(
     user: str,
     listen_addresses: Sequence[str] = (),
     strict_modes: bool = True,
+    session_env: Mapping[str, str] | None = None,
 ) -> str:
     """sshd's whole config: nothing is read from /etc/ssh.
 
@@ -37,6 +38,8 @@ def render_sshd_config(
     0700 directory under a sticky parent cannot be swapped by others.
     ``listen_addresses`` are this host's addresses on the job's network; with
     none, sshd listens on every address (only where the interface is unknown).
+    ``session_env``: variables every session gets (``SetEnv``: the Open MPI daemons'
+    preload, runners/mpi.py), set by this host, never by the client.
     """
     check_port(port)
     lines = [f"HostKey {host_key}", f"Port {port}"]
@@ -71,7 +74,15 @@ def render_sshd_config(
         "MaxStartups 64:30:128",
         "LogLevel ERROR",
     ]
+    for name, value in (session_env or {}).items():
+        if not name.replace("_", "").isalnum() or not name.isascii() or any(ch in _UNSAFE_ENV for ch in value):
+            raise SshLayoutError(f"{name}={value!r} cannot be set for sshd's sessions (a space, quote, # or control "
+                                 "character, or a name that is not a variable's)")
+        lines.append(f"SetEnv {name}={value}")
     return "\n".join(lines) + "\n"
+
+
+_UNSAFE_ENV = frozenset(" \t\r\n\"'#\\")
 
 
 def render_authorized_keys(client_public: str, allowed_from: Sequence[str]) -> str:

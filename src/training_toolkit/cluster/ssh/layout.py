@@ -103,13 +103,15 @@ def write_server_side(
     port: int,
     user: str,
     listen_addresses: Sequence[str] = (),
+    session_env: Mapping[str, str] | None = None,
 ) -> SshLayout:
     """What a host that runs sshd needs: its host key, the job's client key (from the job's hosts only), sshd_config."""
     layout, strict_modes = _prepare(directory, port)
     _write_file(layout.host_key, host_key.private, 0o600)
     _write_file(layout.authorized_keys, render_authorized_keys(client_public, allowed_from).encode(), 0o600)
     config = render_sshd_config(host_key=layout.host_key, authorized_keys=layout.authorized_keys, pid_file=layout.pid_file,
-                                port=port, user=user, listen_addresses=listen_addresses, strict_modes=strict_modes)
+                                port=port, user=user, listen_addresses=listen_addresses, strict_modes=strict_modes,
+                                session_env=session_env)
     _write_file(layout.sshd_config, config.encode(), 0o600)
     return layout
 
