@@ -181,7 +181,7 @@ class HostAgent(StallWatch):
                     if self.is_master:
                         self.after_barrier()
                     guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
-                    self._say_attempt("rejoining the job" if self.attempt else "")
+                    self._say_attempt(self._why_this_attempt())
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
@@ -214,6 +214,12 @@ class HostAgent(StallWatch):
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
         return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt else None
+
+    def _why_this_attempt(self) -> str:
+        """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
+        if self.attempt > self.state.first_attempt:
+            return "rejoining the job"
+        return "the platform restarted the job" if self.attempt else ""
 
     def _say_attempt(self, reason: str) -> None:
         """One line per attempt, when restarts are on: which, of how many, and why."""

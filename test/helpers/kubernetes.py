@@ -21,8 +21,10 @@ source).  Per pod (a namespace host whose hostname is the pod's):
 The one liberty: the termination log is not ``/dev/termination-log`` (a file there would be
 made on the machine's own ``/dev``) but a file in the pod's directory, named by
 ``TRAINING_TOOLKIT_TERMINATION_LOG``.  Not simulated: PyTorchJob's init container that waits
-for the master's name (the toolkit waits for every name itself), restarts (``restartPolicy``),
-and the operators' status.  Nothing here is a real cluster.
+for the master's name (the toolkit waits for every name itself) and the operators' status.
+Restarts: a container restarted in its pod (``restartPolicy``, the kubelet's back-off, the
+operator's ``backoffLimit``) is ``helpers/kubelet.py``; a JobSet restart is the same pods
+made again with the next ``restart-attempt`` (``jobset(..., attempt=N)``), fresh.  Nothing here is a real cluster.
 """
 
 from __future__ import annotations
@@ -204,8 +206,14 @@ class Simulation:
 
 
 def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, object], *, env=None, channels=None,
-        timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None):
-    """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result."""
+        timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None,
+        kubelet: Callable[[str, int], float | None] | None = None):
+    """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result.
+
+    ``kubelet`` (``helpers.kubelet.Kubelet``): each pod is a container that ends with its ``train`` and
+    is restarted in place as its ``restartPolicy`` says; ``on_start`` hears of each restarted ``train``
+    too (its record is back in DNS by then).  Without it, no container is ever restarted.
+    """
     workdir = tmp_path / "cluster"
     sim = Simulation(pods, workdir)
     hp = json.dumps(dict(hyperparameters)).encode()
@@ -226,7 +234,7 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
     job = LocalJob(hosts=[p.name for p in sim.pods], hyperparameters={}, channels=channels or {},
                    env=dict(env or {}), host_env=host_env, platform_secret=False, start_hosts=start,
                    outsiders=[DNS_HOST])
-    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started)
+    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started, restart=kubelet)
 
 
 # -- what each operator gives ------------------------------------------------------------------

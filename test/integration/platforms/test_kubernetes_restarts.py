@@ -1,0 +1,104 @@
+"""Kubernetes restarts on the simulated operators: a container restarted in its pod, a pod lost, a JobSet restart.
+
+Each pod is a local namespace host given what its operator gives it (helpers/kubernetes.py); the
+kubelet's restarts are helpers/kubelet.py: the container of a pod starts again in place (same
+hostname, address and /opt/ml), after the kubelet's back-off, as its restartPolicy says.  The
+toolkit's real ``train`` runs in every pod; nothing here is a real cluster.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from helpers import kubernetes as k8s
+from helpers.kubelet import Kubelet
+from helpers.multihost import hps, rank_files, source_dir
+
+pytestmark = [pytest.mark.root]
+WORKER = "ptj-worker-0"
+BASE = {"TRAINING_TOOLKIT_DNS_TIMEOUT": "30", "TRAINING_TOOLKIT_MAX_RESTARTS": "1", "STEPS": "14"}
+
+
+def log(tmp_path, pod: str) -> str:
+    return k8s.termination_log(tmp_path / "cluster", pod)
+
+
+def kill_train_mid_job(tmp_path, pod: str, seen: dict):
+    """An ``on_start`` that SIGKILLs ``pod``'s train (its container's first process) once its rank is at step 2."""
+    progress = tmp_path / "cluster" / pod / "opt/ml/model/progress-1"
+
+    def kill(procs):
+        if pod not in procs or "killed" in seen:
+            return  # the restarted container's train: left alone
+        deadline = time.monotonic() + 120
+        while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 2):
+            assert time.monotonic() < deadline, "the worker's rank never reached step 2"
+            time.sleep(0.05)
+        procs[pod].send_signal(signal.SIGKILL)
+        seen["killed"] = time.monotonic()
+
+    return kill
+
+
+@pytest.mark.torch
+def test_a_worker_pods_container_restarted_in_place_rejoins_and_the_job_resumes(tmp_path):
+    src = source_dir(tmp_path, "torch_resume.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=1)  # restartPolicy OnFailure: the operator's default
+    kubelet = Kubelet("OnFailure", backoff_limit=3)
+    seen: dict = {}
+    results = k8s.run(pods, tmp_path, hps("torch_resume.py", src), env={**BASE, "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"},
+                      timeout_s=240, on_start=kill_train_mid_job(tmp_path, WORKER, seen), kubelet=kubelet)
+    assert [r.exit_code for r in results] == [0, 0], [(r.exit_code, r.failure) for r in results]
+    assert kubelet.restarts == {WORKER: 1} and kubelet.ended[0] == (WORKER, -signal.SIGKILL)
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1]
+    assert all(info["attempt"] == 1 and info["start"] >= 2 for info in ranks.values()), ranks  # resumed
+    assert len({info["start"] for info in ranks.values()}) == 1
+    assert log(tmp_path, "ptj-master-0") == "training completed (exit code 0)\n"
+    assert log(tmp_path, WORKER) == "container restart 1: training completed (exit code 0)\n"
+    runs = (results[1].opt_ml / ".training-toolkit-runs").read_text().splitlines()
+    assert len(runs) == 2  # the emptyDir kept the first run's record
+
+
+@pytest.mark.torch
+def test_a_worker_pod_that_never_comes_back_ends_the_job_naming_it_within_the_join_deadline(tmp_path):
+    src = source_dir(tmp_path, "torch_resume.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=1)
+    kubelet = Kubelet("OnFailure", gone={WORKER})  # its node is lost: its container never starts again
+    seen: dict = {}
+    join_s, grace_s = 20, 10  # the local launcher's grace: TRAINING_TOOLKIT_GRACE_PERIOD
+    results = k8s.run(pods, tmp_path, hps("torch_resume.py", src),
+                      env={**BASE, "TRAINING_TOOLKIT_JOIN_TIMEOUT": str(join_s), "STEPS": "200"},
+                      timeout_s=240, on_start=kill_train_mid_job(tmp_path, WORKER, seen), kubelet=kubelet)
+    master, worker = results
+    assert worker.exit_code == -signal.SIGKILL and kubelet.restarts == {}
+    assert master.exit_code == 69, (master.exit_code, master.failure)
+    assert master.ended_at - seen["killed"] < join_s + grace_s + 20  # the restart's barrier: join deadline + grace
+    expected = (f"hosts not ready within {join_s + grace_s} s (left the job and did not join again: {WORKER})")
+    assert expected in master.failure and expected in log(tmp_path, "ptj-master-0")
+    assert f"attempt 1: {WORKER}: left the job" in master.failure
+
+
+@pytest.mark.torch
+def test_a_jobset_restart_starts_the_job_at_its_restart_attempt_with_its_own_restarts_left(tmp_path):
+    """JobSet recreates every pod with restart-attempt 1 (fresh pods, fresh emptyDirs): the job starts at attempt 1.
+
+    TRAINING_TOOLKIT_MAX_RESTARTS counts the job's own restarts from there: a rank that fails in
+    attempt 1 restarts every rank at attempt 2.
+    """
+    src = source_dir(tmp_path, "torch_resume.py")
+    pods = k8s.jobset("js", "ns1", [("workers", 1, 2)], attempt=1)
+    results = k8s.run(pods, tmp_path, hps("torch_resume.py", src, sagemaker_torch_distributed_enabled=True,
+                                          sagemaker_distributed_processes_per_host=1),
+                      env={**BASE, "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "FAIL": "1:1:2", "STEPS": "5"},
+                      timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [(r.exit_code, r.failure) for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == [0, 1]
+    assert all(info["attempt"] == 2 and info["start"] == 2 for info in ranks.values()), ranks
+    runs = (results[0].opt_ml / ".training-toolkit-runs").read_text().splitlines()
+    assert len(runs) == 1 and runs[0].endswith("attempt=1")
+    assert all(log(tmp_path, p.name) == "training completed (exit code 0)\n" for p in pods)
