@@ -67,7 +67,8 @@ def test_a_worker_pods_container_restarted_in_place_rejoins_and_the_job_resumes(
 def test_a_worker_pod_that_never_comes_back_ends_the_job_naming_it_within_the_join_deadline(tmp_path):
     src = source_dir(tmp_path, "torch_resume.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=1)
-    kubelet = Kubelet("OnFailure", gone={WORKER})  # its node is lost: its container never starts again
+    # its node is lost: its container never starts again; the first host's own failure then reaches backoffLimit 1
+    kubelet = Kubelet("OnFailure", backoff_limit=1, gone={WORKER})
     seen: dict = {}
     join_s, grace_s = 20, 10  # the local launcher's grace: TRAINING_TOOLKIT_GRACE_PERIOD
     results = k8s.run(pods, tmp_path, hps("torch_resume.py", src),
