@@ -28,6 +28,7 @@ kubelet's source during this work.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection
 
 INITIAL_BACK_OFF_S = 10.0
@@ -70,11 +71,13 @@ class Kubelet:
         self.gone = set(gone)
         self.restarts: dict[str, int] = {}  # by pod: its container's restartCount
         self.ended: list[tuple[str, int]] = []  # every container end, in order: (pod, exit code)
+        self.ended_at: list[float] = []  # when each was seen (time.monotonic())
         self._lock = threading.Lock()
 
     def __call__(self, pod: str, exit_code: int) -> float | None:
         with self._lock:
             self.ended.append((pod, exit_code))
+            self.ended_at.append(time.monotonic())
             if pod in self.gone or not restarts_again(self.policy, exit_code):
                 return None
             if not within_backoff_limit(self.backoff_limit, sum(self.restarts.values())):

@@ -26,18 +26,20 @@ def log(tmp_path, pod: str) -> str:
     return k8s.termination_log(tmp_path / "cluster", pod)
 
 
-def kill_train_mid_job(tmp_path, pod: str, seen: dict):
-    """An ``on_start`` that SIGKILLs ``pod``'s train (its container's first process) once its rank is at step 2."""
+def kill_train_mid_job(tmp_path, pod: str, seen: dict, victim: str | None = None):
+    """An ``on_start`` that SIGKILLs ``victim``'s train (its container's first process; default ``pod``'s) once
+    ``pod``'s rank is at step 2."""
     progress = tmp_path / "cluster" / pod / "opt/ml/model/progress-1"
+    victim = victim or pod
 
     def kill(procs):
-        if pod not in procs or "killed" in seen:
-            return  # the restarted container's train: left alone
+        if victim not in procs or "killed" in seen:
+            return  # a restarted container's train: left alone
         deadline = time.monotonic() + 120
         while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 2):
             assert time.monotonic() < deadline, "the worker's rank never reached step 2"
             time.sleep(0.05)
-        procs[pod].send_signal(signal.SIGKILL)
+        procs[victim].send_signal(signal.SIGKILL)
         seen["killed"] = time.monotonic()
 
     return kill
@@ -103,3 +105,29 @@ def test_a_jobset_restart_starts_the_job_at_its_restart_attempt_with_its_own_res
     runs = (results[0].opt_ml / ".training-toolkit-runs").read_text().splitlines()
     assert len(runs) == 1 and runs[0].endswith("attempt=1")
     assert all(log(tmp_path, p.name) == "training completed (exit code 0)\n" for p in pods)
+
+
+@pytest.mark.torch
+def test_a_first_host_restarted_in_place_ends_the_job_named_and_the_restarted_pods_start_it_over(tmp_path, capfd):
+    """The others cannot rejoin a first host that lost the job's state: each ends at once, naming it.
+
+    With restartPolicy OnFailure the kubelet restarts every container that failed, so the pods
+    form the job again from attempt 0, and the script resumes from its checkpoint (the first
+    host's emptyDir kept it).
+    """
+    master = "ptj-master-0"
+    src = source_dir(tmp_path, "torch_resume.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=1)
+    kubelet = Kubelet("OnFailure", backoff_limit=3)
+    seen: dict = {}
+    on_start = kill_train_mid_job(tmp_path, WORKER, seen, victim=master)
+    results = k8s.run(pods, tmp_path, hps("torch_resume.py", src), env={**BASE, "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"},
+                      timeout_s=240, on_start=on_start, kubelet=kubelet)
+    assert [r.exit_code for r in results] == [0, 0], [(r.exit_code, r.failure) for r in results]
+    assert kubelet.ended[:2] == [(master, -signal.SIGKILL), (WORKER, 69)] and kubelet.restarts == {master: 1, WORKER: 1}
+    assert kubelet.ended_at[1] - seen["killed"] < 10 + 5  # at once (the link closed); at worst the peer timeout
+    out = capfd.readouterr().out
+    assert f"[{WORKER}] training-toolkit: failed: {WORKER}: lost the first host {master}" in out, out[-3000:]
+    ranks = rank_files(results)
+    assert all(info["attempt"] == 0 and info["start"] >= 2 for info in ranks.values()), ranks  # started over, resumed
+    assert all(log(tmp_path, p.name) == "container restart 1: training completed (exit code 0)\n" for p in pods)
