@@ -130,9 +130,11 @@ def test_a_host_whose_link_ended_joins_again_told_the_attempt_and_fits_into_the_
     srv, events, [(c1, _), (c2, e2)] = job
     c1.close()  # its train died: the link ends
     assert isinstance(get(events), PeerLost)
-    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
+                          introduction={"ssh_host_key": "made anew"})
     again.connect(5)
     assert again.job_attempt == (0, True)  # attempt 0 runs without it: it comes in at attempt 1
+    assert srv.introductions["w1"] == {"ssh_host_key": "made anew"}  # the old run's is gone with it
     again.ready(1)  # before the first host calls the restart its loss causes: kept
     srv.restart(1, "w1: left the job")
     assert get(e2) == RestartCalled(1, "w1: left the job")
