@@ -208,7 +208,9 @@ VARIABLES = (
              "`none`: never use py-spy"),
     Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
              "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
-             "and starts them again); a stopping signal from the platform never restarts"),
+             "and starts them again), counted from the platform's own restart attempt (JobSet); a stopping signal "
+             "from the platform never restarts; a pod whose container restarted rejoins the next attempt "
+             "(docs/resilience.md)"),
 )
 
 
