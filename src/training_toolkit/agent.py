@@ -141,6 +141,9 @@ class HostAgent(StallWatch):
     def prepare_attempt(self) -> None:
         """Before a restart's barrier: what this host's next attempt needs ready (e.g. MPI's rank file)."""
 
+    def after_restart_barrier(self) -> None:
+        """After a restart's barrier, before anything starts (first host only): e.g. a rejoined host's new ssh key."""
+
     def guard_spec(self) -> GuardSpec | None:
         """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
         return None
@@ -288,6 +291,8 @@ class HostAgent(StallWatch):
             self.prepare_attempt()
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
             self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
+            if self.is_master:
+                self.after_restart_barrier()
             self.locals = self.start()
         except ToolkitError as exc:
             return self._failed_before_start(exc)

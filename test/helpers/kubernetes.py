@@ -123,6 +123,17 @@ done
 """
 
 
+# A container that starts again has a fresh filesystem of its own (a new writable layer); only its volumes are
+# kept.  The host's own tmpfs (/run, /dev/shm: what train writes outside /opt/ml and the volumes) start afresh.
+FRESH_CONTAINER = r"""set -e
+umount --lazy /run
+mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+mkdir -m 0755 /run/sshd
+umount --lazy /dev/shm
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+"""
+
+
 class Simulation:
     """The pods of one job on one local cluster, and the DNS records they have while they run."""
 
@@ -132,9 +143,11 @@ class Simulation:
         self.records_file = workdir / "kube-dns.json"
         self.records: dict[str, list[str]] = {}
         self.address: dict[str, str] = {}
+        self.cluster = None
         self._lock = threading.Lock()
 
     def before_start(self, cluster) -> None:
+        self.cluster = cluster
         self.address = {h.name: h.address for h in cluster.hosts}
         self.records[DNS_RECORD] = [self.address[DNS_HOST]]
         self._publish()
@@ -157,6 +170,11 @@ class Simulation:
                                capture_output=True, text=True)
             assert done.returncode == 0, f"{pod.name}: {done.stdout}{done.stderr}"
         self._wait_for_dns(cluster)
+
+    def container_ended(self, pod: str) -> None:
+        """Its processes are gone (the launcher ended them); the next container of the pod starts with fresh files."""
+        done = self.cluster.run(pod, ["sh", "-c", FRESH_CONTAINER], timeout=30, capture_output=True, text=True)
+        assert done.returncode == 0, f"{pod}: {done.stdout}{done.stderr}"
 
     def _wait_for_dns(self, cluster) -> None:
         """Until the DNS host answers its own name, as a pod's resolver asks it."""
@@ -234,7 +252,12 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
     job = LocalJob(hosts=[p.name for p in sim.pods], hyperparameters={}, channels=channels or {},
                    env=dict(env or {}), host_env=host_env, platform_secret=False, start_hosts=start,
                    outsiders=[DNS_HOST])
-    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started, restart=kubelet)
+    def restart(pod: str, exit_code: int) -> float | None:
+        sim.container_ended(pod)
+        return kubelet(pod, exit_code)
+
+    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started,
+                   restart=restart if kubelet is not None else None)
 
 
 # -- what each operator gives ------------------------------------------------------------------
