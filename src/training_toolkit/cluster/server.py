@@ -70,8 +70,9 @@ class ControlServer:
         self._attempt = first_attempt  # the job's attempt: a ready or a failure of another attempt does not count
         self._released = -1  # the last attempt whose processes were started (its go sent)
         self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
-        # failures reported during this attempt's barrier: (when it happened, when it arrived, what)
-        self._failures: list[tuple[float, float, JobFailed]] = []
+        # failures of this attempt or a later one (a host that rejoined and failed before the restart was
+        # called): (when it happened, when it arrived, what, the attempt)
+        self._failures: list[tuple[float, float, JobFailed, int]] = []
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -241,8 +242,8 @@ class ControlServer:
             at = reported_time(message.get("at"), time.time())
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
-                if attempt == self._attempt:
-                    self._failures.append((at, time.monotonic(), JobFailed(named, code)))
+                if attempt >= self._attempt:
+                    self._failures.append((at, time.monotonic(), JobFailed(named, code), attempt))
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
@@ -261,7 +262,7 @@ class ControlServer:
                 return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
             self._failures.append((time.time(), time.monotonic(),
-                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)))
+                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR), self._attempt))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -280,10 +281,11 @@ class ControlServer:
         end = time.monotonic() + deadline_s
         with self._state:
             while True:
-                if self._failures:  # the earliest, once reports of earlier failures had the window to arrive
-                    window_ends = self._failures[0][1] + FAILURE_WINDOW_S
+                failures = [f for f in self._failures if f[3] == self._attempt]
+                if failures:  # the earliest, once reports of earlier failures had the window to arrive
+                    window_ends = failures[0][1] + FAILURE_WINDOW_S
                     if time.monotonic() >= window_ends:
-                        raise earliest(self._failures, lambda f: f[0])[2]
+                        raise earliest(failures, lambda f: f[0])[2]
                     self._state.wait(max(0.0, window_ends - time.monotonic()))
                     continue
                 missing = [h for h in self.expected if self._ready.get(h) != self._attempt]
@@ -313,7 +315,7 @@ class ControlServer:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
         with self._state:
             self._attempt = attempt
-            self._failures = []
+            self._failures = [f for f in self._failures if f[3] >= attempt]
             self._state.notify_all()
         self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
 

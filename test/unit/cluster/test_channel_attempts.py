@@ -203,3 +203,21 @@ def test_the_welcomes_attempt_is_signed():
     for bad in (None, {"n": 1}, {"n": -1, "go": False}, {"n": 1, "go": 1}, {"n": 1, "go": True, "x": 0}):
         with pytest.raises(wire.FrameError):
             wire.job_attempt({"at": bad})
+
+
+def test_a_rejoined_host_that_fails_before_the_restart_is_called_fails_that_restarts_barrier(job):
+    from training_toolkit.cluster.events import PeerLost
+    from training_toolkit.errors import JobFailed
+
+    srv, events, [(c1, _), (c2, _)] = job
+    c1.close()
+    assert isinstance(get(events), PeerLost)
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    again.connect(5)
+    again.failed("w1: its code did not install", 66, attempt=1)  # the attempt it came in at
+    assert get(events).attempt == 1
+    srv.restart(1, "w1: left the job")
+    c2.ready(1)
+    with pytest.raises(JobFailed, match="w1: its code did not install"):
+        srv.wait_ready(5)
+    again.close()
