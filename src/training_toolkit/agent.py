@@ -216,7 +216,7 @@ class HostAgent(StallWatch):
 
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
-        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt else None
+        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
 
     def _why_this_attempt(self) -> str:
         """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
