@@ -193,7 +193,7 @@ class ControlServer:
                 link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
                                "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction),
                                                wire.canonical(at))})
-                link.key = keys.session
+                link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                 # close() sets the flag, then closes the links it finds seated: one seated after that is ended here.
                 over = self._closed.is_set()
                 if not over:
