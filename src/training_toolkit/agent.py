@@ -40,7 +40,7 @@ from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
-                                        Interrupt, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
+                                        Interrupt, Joined, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
                                         Tick)
 from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
@@ -95,12 +95,13 @@ class HostAgent(StallWatch):
         self.membership: Seat | None = None  # this host's seat, from run() on
         self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
-        self.settings = ChannelSettings.from_settings(ctx.settings)
+        self.settings = ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
         self.locals: list[Local] = []
         config = ctx.settings
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
-                                           self.own_end_on_stop) if self.is_master else decisions.other_host(self.host, config.max_restarts))
+                                           self.own_end_on_stop, ctx.first_attempt) if self.is_master
+                      else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt))
         self.watch_dir = None
         self._progress = None
 
@@ -140,6 +141,9 @@ class HostAgent(StallWatch):
     def prepare_attempt(self) -> None:
         """Before a restart's barrier: what this host's next attempt needs ready (e.g. MPI's rank file)."""
 
+    def after_restart_barrier(self) -> None:
+        """After a restart's barrier, before anything starts (first host only): e.g. a rejoined host's new ssh key."""
+
     def guard_spec(self) -> GuardSpec | None:
         """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
         return None
@@ -170,15 +174,17 @@ class HostAgent(StallWatch):
             with SignalForwarder(self._on_signal):
                 try:
                     membership.open()
+                    with _signals_held():
+                        self._step(Joined(*membership.job_attempt))
                     if unusable is not None:
                         raise unusable
                     self._start_watch()
                     self.prepare()
-                    membership.barrier(0)
+                    membership.barrier(self.attempt, self._barrier_deadline())
                     if self.is_master:
                         self.after_barrier()
                     guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
-                    self._say_attempt("")
+                    self._say_attempt(self._why_this_attempt())
                     self.locals = self.start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
@@ -208,9 +214,19 @@ class HostAgent(StallWatch):
             actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
         return self._carry_out(actions)
 
+    def _barrier_deadline(self) -> float | None:
+        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
+        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
+
+    def _why_this_attempt(self) -> str:
+        """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
+        if self.attempt > self.state.first_attempt:
+            return "rejoining the job"
+        return "the platform restarted the job" if self.attempt else ""
+
     def _say_attempt(self, reason: str) -> None:
         """One line per attempt, when restarts are on: which, of how many, and why."""
-        total = self.ctx.settings.max_restarts + 1
+        total = self.state.first_attempt + self.ctx.settings.max_restarts + 1
         if total > 1:
             log(f"{self.host}: attempt {self.attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
 
@@ -275,6 +291,8 @@ class HostAgent(StallWatch):
             self.prepare_attempt()
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
             self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
+            if self.is_master:
+                self.after_restart_barrier()
             self.locals = self.start()
         except ToolkitError as exc:
             return self._failed_before_start(exc)

@@ -23,6 +23,7 @@ class Phase(str, Enum):
     """Where a host is in the job.  Transitions (``decisions.step``)::
 
         SETUP (join, prepare, barrier 0, start) --Started--> RUNNING
+        SETUP --Joined a job already past attempt 0's start (a host that rejoins)--> SETUP at the next attempt
         RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
         RUNNING --no progress within the stall timeout (first host)--> GATHERING --stacks--> as a failure
         STOPPING --this host's part of the attempt ended (PartEnded)--> BARRIER (attempt n+1)
@@ -76,6 +77,18 @@ class Started:
 
 
 @record
+class Joined:
+    """This host took its seat; the first host's welcome said the job is at ``job_attempt``, started or not.
+
+    A host whose ``train`` restarted (Kubernetes restarts a container in its pod) comes into a job
+    that went on without it: its loss was a failure, so it takes part in the attempt that follows.
+    """
+
+    job_attempt: int = 0
+    started: bool = False
+
+
+@record
 class SetupFailed:
     """Setup failed (join, prepare, barrier, start); ``outcome`` names the cause."""
 
@@ -111,7 +124,7 @@ class PartEnded:
     attempt: int
 
 
-Event = Union[LocalExit, GotSignal, PartStopped, Started, SetupFailed, Tick, Progress, StacksGathered, PartEnded,
+Event = Union[LocalExit, GotSignal, PartStopped, Started, Joined, SetupFailed, Tick, Progress, StacksGathered, PartEnded,
               PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled, StacksWanted, Verdict]
 
 

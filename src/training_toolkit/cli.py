@@ -133,7 +133,7 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
         from training_toolkit.platforms.opt_ml import write_view
 
         write_view(paths, view)
-        outcome = _run(paths, config, environ, with_gpus(facts.hardware, config))
+        outcome = _run(paths, config, environ, with_gpus(facts.hardware, config), view.restart_attempt)
     except errors.ToolkitError as exc:
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
@@ -197,7 +197,7 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
         log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
 
 
-def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware):
+def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware, first_attempt: int = 0):
     from training_toolkit import code, contract, job, plan
     from training_toolkit.process import become_subreaper
     from training_toolkit.runners.base import RunContext
@@ -225,6 +225,7 @@ def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware):
         code_dir=code_dir,
         python=python,
         setup_error=setup_error,
+        first_attempt=first_attempt,
     )
     return _runner(launch.runner).run(ctx)
 

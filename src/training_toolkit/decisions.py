@@ -34,7 +34,7 @@ import signal
 from training_toolkit.records import record, replace
 
 from training_toolkit.agent_events import (Action, Announce, AnnounceRestart, Event, Finish, Forward, GatherStacks,
-                                           GotSignal, Interrupt, LocalExit, PartEnded, PartStopped, Phase, Progress,
+                                           GotSignal, Interrupt, Joined, LocalExit, PartEnded, PartStopped, Phase, Progress,
                                            Rejoin, Report, ReportDone, SendStacks, SetupFailed, ShareProgress,
                                            StacksGathered, Started, StopPart, Tick)
 from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress,
@@ -88,7 +88,8 @@ class AgentState:
     deadline: float | None = None  # monotonic; a Tick at or after it decides something
     outcome: Outcome | None = None  # set once ENDED
     attempt: int = 0
-    max_restarts: int = 0
+    max_restarts: int = 0  # restarts this job makes itself, from ``first_attempt`` on
+    first_attempt: int = 0  # where the platform started the job (JobSet's restart-attempt): its restarts are its own
     causes: tuple[str, ...] = ()  # every earlier attempt's cause, in order
     watch: Watch | None = None  # first host: stalls are watched for
     stall_deadline: float | None = None  # monotonic: no progress by then is a stall
@@ -97,13 +98,13 @@ class AgentState:
 
 
 def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
-               watch: Watch | None = None, own_end_on_stop: bool = False) -> AgentState:
+               watch: Watch | None = None, own_end_on_stop: bool = False, first_attempt: int = 0) -> AgentState:
     return AgentState(host, True, frozenset(workers), wait_for_peers, max_restarts=max_restarts, watch=watch,
-                      own_end_on_stop=own_end_on_stop)
+                      own_end_on_stop=own_end_on_stop, attempt=first_attempt, first_attempt=first_attempt)
 
 
-def other_host(host: str, max_restarts: int = 0) -> AgentState:
-    return AgentState(host, False, max_restarts=max_restarts)
+def other_host(host: str, max_restarts: int = 0, first_attempt: int = 0) -> AgentState:
+    return AgentState(host, False, max_restarts=max_restarts, attempt=first_attempt, first_attempt=first_attempt)
 
 
 def next_deadline(state: AgentState) -> float | None:
@@ -124,6 +125,8 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
         return state, ()
     if isinstance(event, GotSignal):
         return _signal(state, event.signum)
+    if isinstance(event, Joined):
+        return _joined(state, event), ()
     if isinstance(event, Started):
         return _started(state, event, now)
     if isinstance(event, SetupFailed):
@@ -153,6 +156,21 @@ def _signal(state: AgentState, signum: int) -> tuple[AgentState, tuple[Action, .
     if stopping and state.stop_signal is None:
         state = replace(state, stop_signal=signum)
     return state, (Forward(signum),)
+
+
+def attempt_to_join(job_attempt: int, started: bool) -> int:
+    """The attempt a joining host takes part in: the job's, if its processes have not started yet, else the next.
+
+    A host that joins a running attempt is one whose ``train`` restarted (a container restarted in
+    its pod): its loss was that attempt's failure, so the restart it caused, if any is left, is its own.
+    """
+    return job_attempt + 1 if started else job_attempt
+
+
+def _joined(state: AgentState, event: Joined) -> AgentState:
+    if state.is_master or state.phase != Phase.SETUP:
+        return state  # the first host's welcome is its own; a host joins once
+    return replace(state, attempt=attempt_to_join(event.job_attempt, event.started))
 
 
 def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState, tuple[Action, ...]]:
@@ -267,7 +285,7 @@ def _conclude(state: AgentState, failures: tuple[Failure, ...]) -> tuple[AgentSt
     """The attempt failed: restart the job if restarts are left and nothing was a stop; else the verdict."""
     cause = root_cause(failures).outcome
     restartable = state.stop_signal is None and not any(f.stopped for f in failures)
-    if restartable and state.attempt < state.max_restarts:
+    if restartable and state.attempt - state.first_attempt < state.max_restarts:
         reason = cause.reason or f"exit code {cause.exit_code}"
         state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
                         stall_deadline=None)
@@ -279,8 +297,9 @@ def _with_causes(state: AgentState, outcome: Outcome) -> Outcome:
     """After restarts the verdict lists every attempt's cause."""
     if not state.causes or outcome.ok:
         return outcome
-    earlier = tuple(f"attempt {i + 1}: {cause}" for i, cause in enumerate(state.causes))
-    reason = f"{outcome.reason} (attempt {state.attempt + 1} of {state.max_restarts + 1}; earlier: " \
+    earlier = tuple(f"attempt {state.first_attempt + i + 1}: {cause}" for i, cause in enumerate(state.causes))
+    total = state.first_attempt + state.max_restarts + 1
+    reason = f"{outcome.reason} (attempt {state.attempt + 1} of {total}; earlier: " \
              f"{'; '.join(earlier)})"
     return outcome._replace(reason=reason[:1000], details=(*outcome.details, "causes of earlier attempts:", *earlier))
 
@@ -370,6 +389,6 @@ def _stopped(host: str, signum: int) -> Outcome:
 
 
 __all__ = ["Action", "Announce", "AnnounceRestart", "Event", "Finish", "Forward", "GatherStacks", "GotSignal",
-           "Interrupt", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report",
+           "Interrupt", "Joined", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report",
            "ReportDone", "SendStacks", "SetupFailed", "ShareProgress", "StacksGathered", "Started", "StopPart", "Tick",
            "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S"]

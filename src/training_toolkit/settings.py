@@ -217,7 +217,9 @@ VARIABLES = (
              "`none`: never use py-spy"),
     Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
              "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
-             "and starts them again); a stopping signal from the platform never restarts"),
+             "and starts them again), counted from the platform's own restart attempt (JobSet); a stopping signal "
+             "from the platform never restarts; a pod whose container restarted rejoins the next attempt "
+             "(docs/resilience.md)"),
     Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", _on_off, True, "on",
              "`off`: Open MPI's runtime and ranks are not preloaded with the accept() shim that closes connections "
              "from outside the job before Open MPI reads them (docs/security.md)"),

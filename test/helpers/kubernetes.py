@@ -21,8 +21,10 @@ source).  Per pod (a namespace host whose hostname is the pod's):
 The one liberty: the termination log is not ``/dev/termination-log`` (a file there would be
 made on the machine's own ``/dev``) but a file in the pod's directory, named by
 ``TRAINING_TOOLKIT_TERMINATION_LOG``.  Not simulated: PyTorchJob's init container that waits
-for the master's name (the toolkit waits for every name itself), restarts (``restartPolicy``),
-and the operators' status.  Nothing here is a real cluster.
+for the master's name (the toolkit waits for every name itself) and the operators' status.
+Restarts: a container restarted in its pod (``restartPolicy``, the kubelet's back-off, the
+operator's ``backoffLimit``) is ``helpers/kubelet.py``; a JobSet restart is the same pods
+made again with the next ``restart-attempt`` (``jobset(..., attempt=N)``), fresh.  Nothing here is a real cluster.
 """
 
 from __future__ import annotations
@@ -121,6 +123,17 @@ done
 """
 
 
+# A container that starts again has a fresh filesystem of its own (a new writable layer); only its volumes are
+# kept.  The host's own tmpfs (/run, /dev/shm: what train writes outside /opt/ml and the volumes) start afresh.
+FRESH_CONTAINER = r"""set -e
+umount --lazy /run
+mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+mkdir -m 0755 /run/sshd
+umount --lazy /dev/shm
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+"""
+
+
 class Simulation:
     """The pods of one job on one local cluster, and the DNS records they have while they run."""
 
@@ -130,9 +143,11 @@ class Simulation:
         self.records_file = workdir / "kube-dns.json"
         self.records: dict[str, list[str]] = {}
         self.address: dict[str, str] = {}
+        self.cluster = None
         self._lock = threading.Lock()
 
     def before_start(self, cluster) -> None:
+        self.cluster = cluster
         self.address = {h.name: h.address for h in cluster.hosts}
         self.records[DNS_RECORD] = [self.address[DNS_HOST]]
         self._publish()
@@ -155,6 +170,11 @@ class Simulation:
                                capture_output=True, text=True)
             assert done.returncode == 0, f"{pod.name}: {done.stdout}{done.stderr}"
         self._wait_for_dns(cluster)
+
+    def container_ended(self, pod: str) -> None:
+        """Its processes are gone (the launcher ended them); the next container of the pod starts with fresh files."""
+        done = self.cluster.run(pod, ["sh", "-c", FRESH_CONTAINER], timeout=30, capture_output=True, text=True)
+        assert done.returncode == 0, f"{pod}: {done.stdout}{done.stderr}"
 
     def _wait_for_dns(self, cluster) -> None:
         """Until the DNS host answers its own name, as a pod's resolver asks it."""
@@ -204,8 +224,14 @@ class Simulation:
 
 
 def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, object], *, env=None, channels=None,
-        timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None):
-    """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result."""
+        timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None,
+        kubelet: Callable[[str, int], float | None] | None = None):
+    """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result.
+
+    ``kubelet`` (``helpers.kubelet.Kubelet``): each pod is a container that ends with its ``train`` and
+    is restarted in place as its ``restartPolicy`` says; ``on_start`` hears of each restarted ``train``
+    too (its record is back in DNS by then).  Without it, no container is ever restarted.
+    """
     workdir = tmp_path / "cluster"
     sim = Simulation(pods, workdir)
     hp = json.dumps(dict(hyperparameters)).encode()
@@ -226,7 +252,12 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
     job = LocalJob(hosts=[p.name for p in sim.pods], hyperparameters={}, channels=channels or {},
                    env=dict(env or {}), host_env=host_env, platform_secret=False, start_hosts=start,
                    outsiders=[DNS_HOST])
-    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started)
+    def restart(pod: str, exit_code: int) -> float | None:
+        sim.container_ended(pod)
+        return kubelet(pod, exit_code)
+
+    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started,
+                   restart=restart if kubelet is not None else None)
 
 
 # -- what each operator gives ------------------------------------------------------------------

@@ -32,6 +32,7 @@ class FakeSeat:
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self.is_master = current == self.hosts[0]
         self.job_id = "fake-job"
+        self.job_attempt = (0, False)
         self.introductions = {}
         self.told: list = []
         self._answer = answer  # what the first host answers a report with

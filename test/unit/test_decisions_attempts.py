@@ -219,3 +219,53 @@ def test_a_worker_whose_restart_barrier_fails_reports_it_bare_and_ends_with_ever
     mine = f"{late.reason} (attempt 2 of 2; earlier: attempt 1: algo-2 rank 3: boom)"
     assert actions == [Report(late.reason, 69, 70.0, 1), Finish(actions[1].outcome)]  # the first host adds the causes
     assert actions[1].outcome.reason == mine
+
+
+# A host that rejoins (its train restarted in its pod) ------------------------------------------------------
+
+
+def test_a_joining_host_takes_the_jobs_attempt_if_not_started_else_the_next():
+    from training_toolkit.decisions import attempt_to_join
+
+    table = {(0, False): 0, (0, True): 1, (2, False): 2, (2, True): 3}
+    assert {key: attempt_to_join(*key) for key in table} == table
+
+
+def test_joined_sets_the_attempt_of_a_host_in_setup_only():
+    from training_toolkit.decisions import Joined
+
+    rows = [  # (state, event) -> attempt after
+        (other_host("algo-2", 1), Joined(0, False), 0),
+        (other_host("algo-2", 1), Joined(0, True), 1),  # the job runs attempt 0 without it: it comes in at 1
+        (other_host("algo-2", 3), Joined(2, False), 2),  # the restart its loss caused is at its barrier
+        (other_host("algo-2", 1, first_attempt=1), Joined(1, False), 1),  # a JobSet restart: every pod at 1
+        (first_host("algo-1", ("algo-2",), max_restarts=1), Joined(0, True), 0),  # the first host's own
+        (worker(1), Joined(0, True), 0),  # running already: a host joins once
+    ]
+    for state, event, attempt in rows:
+        after, actions = step(state, event, 0.0)
+        assert (after.attempt, actions, after.phase) == (attempt, (), state.phase), (state, event)
+
+
+def test_a_rejoined_host_follows_the_attempt_it_came_in_at():
+    from training_toolkit.decisions import Joined
+
+    state, _ = run(other_host("algo-2", 1), (0.0, Joined(0, True)), (0.0, Started(("script",))))
+    assert (state.attempt, state.phase) == (1, Phase.RUNNING)
+    # the restart its own loss caused, heard after it joined: not a restart of the attempt it runs
+    state, actions = run(state, (1.0, RestartCalled(1, "algo-2: left the job")))
+    assert actions == [] and state.phase == Phase.RUNNING
+    state, actions = run(state, (2.0, LocalExit("script", ExitStatus(3), 2.0, RANK3, attempt=1)))
+    assert actions == [Report(RANK3.reason, 137, 2.0, 1)]
+
+
+def test_a_platform_restart_is_where_the_attempts_start_and_the_restarts_are_the_jobs_own():
+    state = step(first_host("algo-1", ("algo-2",), max_restarts=1, first_attempt=1), Started(("script",)), 0.0)[0]
+    assert state.attempt == 1
+    state, actions = run(state, (1.0, LocalExit("script", KILLED, 1.0, RANK3, attempt=1)), (2.0, Tick()))
+    assert actions == [AnnounceRestart(2, RANK3.reason), StopPart(1)]  # its one restart is left
+    state, actions = run(state, (3.0, PartEnded(1)), (4.0, Started(("script",))),
+                         (5.0, LocalExit("script", KILLED, 5.0, RANK3, attempt=2)), (6.0, Tick()))
+    assert actions[0] == Rejoin(2, RANK3.reason)
+    verdict = actions[-1].outcome
+    assert verdict.reason == f"{RANK3.reason} (attempt 3 of 3; earlier: attempt 2: {RANK3.reason})"

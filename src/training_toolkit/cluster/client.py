@@ -23,8 +23,10 @@ RETRY_MAX_S = 0.25
 class ControlClient:
     """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
 
-    After ``connect``: ``job_id`` and the first host's ``introduction`` are
-    what its welcome carried.  ``source`` is the local address to join from
+    After ``connect``: ``job_id``, the first host's ``introduction`` and
+    ``job_attempt`` (the job's attempt, and whether its processes had started:
+    a host whose ``train`` restarted comes into a running job) are what its
+    welcome carried.  ``source`` is the local address to join from
     (None: the one the route picks); the first host admits by address where
     there is no secret, so a host with several addresses joins from the one
     its name resolves to (and a benchmark gives each of its hosts its own).
@@ -55,6 +57,7 @@ class ControlClient:
         self._link: Link | None = None
         self.job_id = ""
         self.introduction: dict[str, str] = {}
+        self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
         self._go = -1  # the last attempt the first host started
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()
@@ -100,16 +103,18 @@ class ControlClient:
             answer = link.recv_raw(deadline)
             if answer.get("t") == "reject":
                 raise Refused(wire.text(answer, "reason", optional=True) or "rejected")
-            job_id = wire.text(answer, "job", limit=64) if answer.get("t") == "welcome" else ""
+            welcome = answer.get("t") == "welcome"
+            job_id = wire.text(answer, "job", limit=64) if welcome else ""
             introduction = wire.introduction(answer)
-            if answer.get("t") != "welcome" or not wire.verify(keys.auth, answer.get("mac"), "welcome", job_id or "",
-                                                               wire.canonical(introduction)):
+            at = wire.job_attempt(answer) if welcome else (0, False)
+            if not welcome or not wire.verify(keys.auth, answer.get("mac"), "welcome", job_id or "",
+                                              wire.canonical(introduction), wire.canonical({"n": at[0], "go": at[1]})):
                 raise Refused("the first host failed authentication (a different job secret?)")
         except BaseException:
             link.close()
             raise
         link.key = keys.session
-        self.job_id, self.introduction = job_id or "", introduction
+        self.job_id, self.introduction, self.job_attempt = job_id or "", introduction, at
         sock.settimeout(self._timeout_s)
         self._link = link
         start_thread(self._read_loop, "control-read")

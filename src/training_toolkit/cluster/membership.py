@@ -30,10 +30,12 @@ class ChannelSettings:
     join_timeout_s: float
     heartbeat_s: float
     peer_timeout_s: float
+    first_attempt: int = 0  # the attempt the job starts at (the platform restarted it: JobSet's restart-attempt)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "ChannelSettings":
-        return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s)
+    def from_settings(cls, settings: Settings, first_attempt: int = 0) -> "ChannelSettings":
+        return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s,
+                   first_attempt)
 
 
 class Seat(Protocol):
@@ -46,6 +48,9 @@ class Seat(Protocol):
 
     @property
     def introductions(self) -> Mapping[str, Mapping[str, str]]: ...
+
+    @property
+    def job_attempt(self) -> tuple[int, bool]: ...
 
     def open(self) -> None: ...
 
@@ -91,7 +96,8 @@ class Membership:
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
         if self.is_master:
             self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
-                                                               job_id=secrets.token_hex(8), **kw)
+                                                               job_id=secrets.token_hex(8),
+                                                               first_attempt=settings.first_attempt, **kw)
             self._client: ControlClient | None = None
         else:
             self._server = None
@@ -107,6 +113,11 @@ class Membership:
             return dict(self._server.introductions)
         assert self._client is not None
         return {self.hosts[0]: self._client.introduction}
+
+    @property
+    def job_attempt(self) -> tuple[int, bool]:
+        """After ``open``: the job's attempt when this host took its seat, and whether it had started (0, False here)."""
+        return self._client.job_attempt if self._client else (0, False)
 
     def open(self) -> None:
         """Serve, or join within the join deadline."""
@@ -184,6 +195,7 @@ class SoloSeat:
     is_master = True
     job_id = ""
     introductions: Mapping[str, Mapping[str, str]] = {}
+    job_attempt = (0, False)
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):

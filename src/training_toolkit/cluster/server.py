@@ -24,7 +24,8 @@ class ControlServer:
     """Serves the channel on the first host; ``expected`` are the other hosts.
 
     ``secret`` is the platform's job secret, or None: then seats are admitted
-    by address (``admission``).  ``job_id`` and ``introduction`` go to every
+    by address (``admission``).  ``first_attempt``: the attempt the job starts at
+    (the platform restarted the whole job: JobSet's restart-attempt).  ``job_id`` and ``introduction`` go to every
     host in its welcome; each host's own introduction is kept in ``introductions``.
     """
 
@@ -43,6 +44,7 @@ class ControlServer:
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         admission: Admission | None = None,
         log: Callable[[str], None] = log_line,
+        first_attempt: int = 0,
     ):
         self._secret = secret
         self.expected = tuple(expected)
@@ -64,11 +66,13 @@ class ControlServer:
         self._joining: set[str] = set()  # in the handshake: the seat is taken, the link cannot sign yet
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
         self._verdict: Verdict | None = None
-        self._ready: set[str] = set()
-        self._attempt = 0  # the job's attempt: a ready or a failure of another attempt does not count
+        self._ready: dict[str, int] = {}  # the last attempt each host said it is ready for
+        self._attempt = first_attempt  # the job's attempt: a ready or a failure of another attempt does not count
+        self._released = -1  # the last attempt whose processes were started (its go sent)
         self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
-        # failures reported during this attempt's barrier: (when it happened, when it arrived, what)
-        self._failures: list[tuple[float, float, JobFailed]] = []
+        # failures of this attempt or a later one (a host that rejoined and failed before the restart was
+        # called): (when it happened, when it arrived, what, the attempt)
+        self._failures: list[tuple[float, float, JobFailed, int]] = []
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -180,23 +184,27 @@ class ControlServer:
             reject(link, reason)  # the peer is told the name it claimed; the log counts it once per address
             raise Refused(reason, kind=reason.replace(repr(host), "<the name it claimed>"))
         try:
-            link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction,
-                           "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction))})
+            # The welcome tells where the job is, and the host is seated, under one lock: a restart or a go
+            # comes either before (the welcome says so) or after (broadcast to this link).  A fresh socket's
+            # send buffer takes the small welcome without blocking.
+            with self._state:
+                self._joining.discard(host)
+                at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
+                link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
+                               "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction),
+                                               wire.canonical(at))})
+                link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
+                # close() sets the flag, then closes the links it finds seated: one seated after that is ended here.
+                over = self._closed.is_set()
+                if not over:
+                    stale = self._links.get(host)
+                    self._links[host] = link
+                    self.introductions[host] = introduction
+                    verdict = self._verdict
         except BaseException:
             with self._state:  # not seated: the host may try again
                 self._joining.discard(host)
             raise
-        link.key = keys.session
-        # Seated only once it can sign: a broadcast never reaches a half-joined link.
-        with self._state:
-            self._joining.discard(host)
-            # close() sets the flag, then closes the links it finds seated: one seated after that is ended here.
-            over = self._closed.is_set()
-            if not over:
-                stale = self._links.get(host)
-                self._links[host] = link
-                self.introductions[host] = introduction
-                verdict = self._verdict
         if over:
             raise Refused("the job is over")
         if verdict is not None:  # a late joiner learns at once that the job is over
@@ -209,30 +217,33 @@ class ControlServer:
         return host
 
     def _stale_seat(self, host: str, address: str) -> Link | None:
-        """The seat ``host`` may take again: its link from the same address, before it said ready.
+        """The seat ``host`` may take again: its link from the same address, before it said ready (this attempt).
 
         A host whose welcome came after its own join deadline joins again while its seat is held:
         refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
         proof as any join, from the same address, before any message: nothing said is lost.
+        A host whose link is gone (its ``train`` restarted: a container restarted in its pod) needs
+        no stale seat: its seat is free, and it takes it by the same rules as any join.
         """
         link = self._links.get(host)
-        return link if link is not None and link.peer == address and host not in self._ready else None
+        return link if link is not None and link.peer == address and self._ready.get(host, -1) < self._attempt \
+            else None
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
         attempt = wire.attempt(message)
         if kind == "ready":
             with self._state:
-                if attempt == self._attempt:
-                    self._ready.add(host)
+                if attempt >= self._attempt:  # a host that rejoined may be ready for a restart not yet called
+                    self._ready[host] = attempt
                 self._state.notify_all()
         elif kind == "failed":
             reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
             at = reported_time(message.get("at"), time.time())
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
-                if attempt == self._attempt:
-                    self._failures.append((at, time.monotonic(), JobFailed(named, code)))
+                if attempt >= self._attempt:
+                    self._failures.append((at, time.monotonic(), JobFailed(named, code), attempt))
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
@@ -251,7 +262,7 @@ class ControlServer:
                 return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
             self._failures.append((time.time(), time.monotonic(),
-                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR)))
+                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR), self._attempt))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -270,36 +281,41 @@ class ControlServer:
         end = time.monotonic() + deadline_s
         with self._state:
             while True:
-                if self._failures:  # the earliest, once reports of earlier failures had the window to arrive
-                    window_ends = self._failures[0][1] + FAILURE_WINDOW_S
+                failures = [f for f in self._failures if f[3] == self._attempt]
+                if failures:  # the earliest, once reports of earlier failures had the window to arrive
+                    window_ends = failures[0][1] + FAILURE_WINDOW_S
                     if time.monotonic() >= window_ends:
-                        raise earliest(self._failures, lambda f: f[0])[2]
+                        raise earliest(failures, lambda f: f[0])[2]
                     self._state.wait(max(0.0, window_ends - time.monotonic()))
                     continue
-                missing = [h for h in self.expected if h not in self._ready]
+                missing = [h for h in self.expected if self._ready.get(h) != self._attempt]
                 if not missing:
                     return
                 left = end - time.monotonic()
                 if left <= 0:
                     joined = [h for h in missing if h in self._links]
-                    absent = [h for h in missing if h not in self._links]
+                    left_job = [h for h in missing if h not in self._links and h in self._joined]
+                    absent = [h for h in missing if h not in self._links and h not in self._joined]
                     parts = []
                     if absent:
                         parts.append(f"never joined: {', '.join(absent)}")
+                    if left_job:
+                        parts.append(f"left the job and did not join again: {', '.join(left_job)}")
                     if joined:
                         parts.append(f"joined but never ready: {', '.join(joined)}")
                     raise ClusterError(f"hosts not ready within {deadline_s:g} s ({'; '.join(parts)})")
                 self._state.wait(min(left, 1.0))
 
     def release(self) -> None:
+        with self._state:
+            self._released = self._attempt
         self._send_all("go", n=self._attempt)
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
         with self._state:
             self._attempt = attempt
-            self._ready.clear()
-            self._failures = []
+            self._failures = [f for f in self._failures if f[3] >= attempt]
             self._state.notify_all()
         self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 2
+PROTOCOL = 3  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next)
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_TEXT = 4096  # characters in a reason, a host name, an introduction value
 MAX_INTRO_ITEMS = 8
@@ -82,6 +82,14 @@ def attempt(message: dict, key: str = "n") -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000:
         raise FrameError(f"field {key!r} is not an attempt number")
     return value
+
+
+def job_attempt(message: dict) -> tuple[int, bool]:
+    """The welcome's word on where the job is: its attempt, and whether that attempt's processes were started."""
+    value = message.get("at")
+    if not isinstance(value, dict) or set(value) != {"n", "go"} or not isinstance(value["go"], bool):
+        raise FrameError("field 'at' is not a job attempt")
+    return attempt(value), value["go"]
 
 
 def introduction(message: dict) -> dict[str, str]:

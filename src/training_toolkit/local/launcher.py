@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -38,18 +39,24 @@ def default_train() -> list[str]:
 def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAULT_TIMEOUT_S,
               out: BinaryIO | None = None, stop_grace_s: float = run_loop.DEFAULT_STOP_GRACE_S,
               before_start: Callable[[NamespaceCluster], None] | None = None,
-              on_start: Callable[[Mapping[str, EnteredProcess]], None] | None = None) -> list[HostResult]:
+              on_start: Callable[[Mapping[str, EnteredProcess]], None] | None = None,
+              restart: Restart | None = None) -> list[HostResult]:
     """Run ``job`` on local hosts under ``workdir``; every host's result, in host order.
 
     Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller, or the
     timeout, stops every host's ``train`` (which stops its part of the job within
     ``stop_grace_s``: ``run_loop``), then the cluster is torn down.
+
+    ``restart`` makes each host a container (a test's model of a kubelet): when a host's
+    ``train`` ends, what it left in the host ends with it, as a container's processes do
+    (listed as survivors if ``train`` exited on its own), and ``restart`` says whether and
+    when it starts again in the same host (name, address, ``/opt/ml``); ``on_start`` hears
+    of each restarted ``train`` too.
     """
     out = out if out is not None else sys.stdout.buffer
     starting = list(job.start_hosts) if job.start_hosts is not None else list(job.hosts)
     lock = threading.Lock()
     width = max(len(h) for h in job.hosts)
-    watched = _Trains()
     with NamespaceCluster([*job.hosts, *job.outsiders], workdir) as cluster, \
             run_loop.stopped_by_signals(threading.Event()) as stop:
         for name in job.hosts:
@@ -62,14 +69,25 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
         if job.platform_secret:
             base_env[JOB_SECRET] = secrets.token_hex(32)
         pumps = []
+
+        def start(name: str) -> EnteredProcess:
+            env = {**base_env, **job.host_env.get(name, {})}
+            proc = cluster.popen(name, list(job.train or default_train()), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            prefix = host_prefix(name, width)
+            pumps.extend(Pump(read_chunks(stream), LinePrefixer(out, prefix, lock)) for stream in (proc.stdout, proc.stderr))
+            return proc
+
+        def restarted(name: str) -> None:
+            watched.procs[name] = start(name)
+            if on_start is not None:
+                on_start({name: watched.procs[name]})
+
+        watched = _Trains() if restart is None else _Trains(restart, restarted, lambda name: _end_remains(
+            cluster, name, holders.get(name, set())))
         try:
             for name in starting:
-                env = {**base_env, **job.host_env.get(name, {})}
-                proc = cluster.popen(name, list(job.train or default_train()), env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-                watched.procs[name] = proc
-                prefix = host_prefix(name, width)
-                pumps += [Pump(read_chunks(stream), LinePrefixer(out, prefix, lock)) for stream in (proc.stdout, proc.stderr)]
+                watched.procs[name] = start(name)
             if on_start is not None:
                 on_start(watched.procs)
             run_loop.run(watched, len(watched.procs), stop, timeout_s=timeout_s, stop_grace_s=stop_grace_s)
@@ -77,6 +95,8 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
             ended = dict(watched.ended())
             codes = {name: proc.poll() for name, proc in watched.procs.items()}
             survivors = _survivors(cluster, holders) if len(ended) == len(watched.procs) else {}
+            for name, left in watched.remains.items():
+                survivors[name] = [*left, *survivors.get(name, [])]
     for pump in pumps:
         pump.thread.join(timeout=2)
     results = []
@@ -87,22 +107,64 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
     return results
 
 
-class _Trains:
-    """The hosts' ``train`` processes, as the run loop watches and stops them."""
+# (host, its train's exit code) -> seconds until it starts again in the same host, or None: it stays ended
+Restart = Callable[[str, int], "float | None"]
 
-    def __init__(self) -> None:
+
+class _Trains:
+    """The hosts' ``train`` processes, as the run loop watches and stops them (and restarts them, as containers)."""
+
+    def __init__(self, restart: Restart | None = None, start: Callable[[str], None] | None = None,
+                 end_remains: Callable[[str], list[str]] | None = None) -> None:
         self.procs: dict[str, EnteredProcess] = {}
+        self.remains: dict[str, list[str]] = {}  # what a train that exited on its own left in its host
         self._ended: dict[str, float] = {}
+        self._due: dict[str, float] = {}  # host -> when its train starts again
+        self._restart, self._start, self._end_remains = restart, start, end_remains
 
     def ended(self) -> Mapping[str, float]:
+        now = time.monotonic()
+        for name, when in list(self._due.items()):
+            if now >= when and self._start is not None:
+                del self._due[name]
+                self._start(name)
         for name, proc in self.procs.items():
-            if name not in self._ended and proc.poll() is not None:
-                self._ended[name] = time.monotonic()
+            if name in self._ended or name in self._due or proc.poll() is None:
+                continue
+            if self._end_remains is not None:  # a container's processes end with its first
+                left = self._end_remains(name)
+                if left and proc.returncode >= 0:
+                    self.remains.setdefault(name, []).extend(left)
+            delay = self._restart(name, proc.returncode) if self._restart is not None else None
+            if delay is None:
+                self._ended[name] = now
+            else:
+                self._due[name] = now + delay
         return self._ended
 
     def stop(self, kill_after_s: float) -> None:
+        self._restart = None  # stopped: nothing starts again
+        for name in self._due:
+            self._ended[name] = time.monotonic()
+        self._due.clear()
         stop_processes([p for name, p in self.procs.items() if name not in self.ended()], kill_after_s)
         self.ended()
+
+
+def _end_remains(cluster: NamespaceCluster, name: str, before: set[int]) -> list[str]:
+    """SIGKILL what is left in a host whose train ended (as a container's end does); what was left."""
+    left = []
+    for pid in cluster.pids().get(name, []):
+        if pid in before:
+            continue
+        line = procfs.cmdline(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        if line is not None:
+            left.append(f"{pid} {line}")
+    return left
 
 
 def _survivors(cluster: NamespaceCluster, before: Mapping[str, set[int]]) -> dict[str, list[str]]:

@@ -25,6 +25,7 @@ class RunContext(NamedTuple):
     python: str
     setup_error: ToolkitError | None = None  # this host cannot take part (its code did not install): the
     #                                          agent joins the job to say so, as a failure of its setup
+    first_attempt: int = 0  # the platform's word on restarts (JobSet's restart-attempt): the job's attempts start there
 
 
     @property

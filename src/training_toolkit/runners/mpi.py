@@ -27,6 +27,7 @@ from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
+from training_toolkit.log import log
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
@@ -76,6 +77,7 @@ class MpiAgent(HostAgent):
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
+        self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
         self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
@@ -116,12 +118,29 @@ class MpiAgent(HostAgent):
 
     def after_barrier(self) -> None:
         assert self.membership is not None and self._keys is not None
-        introductions = self.membership.introductions
         workers = self.ctx.plan.hosts[1:]
-        host_keys = {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in workers}
-        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=host_keys,
+        self._pinned = self._host_keys()
+        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=self._pinned,
                                             port=self.ssh_port)
         ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
+
+    def after_restart_barrier(self) -> None:
+        """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
+        assert self.layout is not None and self._keys is not None
+        host_keys = self._host_keys()
+        if host_keys == self._pinned:
+            return
+        changed = sorted(host for host in host_keys if host_keys[host] != self._pinned.get(host))
+        log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
+        ssh.end_connections(self.layout)  # shared connections to an sshd that is gone
+        self._pinned = host_keys
+        ssh.repin_host_keys(self.layout, host_keys, port=self.ssh_port)
+        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, self.settings.join_timeout_s))
+
+    def _host_keys(self) -> dict[str, str]:
+        assert self.membership is not None
+        introductions = self.membership.introductions
+        return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
     def guard_spec(self) -> GuardSpec:
         """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""

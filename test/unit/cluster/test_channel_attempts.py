@@ -118,3 +118,106 @@ def test_at_a_barrier_the_earliest_failure_is_the_cause_not_the_first_report(job
     c2.failed("w2: the cause", 66, at=now - 1.0, attempt=1)
     with pytest.raises(JobFailed, match="w2: the cause"):
         srv.wait_ready(5)
+
+
+# A host whose train restarted (a container restarted in its pod) --------------------------------------------
+
+
+def test_a_host_whose_link_ended_joins_again_told_the_attempt_and_fits_into_the_restart(job):
+    """Its old link's end is a loss (a failure); it joins again by the same rules and readies for the next attempt."""
+    from training_toolkit.cluster.events import PeerLost
+
+    srv, events, [(c1, _), (c2, e2)] = job
+    c1.close()  # its train died: the link ends
+    assert isinstance(get(events), PeerLost)
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
+                          introduction={"ssh_host_key": "made anew"})
+    again.connect(5)
+    assert again.job_attempt == (0, True)  # attempt 0 runs without it: it comes in at attempt 1
+    assert srv.introductions["w1"] == {"ssh_host_key": "made anew"}  # the old run's is gone with it
+    again.ready(1)  # before the first host calls the restart its loss causes: kept
+    srv.restart(1, "w1: left the job")
+    assert get(e2) == RestartCalled(1, "w1: left the job")
+    c2.ready(1)
+    srv.wait_ready(5)
+    srv.release()
+    again.wait_go(5, 1)
+    c2.wait_go(5, 1)
+    again.close()
+
+
+def test_a_host_joining_during_a_restarts_barrier_is_told_that_attempt_not_started(job):
+    srv, events, [(c1, _), (c2, _)] = job
+    c1.close()
+    get(events)
+    srv.restart(1, "w1: left the job")
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    again.connect(5)
+    assert again.job_attempt == (1, False)
+    again.close()
+
+
+def test_a_host_that_does_not_come_back_is_named_as_such_at_the_barrier(job):
+    srv, events, [(c1, _), (c2, _)] = job
+    c1.close()
+    get(events)
+    srv.restart(1, "w1: left the job")
+    c2.ready(1)
+    with pytest.raises(ClusterError, match=r"hosts not ready within 0.5 s \(left the job and did not join again: w1\)"):
+        srv.wait_ready(0.5)
+
+
+def test_a_live_hosts_seat_is_not_taken_by_a_second_claimant_after_it_said_ready(job):
+    srv, _, _ = job
+    twin = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    with pytest.raises(ClusterError, match="'w1' has joined already"):
+        twin.connect(2)
+
+
+def test_a_job_the_platform_restarted_starts_at_its_attempt():
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, ["w1"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=2.0,
+                        first_attempt=2)
+    srv.start()
+    c = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    try:
+        c.connect(5)
+        assert c.job_attempt == (2, False)
+        c.ready(2)
+        srv.wait_ready(5)
+        srv.release()
+        c.wait_go(5, 2)
+    finally:
+        c.close()
+        srv.close()
+
+
+def test_the_welcomes_attempt_is_signed():
+    """A welcome whose attempt was changed on the way fails its check, as any other field would."""
+    good = {"n": 1, "go": True}
+    key = b"k" * 32
+    signed = wire.mac(key, "welcome", "job", wire.canonical({}), wire.canonical(good))
+    assert wire.verify(key, signed, "welcome", "job", wire.canonical({}), wire.canonical(good))
+    assert not wire.verify(key, signed, "welcome", "job", wire.canonical({}), wire.canonical({"n": 0, "go": False}))
+    assert wire.job_attempt({"at": good}) == (1, True)
+    for bad in (None, {"n": 1}, {"n": -1, "go": False}, {"n": 1, "go": 1}, {"n": 1, "go": True, "x": 0}):
+        with pytest.raises(wire.FrameError):
+            wire.job_attempt({"at": bad})
+
+
+def test_a_rejoined_host_that_fails_before_the_restart_is_called_fails_that_restarts_barrier(job):
+    from training_toolkit.cluster.events import PeerLost
+    from training_toolkit.errors import JobFailed
+
+    srv, events, [(c1, _), (c2, _)] = job
+    c1.close()
+    assert isinstance(get(events), PeerLost)
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    again.connect(5)
+    again.failed("w1: its code did not install", 66, attempt=1)  # the attempt it came in at
+    assert get(events).attempt == 1
+    srv.restart(1, "w1: left the job")
+    c2.ready(1)
+    with pytest.raises(JobFailed, match="w1: its code did not install"):
+        srv.wait_ready(5)
+    again.close()

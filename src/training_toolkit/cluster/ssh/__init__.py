@@ -26,6 +26,7 @@ from training_toolkit.cluster.ssh.layout import (
     SshLayout,
     end_connections,
     new_ssh_dir,
+    repin_host_keys,
     ssh_command,
     write_client_side,
     write_server_side,
@@ -36,5 +37,5 @@ from training_toolkit.cluster.ssh.sshd import Sshd
 __all__ = [
     "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
     "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
-    "SshLayout", "end_connections", "new_ssh_dir", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
+    "SshLayout", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
 ]

@@ -135,6 +135,12 @@ def write_client_side(
     return layout
 
 
+def repin_host_keys(layout: SshLayout, host_keys: Mapping[str, str], *, port: int,
+                    aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Replace the pinned host keys of a client side (a peer joined again with a new key), whole."""
+    _write_file(layout.known_hosts, render_known_hosts(host_keys, port=port, aliases=aliases).encode(), 0o600)
+
+
 def end_connections(layout: SshLayout, grace_s: float = 1.0) -> list[int]:
     """End the shared connections (``ControlMaster``) this host opened to its peers; their pids."""
     from training_toolkit import procfs
