@@ -125,6 +125,10 @@ class HostAgent(StallWatch):
         """The processes this host runs for the job (may be none)."""
         return []
 
+    def judged(self, local: Local, status: ExitStatus) -> ExitStatus:
+        """How a local process ended, as the job sees it: its exit status, unless the runner knows better."""
+        return status
+
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         """The outcome of a local process that failed, its reason naming this host."""
         if local.rank is not None:
@@ -242,9 +246,11 @@ class HostAgent(StallWatch):
             event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except Empty:
             return Tick()
-        if isinstance(event, LocalExit) and not event.status.ok and event.attempt == self.attempt:
+        if isinstance(event, LocalExit) and event.attempt == self.attempt:
             local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
-            event = LocalExit(event.name, event.status, event.at, self.failure_of(local, event.status), event.attempt)
+            status = self.judged(local, event.status)
+            if not status.ok:
+                event = LocalExit(event.name, status, event.at, self.failure_of(local, status), event.attempt)
         return event
 
     def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:

@@ -37,7 +37,7 @@ from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.netshim import PRELOAD, Shim
-from training_toolkit.runners.mpi_failure import describe_mpi_failure
+from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
@@ -207,6 +207,13 @@ class MpiAgent(HostAgent):
         """Signal this host's ranks, give them the grace period, then kill what is left."""
         stop_processes(self._ranks, self.ctx.grace_s, signum)
         self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
+
+    def judged(self, local: Local, status: ExitStatus) -> ExitStatus:
+        if status.ok:
+            local.child.drain()
+            if lost_a_daemon(tuple(local.child.tail.lines(100))):
+                return ExitStatus(LOST_DAEMON_EXIT)
+        return status
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()

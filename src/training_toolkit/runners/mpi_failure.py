@@ -26,6 +26,20 @@ _NOTICED = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+
 _ABORT = re.compile(r"MPI_ABORT\s+was\s+invoked\s+on\s+rank\s+(\d+)")
 _FIRST = re.compile(r"Process\s+name:\s*\[(?:\[\d+,\d+\]|[^\s\[\],]+@\d+),(\d+)\]")
 _EXIT = re.compile(r"Exit\s+code:\s*(\d+)")
+# mpirun lost one of its daemons ("node-died" in help-errmgr-base.txt, ORTE's and PRTE's): the job ends, incomplete
+_LOST_DAEMON = re.compile(r"(?:ORTE|PRTE)\s+has\s+lost\s+communication\s+with\s+a\s+remote\s+daemon")
+#: What the toolkit makes of Open MPI 5's exit code 0 after it lost a daemon: Open MPI 4's own code for that end.
+LOST_DAEMON_EXIT = 205
+
+
+def lost_a_daemon(tail: Sequence[str]) -> bool:
+    """Whether mpirun said it lost a daemon and ended the job.
+
+    Open MPI 5's prterun then exits 0 (measured, 5.0.11: a daemon killed, or an outsider's replayed
+    daemon connect, and no rank had finished), where Open MPI 4's mpirun exits 205: an exit of 0 with
+    this said is no success.
+    """
+    return bool(_LOST_DAEMON.search("\n".join(tail)))
 
 
 def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: int, status: ExitStatus) -> str:
@@ -48,7 +62,7 @@ def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: in
     last_error = _last_rank_error(tail, rank)
     if rank is None:
         said = mpirun_reason(tail)
-        description = f"{hosts[0]}: mpirun {status.describe()}"
+        description = f"{hosts[0]}: mpirun " + ("lost a daemon and ended the job" if lost_a_daemon(tail) else status.describe())
         return f"{description}: {said}"[:900] if said else description
     host = host or (hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else "?")
     line = f"rank {rank} on {host} {cause}"

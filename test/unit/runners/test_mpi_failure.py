@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training_toolkit.process import ExitStatus
-from training_toolkit.runners.mpi_failure import describe_mpi_failure, mpirun_reason
+from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon, mpirun_reason
 
 DASHES = "-" * 74
 HOSTS = ("algo-1", "algo-2")
@@ -47,3 +47,25 @@ def test_the_agents_line_wins_over_open_mpis_own_warnings():
 def test_rank_output_and_bare_tags_are_not_mpiruns_reason():
     assert mpirun_reason(["[1,0]<stderr>:Traceback", "[1,0]<stdout>:", ""]) is None
     assert describe_mpi_failure([DASHES, DASHES], HOSTS, 2, ExitStatus(1)) == "algo-1: mpirun exited with code 1"
+
+
+# help-errmgr-base.txt [node-died], as Open MPI 5.0.11's prterun prints it (then exits 0), and Open MPI 4.1.4's
+PRTE_NODE_DIED = [DASHES, "PRTE has lost communication with a remote daemon.", "",
+                  "  HNP daemon   : [prterun-algo-1-24@0,0] on node algo-1",
+                  "  Remote daemon: [prterun-algo-1-24@0,1] on node algo-2", "",
+                  "This is usually due to either a failure of the TCP network", "connection to the node, or possibly an "
+                  "internal failure of", "the daemon itself. We cannot recover from this failure, and",
+                  "therefore will terminate the job.", DASHES]
+ORTE_NODE_DIED = [DASHES, "ORTE has lost communication with a remote daemon.", "",
+                  "  HNP daemon   : [[1234,0],0] on node algo-1", "  Remote daemon: [[1234,0],1] on node algo-2", "",
+                  "This is usually due to either a failure of the TCP network", DASHES]
+
+
+def test_a_lost_daemon_is_no_success_whatever_mpirun_exits_with():
+    assert lost_a_daemon(PRTE_NODE_DIED) and lost_a_daemon(ORTE_NODE_DIED)
+    assert lost_a_daemon(["[1,0]<stdout>:step 3"] + PRTE_NODE_DIED[:1] + ["PRTE has lost communication with a", "remote daemon."])
+    assert not lost_a_daemon(OMPI5_UNKNOWN_OPTION) and not lost_a_daemon(SSH_UNRESOLVED) and not lost_a_daemon([])
+    assert describe_mpi_failure(PRTE_NODE_DIED, HOSTS, 2, ExitStatus(LOST_DAEMON_EXIT)) == \
+        "algo-1: mpirun lost a daemon and ended the job: PRTE has lost communication with a remote daemon."
+    assert describe_mpi_failure(ORTE_NODE_DIED, HOSTS, 2, ExitStatus(205)) == \
+        "algo-1: mpirun lost a daemon and ended the job: ORTE has lost communication with a remote daemon."
