@@ -189,14 +189,15 @@ class ControlServer:
             # send buffer takes the small welcome without blocking.
             with self._state:
                 self._joining.discard(host)
-                at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
-                link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
-                               "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction),
-                                               wire.canonical(at))})
-                link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
-                # close() sets the flag, then closes the links it finds seated: one seated after that is ended here.
+                # close() sets the flag, then closes the links it finds seated (under this lock): a host is
+                # welcomed and seated in one hold of it, or neither (never welcomed, then refused at close)
                 over = self._closed.is_set()
                 if not over:
+                    at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
+                    link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
+                                   "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction),
+                                                   wire.canonical(at))})
+                    link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                     stale = self._links.get(host)
                     self._links[host] = link
                     self.introductions[host] = introduction
