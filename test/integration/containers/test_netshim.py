@@ -22,7 +22,6 @@ import pytest
 from helpers.multihost import hps, source_dir
 from helpers.paths import FIXTURES, IMAGE
 from training_toolkit import names
-from training_toolkit.cluster.listeners import LISTEN, parse_table
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names, host_opt_ml, new_job_id
@@ -43,12 +42,14 @@ def client():
     c.close()
 
 
+LISTENERS = ("import json; from training_toolkit.cluster import listeners as l; "
+             "print(json.dumps([r.local for r in l.tcp_sockets().values() if r.state == l.LISTEN]))")
+
+
 def listening(container) -> set[int]:
-    """The ports a host's processes listen on, not on loopback (its /proc/net tables, read inside it)."""
-    out = container.exec_run(["cat", "/proc/net/tcp", "/proc/net/tcp6"]).output.decode()
-    text = "header\n" + "\n".join(line for line in out.splitlines() if not line.strip().startswith("sl"))
-    return {row.local[1] for row in parse_table(text)
-            if row.state == LISTEN and not row.local[0].startswith("127.") and row.local[0] != "::1"}
+    """The ports a host's processes listen on, not on loopback (asked of the kernel inside it, as the guard asks)."""
+    out = container.exec_run(["python", "-c", LISTENERS]).output  # the image's venv, first on its PATH
+    return {port for address, port in json.loads(out) if not address.startswith("127.") and address != "::1"}
 
 
 def attack(client, job_id: str, hosts, workdir: Path, state: dict) -> None:
