@@ -55,13 +55,9 @@ SLOW_S = 0.25
 SETTLE_S = 10.0
 
 
-def look_interval(since_new_s: float, race: bool = True) -> float:
-    """Seconds to the next look, ``since_new_s`` after the last look that found a new listener.
-
-    ``race``: whether a new listener must be caught fast; not where every listener the guard
-    selects is closed to outsiders at ``accept()`` anyway (``GuardSpec.covered``).
-    """
-    return FAST_S if race and since_new_s < SETTLE_S else SLOW_S
+def look_interval(since_new_s: float) -> float:
+    """Seconds to the next look, ``since_new_s`` after the last look that found a new listener."""
+    return FAST_S if since_new_s < SETTLE_S else SLOW_S
 
 
 #: The names (``/proc/PID/comm``) of Open MPI's runtime processes, 4.x and 5.x.
@@ -113,10 +109,6 @@ class GuardSpec:
 
     ports: Container[int] = ()  # on any process below train
     every_port_of: frozenset[str] = frozenset()  # every listener of processes with these names
-    # Every listener chosen above is also closed to outsiders inside accept() (the shim, runners/netshim.py):
-    # nothing is read before the guard's filter, so it looks every SLOW_S from the start instead of racing
-    # each new listener every FAST_S (at 64 hosts on 2 cores, 172 ms of CPU per host: docs/benchmarks.md).
-    covered: bool = False
 
 
 @dataclass
@@ -159,7 +151,7 @@ class ListenerGuard:
             while self.unavailable is None and not self._stop.is_set():
                 if self.sweep(nl):
                     last_new = time.monotonic()
-                self._stop.wait(look_interval(time.monotonic() - last_new, race=not self.spec.covered))
+                self._stop.wait(look_interval(time.monotonic() - last_new))
 
     def sweep(self, nl: socket.socket | None = None) -> bool:
         """One look: filter new listeners of the job's processes, cut outsiders on them.  Whether one was new.

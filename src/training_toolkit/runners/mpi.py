@@ -143,8 +143,8 @@ class MpiAgent(HostAgent):
         return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
     def guard_spec(self) -> GuardSpec:
-        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range): what the shim covers too."""
-        return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, covered=self.ctx.settings.netshim)
+        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
+        return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME)
 
     def _write_rank_file(self) -> None:
         """This host's ranks' command and environment, written before any rank can start."""
