@@ -155,9 +155,18 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
         verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
         comp = jobcomp(slurm, job)
         assert settled(slurm) == {}
-        acct = slurm.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"], timeout=60)
+        # slurmdbd's records come one by one: a failed step was seen as FAILED 0:0 before its exit code came,
+        # and the job as RUNNING after its step had failed: ask until both are final, bounded
+        deadline = time.monotonic() + 30
+        while True:
+            acct = slurm.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"], timeout=60)
+            steps = dict((line.split("|")[0], line.split("|")[1:]) for line in acct.stdout.split())
+            final = (steps.get(job, ["RUNNING"])[0] not in ("PENDING", "RUNNING", "COMPLETING")
+                     and steps.get(f"{job}.0", ["", "0:0"])[1] != "0:0")
+            if acct.returncode != 0 or final or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     assert acct.returncode == 0, acct.stderr
-    steps = dict((line.split("|")[0], line.split("|")[1:]) for line in acct.stdout.split())
     assert code != 0, out
     for host, (kind, text) in verdicts.items():
         first = text.splitlines()[0] if text else ""
