@@ -78,6 +78,7 @@ class MpiAgent(HostAgent):
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
         self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
+        self._shim: Shim | None = None  # the accept() shim, with the job's addresses resolved once (prepare)
         self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
@@ -99,13 +100,17 @@ class MpiAgent(HostAgent):
     def prepare(self) -> None:
         assert self.membership is not None and self._keys is not None
         self.rank_tag = self.membership.job_id
+        # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
+        # restart), sshd's sessions and mpirun all take this shim
+        addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
+        self._shim = netshim(self.ctx, addresses)
         self._write_rank_file()
         if self.is_master:
             return
+        assert addresses is not None
         master = self.ctx.plan.hosts[0]
         client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
-        addresses = job_addresses(self.ctx.plan.hosts)  # sshd's from= and the shim's: one list
-        shim = netshim(self.ctx, tuple(addresses))
+        shim = self._shim
         # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
         session_env = {PRELOAD: shim.library, **shim.environment()} if shim else None
         self.layout = ssh.write_server_side(
@@ -155,7 +160,7 @@ class MpiAgent(HostAgent):
 
     def _rank_file_data(self) -> bytes:
         # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), netshim(self.ctx))
+        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), self._shim)
         return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
                                          env)
 
@@ -172,7 +177,7 @@ class MpiAgent(HostAgent):
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
-        preload, extra = mpirun_preload(self.ctx)
+        preload, extra = mpirun_preload(self.ctx, self._shim)
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
@@ -346,7 +351,7 @@ def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None) -> Shim |
     return Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)))
 
 
-def mpirun_preload(ctx: RunContext) -> tuple[list[str], dict[str, str]]:
+def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[str, str]]:
     """mpirun's preloads and their variables: gethostname() where the kernel's name is not the host's, the shim.
 
     mpirun's own ``gethostname()`` must say its host: Open MPI 5 (PRRTE) finds itself in ``--host``
@@ -356,7 +361,6 @@ def mpirun_preload(ctx: RunContext) -> tuple[list[str], dict[str, str]]:
     host = ctx.plan.current_host
     hostname = hostname_preload(host)
     preload, extra = ([hostname], {rank_env.HOST_VARIABLE: host}) if hostname else ([], {})
-    shim = netshim(ctx)
     if shim is not None:
         preload.append(shim.library)
         extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
