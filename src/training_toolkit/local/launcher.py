@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -154,16 +154,12 @@ class _Trains:
 def _end_remains(cluster: NamespaceCluster, name: str, before: set[int]) -> list[str]:
     """SIGKILL what is left in a host whose train ended (as a container's end does); what was left."""
     left = []
-    for pid in cluster.pids().get(name, []):
-        if pid in before:
-            continue
-        line = procfs.cmdline(pid)
+    for pid, line in _new_in_host(cluster.pids().get(name, []), before):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue
-        if line is not None:
-            left.append(f"{pid} {line}")
+        left.append(f"{pid} {line}")
     return left
 
 
@@ -172,8 +168,12 @@ def _survivors(cluster: NamespaceCluster, before: Mapping[str, set[int]]) -> dic
     time.sleep(0.05)  # let the kernel finish reaping what exited with train
     found = {}
     for name, pids in cluster.pids().items():
-        left = [f"{pid} {line}" for pid in pids if pid not in before.get(name, set())
-                if (line := procfs.cmdline(pid)) is not None]
+        left = [f"{pid} {line}" for pid, line in _new_in_host(pids, before.get(name, set()))]
         if left:
             found[name] = left
     return found
+
+
+def _new_in_host(pids: Iterable[int], before: set[int]) -> list[tuple[int, str]]:
+    """The host's processes that were not there before its train, with their command lines (the living ones)."""
+    return [(pid, line) for pid in pids if pid not in before if (line := procfs.cmdline(pid)) is not None]
