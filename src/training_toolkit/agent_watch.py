@@ -38,12 +38,9 @@ class StallWatch:
     membership: Seat | None
     events: SimpleQueue
     locals: list
+    attempt: int  # the host class's current attempt (HostAgent.attempt, from its state)
     watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
     _progress: ProgressWatch | None = None
-
-    @property
-    def attempt(self) -> int:
-        raise NotImplementedError
 
     def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
         """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
