@@ -224,6 +224,7 @@ class ListenerGuard:
 
     def _cut_new_connections(self, nl: socket.socket) -> None:
         """Without filters: a new socket of a watched process is looked at, and cut if an outsider's."""
+        table = None  # the namespace's sockets, asked for once a look, when a process has a new one
         for pid, known in list(self._watched.items()):
             fds = listeners.socket_fds(pid)
             if not fds:
@@ -232,7 +233,8 @@ class ListenerGuard:
             if fds.keys() <= known:
                 continue
             self._watched[pid] = set(fds)
-            table = listeners.tcp_sockets(nl)
+            if table is None:
+                table = listeners.tcp_sockets(nl)
             ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
             for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
                 if isinstance(action, Cut):
