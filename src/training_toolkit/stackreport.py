@@ -25,6 +25,9 @@ _PYSPY_FRAME = re.compile(r"^\s+(.+?) \((.*):(\d+)\)\s*$")
 MAX_FRAMES = 12  # per rank, innermost first, in the failure file
 # Frames of what started the script, not of the script: ``python -m mpi4py``, runpy
 _LAUNCHER = re.compile(r"^<frozen runpy>$|/runpy\.py$|/mpi4py/(?:run|__main__)\.py$")
+# Frames of installed code, not of the script: an installed package, the standard library, frozen modules
+_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/|^<")
+_INSTALLED = re.compile(r"^.*/(?:site|dist)-packages/")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,15 @@ class Frame:
     def where(self) -> str:
         place = f"{PurePath(self.file).name}:{self.line}"
         return f"{self.source} at {place}" if self.source else f"{self.function} at {place}"
+
+    def is_library(self) -> bool:
+        """In installed code (a package, the standard library) rather than the script's own."""
+        return bool(_LIBRARY.search(self.file))
+
+    def package_place(self) -> str:
+        """``torch/cuda/__init__.py:1162``: an installed file by its path inside site-packages, else its name."""
+        stripped = _INSTALLED.sub("", self.file)
+        return f"{stripped if stripped != self.file else PurePath(self.file).name}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -158,12 +170,27 @@ def group(stacks: Sequence[RankStack]) -> list[list[RankStack]]:
     return sorted(groups.values(), key=order)
 
 
+def where_stuck(frames: Sequence[Frame]) -> str:
+    """Where a stack is, for the one-line summary: the script's own innermost line, and the library call it is in.
+
+    A rank blocked in a pure-Python library (``torch.cuda.synchronize()``, a data loader's queue)
+    has that library's frames innermost; the user's question is which of *their* lines it is on:
+    ``torch.cuda.synchronize() at train.py:56, in synchronize at torch/cuda/__init__.py:1162``.
+    A stack with no frame of the script's own is named by its innermost frame.
+    """
+    own = next((f for f in frames if not f.is_library()), None)
+    if own is None or own is frames[0]:
+        return frames[0].where()
+    inner = frames[0]
+    return f"{own.where()}, in {inner.function} at {inner.package_place()}"
+
+
 def summary(stacks: Sequence[RankStack]) -> str:
-    """One line: every group and where it is (its innermost frame), the ranks that differ first."""
+    """One line: every group and where it is (the script's innermost line), the ranks that differ first."""
     parts = []
     for members in group(stacks):
         head = members[0]
-        where = head.frames[0].where() if head.frames else f"no stack ({head.note or 'not read'})"
+        where = where_stuck(head.frames) if head.frames else f"no stack ({head.note or 'not read'})"
         parts.append(f"{label(members)}: {where}")
     return "; ".join(parts) if parts else "no rank's stack could be read"
 

@@ -102,3 +102,21 @@ def test_what_is_not_a_stack_is_refused():
     for bad in (None, [], {**good, "rank": -1}, {**good, "rank": True}, {**good, "name": 3},
                 {**good, "frames": "x"}, {**good, "frames": [["f", "file", "6", ""]]}, {**good, "frames": [["f"]]}):
         assert RankStack.from_wire(bad, "algo-2") is None, bad
+
+
+def test_a_rank_blocked_inside_a_library_is_named_by_the_scripts_own_line():
+    """Seen on an H200 (docs/gpu.md): a rank in torch.cuda.synchronize() has torch's frame innermost."""
+    cuda = RankStack("algo-1", 0, "rank 0", (
+        Frame("synchronize", "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py", 1162,
+              "return torch._C._cuda_synchronize()"),
+        Frame("<module>", "/opt/ml/code/train.py", 56, "torch.cuda.synchronize()"),
+        Frame("_run_code", "<frozen runpy>", 88)))
+    assert summary([cuda]) == ("rank 0 on algo-1: torch.cuda.synchronize() at train.py:56, "
+                               "in synchronize at torch/cuda/__init__.py:1162")
+    stdlib = RankStack("algo-1", 1, "rank 1", (
+        Frame("wait", "/usr/lib/python3.11/threading.py", 324), Frame("get", "/usr/lib/python3.11/queue.py", 171),
+        Frame("step", "/code/loader.py", 9, "batch = q.get()")))
+    assert summary([stdlib]) == "rank 1 on algo-1: batch = q.get() at loader.py:9, in wait at threading.py:324"
+    only_library = RankStack("algo-1", 2, "rank 2", (Frame("run", "/venv/lib/python3.11/site-packages/pkg/cli.py", 3),))
+    assert summary([only_library]) == "rank 2 on algo-1: run at cli.py:3"
+    assert summary(stalled_job()[3:4]) == "rank 3 on algo-2: time.sleep(3600) at train.py:6"  # the script's frame innermost: as before
