@@ -66,3 +66,22 @@ def test_a_seat_that_saw_part_of_the_job_takes_the_whole_from_the_first_host():
     finally:
         for seat in (*seats, first):
             seat.close()
+
+
+@pytest.mark.parametrize("resolved, expected", [
+    ({"l": {"10.0.0.1"}, "w0": {"10.0.0.2"}, "w1": {"10.0.0.3", "::ffff:10.0.0.3"}},
+     ["10.0.0.1", "10.0.0.2", "10.0.0.3", "::ffff:10.0.0.3"]),
+    ({"l": {"10.0.0.1"}, "w0": {"10.0.0.1"}, "w1": {"10.0.0.2"}}, ["10.0.0.1", "10.0.0.2"]),
+    ({"l": {"10.0.0.1"}, "w0": set(), "w1": {"10.0.0.3"}}, "the job's host(s) w0 resolve to no address here"),
+    ({"l": set(), "w0": set(), "w1": set()}, "the job's host(s) l, w0, w1 resolve to no address here"),
+])
+def test_the_jobs_addresses_name_a_host_that_does_not_resolve(monkeypatch, resolved, expected):
+    """The shim's allow list and sshd's from=: a host left out would hang its ranks, so it is an error instead."""
+    from training_toolkit.cluster import netaddr
+
+    monkeypatch.setattr(netaddr, "resolve", lambda host: frozenset(resolved[host]))
+    if isinstance(expected, str):
+        with pytest.raises(ClusterError, match=f"^{expected}$".replace("(", r"\(").replace(")", r"\)")):
+            netaddr.job_addresses(("l", "w0", "w1"))
+    else:
+        assert netaddr.job_addresses(("l", "w0", "w1")) == expected
