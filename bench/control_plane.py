@@ -125,7 +125,8 @@ def run(n: int, workers: int, window_s: float, timeout_s: float) -> dict:
     master = address(0)
     port = free_port(master)
     events: SimpleQueue = SimpleQueue()
-    server = ControlServer(None, [f"algo-{i + 1}" for i in range(1, n)], port, events, job_id="bench",
+    hosts = [f"algo-{i + 1}" for i in range(n)]
+    server = ControlServer(None, hosts[1:], port, events, job_id="bench", hosts=hosts,  # every welcome lists them
                            introduction=INTRO, bind=master)
     bounds = [1 + (n - 1) * k // workers for k in range(workers + 1)]
     procs: list[subprocess.Popen] = []

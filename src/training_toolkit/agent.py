@@ -47,7 +47,7 @@ from training_toolkit.log import log
 from training_toolkit.records import record
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext, outcome_of
+from training_toolkit.runners.base import RunContext, outcome_of, with_hosts
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
@@ -182,6 +182,7 @@ class HostAgent(StallWatch):
                         self._step(Joined(*membership.job_attempt))
                     if unusable is not None:
                         raise unusable
+                    self._take_hosts(membership.hosts)
                     self._start_watch()
                     self.prepare()
                     membership.barrier(self.attempt, self._barrier_deadline())
@@ -208,6 +209,15 @@ class HostAgent(StallWatch):
                 log(f"ended processes the job left behind: {', '.join(ended)}")
             self._end_watch()
         return outcome
+
+    def _take_hosts(self, hosts: Sequence[str]) -> None:
+        """A host other than the first takes the job's hosts from the first host's welcome, never from its own view."""
+        hosts = tuple(hosts)
+        if self.is_master or hosts == self.ctx.plan.hosts:
+            return
+        log(f"{self.host}: host of {', '.join(hosts)} (from the first host)")
+        self.ctx = with_hosts(self.ctx, hosts)
+        self.hosts = hosts
 
     def _started(self) -> Outcome | None:
         if self._progress is not None:

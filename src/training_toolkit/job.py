@@ -142,6 +142,21 @@ def build_job(
     )
 
 
+def with_hosts(job: JobSpec, hosts: tuple[str, ...]) -> JobSpec:
+    """``job`` with the hosts the first host gave (the job's membership), in its order; the same job if they agree.
+
+    A host's own view may be partial (an MPIJob worker's: the launcher and itself); the first host's
+    list replaces it.  A heterogeneous cluster's groups name their hosts, so it cannot take other hosts.
+    """
+    if tuple(hosts) == job.resource.hosts:
+        return job
+    source = str(job.paths.resource_config_file)
+    if job.resource.instance_groups:
+        raise ConfigError(source, "hosts", f"the first host's hosts {list(hosts)} are not this host's "
+                          f"{list(job.resource.hosts)}, and instance groups name their hosts")
+    return job._replace(resource=parse_resource_config({**job.resource.raw, "hosts": list(hosts)}, source))
+
+
 def parse_resource_config(raw: Mapping[str, Any], source: str) -> ResourceConfig:
     hosts = raw.get("hosts")
     if not isinstance(hosts, list) or not hosts:

@@ -28,8 +28,9 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None):
+                 fail_barrier=None, welcomed=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
+        self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
         self.job_id = "fake-job"
         self.job_attempt = (0, False)
@@ -40,6 +41,8 @@ class FakeSeat:
 
     def open(self):
         self.told.append("open")
+        if self._welcomed is not None:
+            self.hosts = tuple(self._welcomed)
 
     def barrier(self, attempt=0, deadline_s=None):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
@@ -188,3 +191,43 @@ def test_failure_of_names_a_process_by_its_data_not_its_name(tmp_path, rank, pro
     status = child.wait()
     local = Local("parameter server" if not program else "anything", child, rank=rank, program=program)
     assert agent.failure_of(local, status).reason == reason
+
+
+class SeenAgent(ScriptAgent):
+    """Records the hosts everything after the join reads: the plan's, the script's contract, /opt/ml's file."""
+
+    def prepare(self):
+        import json
+
+        self.seen = (self.ctx.plan.hosts, json.loads(self.ctx.script_env["SM_HOSTS"]),
+                     json.loads(self.ctx.job.paths.resource_config_file.read_text())["hosts"])
+
+
+def test_a_host_other_than_the_first_takes_the_jobs_hosts_from_the_first_host(tmp_path):
+    """Issue 24: an MPIJob worker's own view is the launcher and itself; the job is what the first host says."""
+    from training_toolkit import contract, names, plan
+    from training_toolkit.platforms.opt_ml import write_view
+    from training_toolkit.platforms.view import JobView
+
+    paths = Paths(tmp_path / "opt_ml")
+    own = ("algo-1", "algo-3")  # what this host could see of the job
+    switch = {names.distribution("multi_worker_mirrored").switch: "true"}
+    write_view(paths, JobView("test", own, "algo-3", hyperparameters=switch))
+    spec = build_job(paths, switch, {"current_host": "algo-3", "hosts": list(own), "network_interface_name": "eth0"},
+                     {}, {}, Hardware(1, 0, 0))
+    ctx = RunContext(spec, plan.make_plan(spec), settings.parse({}), {}, contract.script_environment(spec, {}), (),
+                     tmp_path, sys.executable)
+    seats: list[FakeSeat] = []
+    agent = SeenAgent(ctx, seat_factory(seats, answer=Verdict(0, None, "algo-1"), welcomed=HOSTS))
+    assert agent.run() == Outcome(0)
+    assert agent.seen == (HOSTS, list(HOSTS), list(HOSTS))
+    assert agent.ctx.job.resource.current_host == "algo-3" and agent.hosts == HOSTS
+
+
+def test_a_welcome_that_does_not_list_this_host_is_a_setup_failure(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-2")
+    agent = ScriptAgent(ctx, seat_factory(seats, welcomed=("algo-1", "algo-3")))
+    outcome = agent.run()
+    assert outcome.exit_code == 78 and "algo-2" in outcome.reason and "current_host" in outcome.reason
+    assert seats[0].told[0] == "open" and "barrier" not in seats[0].told

@@ -155,3 +155,38 @@ def test_fuzzed_configs_either_parse_or_raise_config_error(hps, rc, data):
         assert "\n" not in str(exc), "errors are one line"
         return
     assert spec.resource.current_host in spec.resource.hosts
+
+
+# The job's hosts as the first host gave them (issue 24: an MPIJob worker knows only the launcher and itself)
+WORKER_RC = {"current_host": "w-1", "hosts": ["launcher", "w-1"], "network_interface_name": "eth0"}
+
+
+@pytest.mark.parametrize("given, hosts", [
+    (("launcher", "w-1"), ("launcher", "w-1")),  # the same: the same job, unchanged
+    (("launcher", "w-0", "w-1"), ("launcher", "w-0", "w-1")),  # a partial view: the first host's list
+    (("w-1", "launcher"), ("w-1", "launcher")),  # another order: the first host's
+])
+def test_with_hosts_takes_the_first_hosts_list(given, hosts):
+    from training_toolkit.job import with_hosts
+
+    spec = job(rc=WORKER_RC)
+    taken = with_hosts(spec, given)
+    assert taken.resource.hosts == hosts and taken.resource.current_host == "w-1"
+    assert dict(taken.resource.raw) == {**WORKER_RC, "hosts": list(hosts)}  # SM_RESOURCE_CONFIG and the file
+    assert taken.resource.network_interface_name == "eth0"
+    assert (taken is spec) == (given == ("launcher", "w-1"))
+
+
+@pytest.mark.parametrize("rc, given, field", [
+    (WORKER_RC, ("launcher", "w-0"), "current_host"),  # a list without this host
+    (WORKER_RC, ("launcher", "w-1", "w-1"), "hosts"),
+    ({"current_host": "a", "hosts": ["a", "b"], "current_group_name": "g",
+      "instance_groups": [{"instance_group_name": "g", "instance_type": "t", "hosts": ["a", "b"]}]},
+     ("a", "b", "c"), "hosts"),  # groups name their hosts: no other list fits them
+])
+def test_with_hosts_refuses_what_cannot_be_this_hosts_job(rc, given, field):
+    from training_toolkit.job import with_hosts
+
+    with pytest.raises(ConfigError) as err:
+        with_hosts(job(rc=rc), given)
+    assert err.value.field == field

@@ -23,9 +23,10 @@ RETRY_MAX_S = 0.25
 class ControlClient:
     """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
 
-    After ``connect``: ``job_id``, the first host's ``introduction`` and
+    After ``connect``: ``job_id``, the first host's ``introduction``,
     ``job_attempt`` (the job's attempt, and whether its processes had started:
-    a host whose ``train`` restarted comes into a running job) are what its
+    a host whose ``train`` restarted comes into a running job) and ``hosts``
+    (the job's hosts in rank order, as the first host knows them) are what its
     welcome carried.  ``source`` is the local address to join from
     (None: the one the route picks); the first host admits by address where
     there is no secret, so a host with several addresses joins from the one
@@ -58,6 +59,7 @@ class ControlClient:
         self.job_id = ""
         self.introduction: dict[str, str] = {}
         self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
+        self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
         self._go = -1  # the last attempt the first host started
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()
@@ -100,21 +102,22 @@ class ControlClient:
             link.send_raw({"t": "hello", "host": self.host, "nonce": client_nonce, "kx": exchange.public,
                            "intro": self._introduction,
                            "mac": wire.mac(keys.auth, "hello", wire.canonical(self._introduction))})
-            answer = link.recv_raw(deadline)
+            answer = link.recv_raw(deadline, wire.MAX_WELCOME)
             if answer.get("t") == "reject":
                 raise Refused(wire.text(answer, "reason", optional=True) or "rejected")
             welcome = answer.get("t") == "welcome"
             job_id = wire.text(answer, "job", limit=64) if welcome else ""
             introduction = wire.introduction(answer)
             at = wire.job_attempt(answer) if welcome else (0, False)
-            if not welcome or not wire.verify(keys.auth, answer.get("mac"), "welcome", job_id or "",
-                                              wire.canonical(introduction), wire.canonical({"n": at[0], "go": at[1]})):
+            hosts = wire.hosts(answer) if welcome else ()
+            if not welcome or not wire.verify(keys.auth, answer.get("mac"), *wire.welcome_signed(
+                    job_id or "", introduction, {"n": at[0], "go": at[1]}, hosts)):
                 raise Refused("the first host failed authentication (a different job secret?)")
         except BaseException:
             link.close()
             raise
         link.key = keys.session
-        self.job_id, self.introduction, self.job_attempt = job_id or "", introduction, at
+        self.job_id, self.introduction, self.job_attempt, self.hosts = job_id or "", introduction, at, hosts
         sock.settimeout(self._timeout_s)
         self._link = link
         start_thread(self._read_loop, "control-read")

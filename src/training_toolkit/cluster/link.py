@@ -26,11 +26,11 @@ class Link:
         with self._send_lock:
             self.sock.sendall(wire.encode(message))
 
-    def recv_raw(self, deadline: float | None = None) -> dict:
-        """The next frame; by ``deadline`` (monotonic) if given, else within the socket's own timeout."""
+    def recv_raw(self, deadline: float | None = None, limit: int = wire.MAX_FRAME) -> dict:
+        """The next frame (at most ``limit`` bytes); by ``deadline`` (monotonic) if given, else within the socket's own timeout."""
         while b"\n" not in self._buffer:
-            if len(self._buffer) > wire.MAX_FRAME:
-                raise wire.FrameError(f"frame longer than {wire.MAX_FRAME} bytes")
+            if len(self._buffer) > limit:
+                raise wire.FrameError(f"frame longer than {limit} bytes")
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -41,7 +41,7 @@ class Link:
                 raise ConnectionError("connection closed" + (" mid-frame" if self._buffer else ""))
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
-        return wire.decode(line + b"\n")
+        return wire.decode(line + b"\n", limit)
 
     def send(self, kind: str, **fields) -> None:
         with self._send_lock:

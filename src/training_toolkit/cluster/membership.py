@@ -15,6 +15,7 @@ from typing import Protocol
 from typing import TYPE_CHECKING
 
 from training_toolkit.cluster.events import Verdict
+from training_toolkit.errors import ClusterError
 from training_toolkit.records import record
 from training_toolkit.settings import Settings
 
@@ -39,9 +40,13 @@ class ChannelSettings:
 
 
 class Seat(Protocol):
-    """What an agent needs of its seat: ``Membership``, or a test's fake."""
+    """What an agent needs of its seat: ``Membership``, or a test's fake.
+
+    ``hosts``: after ``open``, the job's hosts in rank order as the first host gave them (its own on the first host).
+    """
 
     is_master: bool
+    hosts: tuple[str, ...]
 
     @property
     def job_id(self) -> str: ...
@@ -82,7 +87,8 @@ class Membership:
     ``introduction`` is what this host tells the others about itself; after
     ``open``, ``introductions`` holds what the others told (on the first host:
     every host that joined, by name; elsewhere: the first host's), and
-    ``job_id`` is the first host's random id for this job, the same on every host.
+    ``job_id`` is the first host's random id for this job, the same on every host,
+    and ``hosts`` the job's hosts as the first host's welcome listed them (``job_hosts``).
     """
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
@@ -96,7 +102,7 @@ class Membership:
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
         if self.is_master:
             self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
-                                                               job_id=secrets.token_hex(8),
+                                                               job_id=secrets.token_hex(8), hosts=self.hosts,
                                                                first_attempt=settings.first_attempt, **kw)
             self._client: ControlClient | None = None
         else:
@@ -126,6 +132,7 @@ class Membership:
         else:
             assert self._client is not None
             self._client.connect(self.settings.join_timeout_s)
+            self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
 
     def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
         """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline)."""
@@ -186,6 +193,21 @@ class Membership:
             self._client.close()
 
 
+def job_hosts(own: Sequence[str], current: str, given: Sequence[str]) -> tuple[str, ...]:
+    """The job's hosts for a host other than the first: the first host's welcome (``given``), never its own view.
+
+    A host's own view may be partial (an MPIJob worker knows only the launcher and itself) or
+    ordered otherwise; the first host's list is the job's, so every host admits and addresses
+    the same peers in the same order.  A welcome that lists no hosts, or not this one, is refused.
+    """
+    if not given:
+        raise ClusterError(f"the first host {own[0]} named no hosts in its welcome (a host of another toolkit version?)")
+    if current not in given:
+        raise ClusterError(f"the first host {given[0]} does not list this host, {current}, among the job's hosts: "
+                           f"{', '.join(given)}")
+    return tuple(given)
+
+
 class SoloSeat:
     """The seat of a job of one host (the single runner): no channel, no port, nothing to tell anyone.
 
@@ -200,6 +222,7 @@ class SoloSeat:
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):
         self.current = current
+        self.hosts = tuple(hosts)
 
     def open(self) -> None:
         pass

@@ -22,11 +22,16 @@ def resolve(name: str) -> frozenset[str]:
 
 
 def job_addresses(hosts: Sequence[str]) -> list[str]:
-    """Every address of the job's hosts: the only ones sshd admits the client key from, and the guard lets in."""
-    found = sorted({address for host in hosts for address in resolve(host)})
-    if not found:
-        raise ClusterError(f"none of the job's hosts resolves to an address: {', '.join(hosts)}")
-    return found
+    """Every address of the job's hosts: the only ones sshd admits the client key from, and the guard lets in.
+
+    Every host must resolve: one left out would be a host whose connections the shim closes (ranks that
+    hang), so it is an error naming it instead.
+    """
+    found = {host: resolve(host) for host in hosts}
+    missing = [host for host, addresses in found.items() if not addresses]
+    if missing:
+        raise ClusterError(f"the job's host(s) {', '.join(missing)} resolve to no address here")
+    return sorted({address for addresses in found.values() for address in addresses})
 
 
 def plain(address: str) -> str:

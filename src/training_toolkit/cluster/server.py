@@ -25,7 +25,8 @@ class ControlServer:
 
     ``secret`` is the platform's job secret, or None: then seats are admitted
     by address (``admission``).  ``first_attempt``: the attempt the job starts at
-    (the platform restarted the whole job: JobSet's restart-attempt).  ``job_id`` and ``introduction`` go to every
+    (the platform restarted the whole job: JobSet's restart-attempt).  ``job_id``, ``introduction`` and ``hosts``
+    (the job's hosts in rank order, this one first: the membership every host takes, never guesses) go to every
     host in its welcome; each host's own introduction is kept in ``introductions``.
     """
 
@@ -45,8 +46,10 @@ class ControlServer:
         admission: Admission | None = None,
         log: Callable[[str], None] = log_line,
         first_attempt: int = 0,
+        hosts: Sequence[str] = (),
     ):
         self._secret = secret
+        self.hosts = tuple(hosts)
         self.expected = tuple(expected)
         self.port = port
         self.job_id = job_id
@@ -194,9 +197,10 @@ class ControlServer:
                 over = self._closed.is_set()
                 if not over:
                     at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
+                    members = list(self.hosts)
                     link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
-                                   "mac": wire.mac(keys.auth, "welcome", self.job_id, wire.canonical(self._introduction),
-                                                   wire.canonical(at))})
+                                   "hosts": members,
+                                   "mac": wire.mac(keys.auth, *wire.welcome_signed(self.job_id, self._introduction, at, members))})
                     link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                     stale = self._links.get(host)
                     self._links[host] = link

@@ -23,8 +23,10 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 3  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next)
+PROTOCOL = 4  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
+MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
+MAX_HOSTS = 100_000
 MAX_TEXT = 4096  # characters in a reason, a host name, an introduction value
 MAX_INTRO_ITEMS = 8
 _KDF_LABEL = b"training-toolkit channel v2"
@@ -41,10 +43,10 @@ def encode(message: dict) -> bytes:
     return (json.dumps(message, separators=(",", ":"), sort_keys=True) + "\n").encode()
 
 
-def decode(line: bytes) -> dict:
-    """One received line as a JSON object, or a FrameError saying why not."""
-    if len(line) > MAX_FRAME:
-        raise FrameError(f"frame longer than {MAX_FRAME} bytes")
+def decode(line: bytes, limit: int = MAX_FRAME) -> dict:
+    """One received line (at most ``limit`` bytes) as a JSON object, or a FrameError saying why not."""
+    if len(line) > limit:
+        raise FrameError(f"frame longer than {limit} bytes")
     if not line.endswith(b"\n"):
         raise FrameError("truncated frame (no end of line)")
     try:
@@ -90,6 +92,23 @@ def job_attempt(message: dict) -> tuple[int, bool]:
     if not isinstance(value, dict) or set(value) != {"n", "go"} or not isinstance(value["go"], bool):
         raise FrameError("field 'at' is not a job attempt")
     return attempt(value), value["go"]
+
+
+def hosts(message: dict) -> tuple[str, ...]:
+    """The welcome's membership: the job's hosts in rank order, the first host first, as the first host knows them."""
+    value = message.get("hosts")
+    if (not isinstance(value, list) or len(value) > MAX_HOSTS
+            or not all(isinstance(host, str) and 0 < len(host) <= 255 for host in value)):
+        raise FrameError(f"field 'hosts' is not a list of at most {MAX_HOSTS} host names")
+    if len(set(value)) != len(value):
+        raise FrameError("field 'hosts' names a host twice")
+    return tuple(value)
+
+
+def welcome_signed(job_id: str, intro: dict, at: dict, members: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """What a welcome's MAC covers (``mac``/``verify`` parts): the job's id, the first host's introduction,
+    the job's attempt and its hosts."""
+    return ("welcome", job_id, canonical(intro), canonical(at), canonical(list(members)))
 
 
 def introduction(message: dict) -> dict[str, str]:

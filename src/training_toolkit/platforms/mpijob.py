@@ -15,8 +15,11 @@ A job that sets ``TRAINING_TOOLKIT_SSH_KEYS`` uses its own keys instead, in the 
 Mapping: the launcher's hosts are the hostfile's, in order; it must be the first
 (``runLauncherAsWorker: true``), since the toolkit's MPI runner runs ranks on the host that runs
 mpirun.  A worker finds the launcher from its own FQDN (same job, same subdomain and
-namespace) and knows itself; that is all it needs, since it only joins the launcher's control
-channel and serves ssh to it (no tree spawn), so its view lists those two hosts only.  The job's
+namespace) and knows itself, and nothing names the other workers: its view lists those two hosts,
+enough to wait for their names and join the launcher's control channel.  The job's hosts then
+come from the launcher's welcome, and the worker's job is rebuilt from them before anything is
+prepared (``membership.job_hosts``, ``runners.base.with_hosts``): its ranks, its shim's allow list
+and its sshd's ``from=`` name every pod, never the two it could see.  The job's
 client key is the mounted one, read under the operator's names; each pod makes its own host key
 (the channel's introductions pin it); the channel's secret is derived from the mounted key,
 which every pod of the job holds and nobody outside it does.
@@ -112,7 +115,10 @@ def launcher_view(hostfile: str, hostname: str, source: str = HOSTFILE) -> tuple
 
 
 def worker_view(hostname: str, subdomain: str | None, namespace: str | None) -> tuple[tuple[str, ...], str]:
-    """A worker's view: the launcher and itself, named as the launcher's hostfile names them."""
+    """A worker's own view: the launcher and itself, named as the launcher's hostfile names them.
+
+    Only enough to join: the job's hosts come from the launcher's welcome (``membership.job_hosts``).
+    """
     match = _WORKER_NAME.match(hostname)
     if not match:
         raise ConfigError("MPIJob worker", "hostname", f"expected <job>-worker-<i>, got {hostname!r}")

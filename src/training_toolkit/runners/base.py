@@ -33,6 +33,31 @@ class RunContext(NamedTuple):
         return self.settings.grace_s
 
 
+def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
+    """``ctx`` for the job's hosts as the first host gave them, its resource config in ``/opt/ml`` rewritten to match.
+
+    Everything a rank sees (``SM_HOSTS``, ``SM_TRAINING_ENV``, ``SM_RESOURCE_CONFIG``, the file) and
+    everything that admits or addresses peers (the plan's hosts: the shim, sshd's ``from=``, the guard)
+    then follows the first host's membership.
+    """
+    from training_toolkit import contract, job, plan
+
+    spec = job.with_hosts(ctx.job, hosts)
+    if spec is ctx.job:
+        return ctx
+    _write_json(spec.paths.resource_config_file, dict(spec.resource.raw))
+    return ctx._replace(job=spec, plan=plan.make_plan(spec), script_env=contract.script_environment(spec, ctx.environ))
+
+
+def _write_json(path: Path, value: Mapping) -> None:
+    import json
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def outcome_of(child: Supervised, status: ExitStatus, label: str = "", what: str | None = None) -> Outcome:
     """A failed process's outcome names how it ended and its last stderr line."""
     if status.ok:

@@ -99,6 +99,37 @@ def test_mpijob_horovod_runs_from_the_launcher_and_the_worker_has_only_its_role(
 
 
 @pytest.mark.torch
+@pytest.mark.mpi
+@pytest.mark.sshd
+@pytest.mark.timeout(240)
+def test_mpijob_with_two_workers_runs_every_rank_with_the_launchers_membership(tmp_path):
+    """Issue 24, item 0: a worker knows only its role; the job's hosts reach it from the launcher, never a guess.
+
+    Before, each worker took the job to be [launcher, itself]: its shim closed the other worker's BTL
+    connections and the ranks hung until the timeout.
+    """
+    src = source_dir(tmp_path, "mpi_membership.py")
+    pods = k8s.mpijob("mpj", "ns1", workers=2, slots=2)
+    assert all(p.env == {"K_MPI_JOB_ROLE": "worker"} and "/etc/mpi" not in p.volumes for p in pods[1:])
+    results = run_pods(pods, tmp_path, hps("mpi_membership.py", src), timeout_s=150)
+    assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert sorted(ranks) == list(range(6))
+    hosts = [f"{p.name}.mpj.ns1.svc" for p in pods]
+    allowed = {info["netshim_allow"] for info in ranks.values()}
+    assert len(allowed) == 1 and len(allowed.pop().split(",")) == 3  # every host admits the same three addresses
+    for rank, info in ranks.items():
+        assert info["host"] == pods[rank // 2].name and info["size"] == 6 and info["sum"] == 21
+        assert info["names"] == [p.name for p in pods for _ in range(2)]
+        assert info["sm_current_host"] == hosts[rank // 2]
+        assert info["sm_hosts"] == info["training_env_hosts"] == info["resource_config_hosts"] == hosts
+        assert info["file_hosts"] == hosts
+    for result, host in zip(results, hosts):
+        resource = json.loads((result.opt_ml / "input/config/resourceconfig.json").read_text())
+        assert resource["hosts"] == hosts and resource["current_host"] == host
+    assert all(log(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
+
+
 def test_pytorchjob_ddp_across_master_and_worker(tmp_path):
     src = source_dir(tmp_path, "torch_ddp_train.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=2)

@@ -196,9 +196,9 @@ def test_the_welcomes_attempt_is_signed():
     """A welcome whose attempt was changed on the way fails its check, as any other field would."""
     good = {"n": 1, "go": True}
     key = b"k" * 32
-    signed = wire.mac(key, "welcome", "job", wire.canonical({}), wire.canonical(good))
-    assert wire.verify(key, signed, "welcome", "job", wire.canonical({}), wire.canonical(good))
-    assert not wire.verify(key, signed, "welcome", "job", wire.canonical({}), wire.canonical({"n": 0, "go": False}))
+    signed = wire.mac(key, *wire.welcome_signed("job", {}, good, ["a"]))
+    assert wire.verify(key, signed, *wire.welcome_signed("job", {}, good, ["a"]))
+    assert not wire.verify(key, signed, *wire.welcome_signed("job", {}, {"n": 0, "go": False}, ["a"]))
     assert wire.job_attempt({"at": good}) == (1, True)
     for bad in (None, {"n": 1}, {"n": -1, "go": False}, {"n": 1, "go": 1}, {"n": 1, "go": True, "x": 0}):
         with pytest.raises(wire.FrameError):

@@ -86,3 +86,35 @@ def test_signed_messages_refuse_forgery_and_replay():
         wire.open_signed(b"x" * 32, 1, dict(frame))
     with pytest.raises(wire.FrameError, match="authentication"):
         wire.open_signed(key, 1, {**frame, "t": "failed"})
+
+
+@pytest.mark.parametrize("value, expected", [
+    (["a"], ("a",)),
+    (["launcher.j.ns.svc", "w-0.j.ns.svc", "w-1.j.ns.svc"], ("launcher.j.ns.svc", "w-0.j.ns.svc", "w-1.j.ns.svc")),
+    ([], ()),  # a first host that named none (the receiver refuses it: membership.job_hosts)
+])
+def test_the_welcomes_hosts(value, expected):
+    assert wire.hosts({"hosts": value}) == expected
+
+
+@pytest.mark.parametrize("value", [None, "a", {"a": 1}, ["a", 1], ["a", ""], ["x" * 256], ["a", "a"],
+                                   ["h"] * (wire.MAX_HOSTS + 1)])
+def test_the_welcomes_hosts_refused(value):
+    with pytest.raises(wire.FrameError, match="field 'hosts'"):
+        wire.hosts({"hosts": value})
+
+
+def test_the_welcomes_hosts_are_signed():
+    key, at = b"k" * 32, {"n": 0, "go": False}
+    signed = wire.mac(key, *wire.welcome_signed("job", {}, at, ["a", "b", "c"]))
+    assert wire.verify(key, signed, *wire.welcome_signed("job", {}, at, ("a", "b", "c")))
+    for other in (["a", "b"], ["a", "c", "b"], ["a", "b", "c", "d"]):
+        assert not wire.verify(key, signed, *wire.welcome_signed("job", {}, at, other))
+
+
+def test_decode_takes_a_larger_limit_for_the_welcome():
+    line = wire.encode({"t": "welcome", "hosts": ["h" * 200] * 400})
+    assert len(line) > wire.MAX_FRAME
+    with pytest.raises(wire.FrameError, match="longer than"):
+        wire.decode(line)
+    assert wire.decode(line, wire.MAX_WELCOME)["t"] == "welcome"
