@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from training_toolkit import errors, settings
 from training_toolkit.log import log
 from training_toolkit.paths import Paths
-from training_toolkit.settings import Settings
 
 
 def _flag_type(field: str):
@@ -110,30 +109,26 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], platform: str | None = None) -> int:
-    """The one flow (docs/architecture.md): settings, the platform's view, /opt/ml, the job, the verdict."""
-    from training_toolkit import report
+    """The one flow (docs/architecture.md): settings, the platform's view, the job, then /opt/ml, the code, the verdict."""
+    from training_toolkit import flow, report
 
     # The job directory first: a bad setting is a verdict too, and the verdict goes there.
     paths = Paths.at(settings.value_of("base_dir", environ, base_dir))
     report.clear_verdict(paths)
     found = None  # (platform, facts, view): the platform reports the end even when its view could not be made
     try:
-        config = settings.parse(environ, read=_read_bytes, base_dir=base_dir, grace_s=grace_s, platform=platform)
-        environ = settings.without_secrets(environ)  # the one point where secrets leave the environment
-        _warn_unknown(environ)
-        chosen, facts = _platform(paths, config, environ)
-        found = (chosen, facts, None)
-        view = chosen.view(facts)
-        found = (chosen, facts, view)
+        begun = flow.start(environ, read=_read_bytes, base_dir=base_dir, grace_s=grace_s, platform=platform)
+        found = (begun.platform, begun.facts, None)
+        view = flow.view(begun)
+        found = (begun.platform, begun.facts, view)
         for note in view.notes:
             log(note)
-        environ = without(environ, view.unset)
-        config = settings.override(config, view.overrides)
-        chosen.wait(view, config)
+        job = flow.job(begun, view)
+        begun.platform.wait(view, job.config)
         from training_toolkit.platforms.opt_ml import write_view
 
         write_view(paths, view)
-        outcome = _run(paths, config, environ, with_gpus(facts.hardware, config), view.restart_attempt)
+        outcome = _run(job, view.restart_attempt)
     except errors.ToolkitError as exc:
         outcome = report.Outcome(exc.exit_code, str(exc))
     except KeyboardInterrupt:
@@ -155,23 +150,16 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
 
 def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
     """A bad setting is a verdict too: the platform (with every other setting at its default) still reports it."""
+    from training_toolkit import hardware, platforms
+
     try:
         config = settings.parse({}, base_dir=str(paths.base))._replace(
             termination_log=settings.value_of("termination_log", environ))
-        chosen, facts = _platform(paths, config, settings.without_secrets(environ))
-        return chosen, facts, None
+        environ = settings.without_secrets(environ)
+        facts = platforms.gather(environ, paths, config, hardware.probe(config.num_gpus))
+        return platforms.choose(config.platform, facts), facts, None
     except Exception:  # noqa: BLE001 - nothing more can be told, and the verdict files are written already
         return None
-
-
-def with_gpus(hardware, config: Settings):
-    """The probed hardware with the GPU count the settings give (the job's, else the platform's), if any."""
-    return hardware if config.num_gpus is None else hardware._replace(num_gpus=config.num_gpus)
-
-
-def without(environ: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
-    """``environ`` without the variables a platform said describe train's own task (no child may take them)."""
-    return {k: v for k, v in environ.items() if k not in names} if names else dict(environ)
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -184,26 +172,13 @@ def _read_bytes(path: str) -> bytes | None:
         raise errors.ConfigError(path, None, f"cannot be read: {exc.strerror or exc}") from None
 
 
-def _platform(paths: Paths, config: Settings, environ: Mapping[str, str]):
-    """The platform this container is on (detected, or named by the setting), and the facts it looked at."""
-    from training_toolkit import hardware, platforms
-
-    facts = platforms.gather(environ, paths, config, hardware.probe(config.num_gpus))
-    return platforms.choose(config.platform, facts), facts
-
-
-def _warn_unknown(environ: Mapping[str, str]) -> None:
-    for name in settings.unknown_variables(environ):
-        log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
-
-
-def _run(paths: Paths, config: Settings, environ: dict[str, str], hardware, first_attempt: int = 0):
-    from training_toolkit import code, contract, job, plan
+def _run(job, first_attempt: int = 0):
+    """Fetch the code and hand the job to its runner (the side effects ``plan`` leaves out)."""
+    from training_toolkit import code, contract
     from training_toolkit.process import become_subreaper
     from training_toolkit.runners.base import RunContext
 
-    spec = job.load_job(paths, environ, hardware)
-    launch = plan.make_plan(spec)
+    spec, launch, config, environ = job.spec, job.launch, job.config, job.environ
     python = code.python_for(config.python)
     setup_error, code_dir, argv = None, spec.paths.code_dir, ()
     try:
@@ -237,22 +212,18 @@ def _runner(name: str):
 
 
 def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], platform: str | None = None) -> int:
+    """What ``run`` would do, from the same flow (``flow``), without its side effects."""
     import json
     import shlex
 
-    from training_toolkit import code, contract
+    from training_toolkit import code, contract, flow
     from training_toolkit.redact import redact
 
     try:
-        config = settings.parse(environ, read=_read_bytes, base_dir=base_dir, platform=platform)
-        environ = settings.without_secrets(environ)
-        _warn_unknown(environ)
-        paths = Paths.at(config.base_dir)
-        chosen, facts = _platform(paths, config, environ)
-        view = chosen.view(facts)
-        environ = without(environ, view.unset)
-        config = settings.override(config, view.overrides)
-        spec, launch = _planned_job(paths, view, environ, with_gpus(facts.hardware, config))
+        begun = flow.start(environ, read=_read_bytes, base_dir=base_dir, platform=platform)
+        view = flow.view(begun)
+        job = flow.job(begun, view)
+        paths, config, environ, spec, launch = begun.paths, job.config, job.environ, job.spec, job.launch
         python = code.python_for(config.python)
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)
@@ -299,20 +270,6 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
     for key, value in doc["environment"].items():
         print(f"  {key}={value}")
     return 0
-
-
-def _planned_job(paths: Paths, view, environ: Mapping[str, str], hardware):
-    """The JobSpec and LaunchPlan ``run`` would make from ``view``, without writing it: the same documents."""
-    from training_toolkit import job, plan
-    from training_toolkit.platforms.opt_ml import documents
-
-    files = documents(view)
-    if not files:
-        spec = job.load_job(paths, environ, hardware)
-    else:
-        spec = job.build_job(paths, files["hyperparameters.json"], files["resourceconfig.json"],
-                             files["inputdataconfig.json"], environ, hardware)
-    return spec, plan.make_plan(spec)
 
 
 def _planned_command(spec, python: str) -> list[str]:
