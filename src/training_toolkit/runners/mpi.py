@@ -172,7 +172,7 @@ class MpiAgent(HostAgent):
     def prepare_attempt(self) -> None:
         """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
         if self._rank_file is not None:
-            self._stop_flag().unlink(missing_ok=True)  # the new attempt's runtime ends its job on a failure again
+            self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
             rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
 
     def _stop_flag(self) -> Path:
@@ -216,8 +216,11 @@ class MpiAgent(HostAgent):
         return found
 
     def stop_part(self) -> None:
-        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends."""
-        self._hold_kills()
+        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends.
+
+        No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
+        stop has no verdict after which train would end it.
+        """
         stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
         super().stop_part()
 
