@@ -1,9 +1,11 @@
-"""Builds the toolkit's three native parts at install time (metadata is in setup.cfg).
+"""Builds the toolkit's four native parts at install time (metadata is in setup.cfg).
 
 - ``libtrainingtoolkit_hostname.so``, preloaded into every MPI rank so that ``gethostname()``
   returns the rank's own host where every container has the kernel host name ``aws``;
 - ``libtrainingtoolkit_netshim.so``, preloaded into mpirun, the Open MPI daemons and the ranks:
   a connection accepted from outside the job is closed before the program sees it;
+- ``libtrainingtoolkit_stophold.so``, preloaded into mpirun and the Open MPI daemons only: while
+  a host's train stops the job, the runtime's kills do nothing (the stop is train's);
 - ``training-toolkit-rank``, what every MPI rank runs first: it takes the rank's command and
   environment from a file its own host's ``train`` wrote, so that mpirun carries nothing of
   the job, and it starts in about a millisecond where a Python wrapper took ~50 ms.
@@ -24,7 +26,8 @@ from setuptools.command.build_ext import build_ext
 NATIVE = "training_toolkit.native"
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
-LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY}  # plain shared libraries, not modules
+STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"
+LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY, "_stophold": STOPHOLD_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
 
 
@@ -60,6 +63,8 @@ setup(
     ext_modules=[Extension(f"{NATIVE}._hostname", sources=["src/training_toolkit/native/hostname.c"],
                            extra_compile_args=["-O2"]),
                  Extension(f"{NATIVE}._netshim", sources=["src/training_toolkit/native/netshim.c"],
+                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"]),
+                 Extension(f"{NATIVE}._stophold", sources=["src/training_toolkit/native/stophold.c"],
                            extra_compile_args=["-O2", "-Wall"], libraries=["dl"])],
     cmdclass={"build_ext": BuildNative},
 )

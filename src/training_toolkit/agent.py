@@ -99,9 +99,10 @@ class HostAgent(StallWatch):
         self.locals: list[Local] = []
         config = ctx.settings
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
+        stop_wait_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
-                                           self.own_end_on_stop, ctx.first_attempt) if self.is_master
-                      else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt))
+                                           self.own_end_on_stop, ctx.first_attempt, stop_wait_s) if self.is_master
+                      else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt, stop_wait_s))
         self.watch_dir = None
         self._progress = None
 
@@ -156,10 +157,19 @@ class HostAgent(StallWatch):
         """Pass a signal ``train`` received to this host's part of the job.
 
         By default every local process gets it (stopping signals with the grace
-        period, then SIGKILL).  A runner whose processes are not its children
-        (MPI ranks under sshd) posts ``PartStopped`` once they are gone.
+        period, then SIGKILL), and ``PartStopped`` is posted once all of them
+        are gone: the job hears of this host's stop when its whole part has
+        stopped, not when its first process ends.  A runner whose processes are
+        not its children (MPI ranks under sshd) posts ``PartStopped`` itself.
         """
         self._forward(signum, self.ctx.grace_s)
+        if signum in STOPPING_SIGNALS and not self.own_end_on_stop:
+            _in_thread(self._part_stopped, "part-stopped", signum, list(self.locals))
+
+    def _part_stopped(self, signum: int, locals_: list[Local]) -> None:
+        for local in locals_:
+            local.child.wait()  # each has its grace, and SIGKILL after it (Supervised.stop)
+        self.events.put(PartStopped(signum, time.time()))
 
     # The template -----------------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ from training_toolkit.report import Outcome
 REPORT_WAIT_S = 5.0  # other hosts: after reporting a failure, how long to wait for the verdict before ending alone
 PEER_FINISH_TIMEOUT_S = 600.0  # first host: after its own success, how long the others may take (wait_for_peers)
 
+STOP_MARGIN_S = 3.0  # after the grace period: a host's SIGKILL to what is left (1 s at most) and its report
+
 STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
 SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
@@ -95,16 +97,28 @@ class AgentState:
     stall_deadline: float | None = None  # monotonic: no progress by then is a stall
     heartbeats: bool = False  # a heartbeat came this attempt: from now on only heartbeats are progress
     own_end_on_stop: bool = False  # a job of one seat: a stopped script's own exit is the verdict (the reference's)
+    # stopped by a signal: how long the first host waits for every host's part to stop (the grace period and a
+    # margin), and an other host for the verdict after its report; 0: the first report is as good as all
+    stop_wait_s: float = 0.0
+    stopped_hosts: frozenset[str] = frozenset()  # first host, during a stop: hosts whose part has stopped, itself too
 
 
 def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
-               watch: Watch | None = None, own_end_on_stop: bool = False, first_attempt: int = 0) -> AgentState:
+               watch: Watch | None = None, own_end_on_stop: bool = False, first_attempt: int = 0,
+               stop_wait_s: float = 0.0) -> AgentState:
     return AgentState(host, True, frozenset(workers), wait_for_peers, max_restarts=max_restarts, watch=watch,
-                      own_end_on_stop=own_end_on_stop, attempt=first_attempt, first_attempt=first_attempt)
+                      own_end_on_stop=own_end_on_stop, attempt=first_attempt, first_attempt=first_attempt,
+                      stop_wait_s=stop_wait_s)
 
 
-def other_host(host: str, max_restarts: int = 0, first_attempt: int = 0) -> AgentState:
-    return AgentState(host, False, max_restarts=max_restarts, attempt=first_attempt, first_attempt=first_attempt)
+def other_host(host: str, max_restarts: int = 0, first_attempt: int = 0, stop_wait_s: float = 0.0) -> AgentState:
+    return AgentState(host, False, max_restarts=max_restarts, attempt=first_attempt, first_attempt=first_attempt,
+                      stop_wait_s=stop_wait_s)
+
+
+def stop_wait(grace_s: float) -> float:
+    """How long a stopped job's first host waits for every host's part: the grace, the kill after it, the report."""
+    return grace_s + STOP_MARGIN_S
 
 
 def next_deadline(state: AgentState) -> float | None:
@@ -124,7 +138,7 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
     if _stale(state, event):
         return state, ()
     if isinstance(event, GotSignal):
-        return _signal(state, event.signum)
+        return _signal(state, event.signum, now)
     if isinstance(event, Joined):
         return _joined(state, event), ()
     if isinstance(event, Started):
@@ -147,7 +161,7 @@ def _stale(state: AgentState, event: Event) -> bool:
     return isinstance(event, PartEnded) and event.attempt != state.attempt
 
 
-def _signal(state: AgentState, signum: int) -> tuple[AgentState, tuple[Action, ...]]:
+def _signal(state: AgentState, signum: int, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     stopping = signum in STOPPING_SIGNALS
     if state.phase in (Phase.SETUP, Phase.BARRIER):
         if stopping:
@@ -155,7 +169,22 @@ def _signal(state: AgentState, signum: int) -> tuple[AgentState, tuple[Action, .
         return replace(state, pending_signals=(*state.pending_signals, signum)), ()
     if stopping and state.stop_signal is None:
         state = replace(state, stop_signal=signum)
+        if _waits_for_parts(state) and state.phase == Phase.RUNNING:
+            # the verdict waits for every host's part to stop (or this long): a host that heard it would end
+            # its ranks still saving
+            state = replace(state, deadline=now + state.stop_wait_s)
     return state, (Forward(signum),)
+
+
+def _waits_for_parts(state: AgentState) -> bool:
+    """A stopped first host: its verdict waits until every host's part has stopped, each rank with its grace.
+
+    The stop is the agent's: whichever rank or host ends its part first, the others keep their
+    grace period.  Each host reports its part once all of it has stopped (``PartStopped``), not
+    when its first process ends.  A job of one seat whose script's own exit is the verdict has
+    no part to wait for.
+    """
+    return state.is_master and state.stop_signal is not None and state.stop_wait_s > 0 and not state.own_end_on_stop
 
 
 def attempt_to_join(job_attempt: int, started: bool) -> int:
@@ -230,7 +259,7 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
         state = replace(state, done=state.done | {event.host})
         if state.succeeded and not state.failures and state.workers <= state.done:
             return _announce(state, Outcome(0))
-        return state, ()
+        return _all_parts_stopped(state)
     if isinstance(event, PeerDone):
         state = replace(state, done=state.done | {event.host})
     if isinstance(event, PeerLost) and event.host in state.done:
@@ -238,9 +267,22 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
     failure = _failure(state, event)
     if failure is None:
         return state, ()
+    if _waits_for_parts(state):  # the deadline is the stop's (set with the signal)
+        host = event.host if isinstance(event, (PeerFailed, PeerLost)) else state.host
+        part = isinstance(event, (PeerFailed, PeerLost, PartStopped))
+        state = replace(state, failures=(*state.failures, failure),
+                        stopped_hosts=state.stopped_hosts | {host} if part else state.stopped_hosts)
+        return _all_parts_stopped(state)
     # the window is for other hosts' reports of earlier failures; a job of one host has none to wait for
     deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if state.workers else 0.0)
     return replace(state, failures=(*state.failures, failure), deadline=deadline), ()
+
+
+def _all_parts_stopped(state: AgentState) -> tuple[AgentState, tuple[Action, ...]]:
+    """A stopped first host concludes once every host's part has stopped (or reported done): no need to wait more."""
+    if _waits_for_parts(state) and state.failures and state.workers | {state.host} <= state.stopped_hosts | state.done:
+        return _conclude(state, state.failures)
+    return state, ()
 
 
 def _first_host_tick(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]]:
@@ -249,6 +291,9 @@ def _first_host_tick(state: AgentState, now: float) -> tuple[AgentState, tuple[A
             return _stalled(state, StacksGathered((), ("every host: no stacks within the wait",)))
         if state.failures:
             return _conclude(state, state.failures)
+        if _waits_for_parts(state):  # no part said it stopped in time: the job was stopped all the same
+            assert state.stop_signal is not None
+            return _conclude(state, (Failure(_stopped(state.host, state.stop_signal), None, stopped=True),))
         missing = ", ".join(sorted(state.workers - state.done))
         return _announce(state, Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: the job succeeded here but {missing} "
                                                             f"did not finish within {PEER_FINISH_TIMEOUT_S:g} s"))
@@ -341,7 +386,9 @@ def _other_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
     if failure is None or own is not None:
         return state, ()
     report = Report(failure.outcome.reason or "", failure.outcome.exit_code, failure.at, state.attempt, failure.stopped)
-    return replace(state, failures=(failure,), deadline=now + REPORT_WAIT_S), (report,)
+    # stopped: the first host's verdict waits for every host's part, so this host waits as long for it
+    wait = max(REPORT_WAIT_S, state.stop_wait_s) if failure.stopped else REPORT_WAIT_S
+    return replace(state, failures=(failure,), deadline=now + wait), (report,)
 
 
 def _end(state: AgentState, outcome: Outcome, *before: Action) -> tuple[AgentState, tuple[Action, ...]]:
@@ -355,9 +402,13 @@ def _end(state: AgentState, outcome: Outcome, *before: Action) -> tuple[AgentSta
 def _failure(state: AgentState, event: Event) -> Failure | None:
     """The failure an event stands for, if it is one."""
     if isinstance(event, PartStopped):
+        if state.own_end_on_stop:
+            return None  # the script's own exit is the verdict
         return Failure(_stopped(state.host, event.signum), event.at, stopped=True)
     if isinstance(event, LocalExit):
         if state.stop_signal is not None and not state.own_end_on_stop:  # however they ended, the job was stopped
+            if state.stop_wait_s:
+                return None  # one process of the part: the part's end (PartStopped) is what the job hears
             return Failure(_stopped(state.host, state.stop_signal), event.at, stopped=True)
         if event.status.ok and event.name in state.primaries:
             return None

@@ -47,8 +47,10 @@ HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a
 STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
 NETSHIM_ALLOW_VAR = "TRAINING_TOOLKIT_NETSHIM_ALLOW"  # the accept() shim's job addresses (native/netshim.c)
 NETSHIM_PORTS_VAR = "TRAINING_TOOLKIT_NETSHIM_PORTS"  # the local ports it checks, LOW-HIGH (unset: every port)
+STOP_FLAG_VAR = "TRAINING_TOOLKIT_STOP_FLAG"  # Open MPI's runtime: while this file exists, a stop is on (native/stophold.c)
+RANK_STOP_FLAG_VAR = "TRAINING_TOOLKIT_RANK_STOP_FLAG"  # a rank's: the same file, for its MPI_Abort
 INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
-                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR)
+                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, STOP_FLAG_VAR, RANK_STOP_FLAG_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 

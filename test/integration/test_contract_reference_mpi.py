@@ -54,7 +54,8 @@ RUNTIME_NAMES = {"HFI_NO_BACKTRACE", "IPATH_NO_BACKTRACE"}
 SESSION_NAMES = {"SSH_CLIENT", "SSH_CONNECTION", "USER", "LOGNAME", "MAIL", "SHELL", "MOTD_SHOWN", "SHLVL", "OLDPWD", "_"}
 # Ours only (docs/contract.md, "added variables"), and the platform's job secret, which ours removes ("job secret").
 OURS_ONLY = {"TRAINING_TOOLKIT_RANK_TAG", "TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_TOOLKIT_JOB_SECRET",
-             "TRAINING_TOOLKIT_RESTART_COUNT", "TRAINING_TOOLKIT_NETSHIM_ALLOW", "TRAINING_TOOLKIT_NETSHIM_PORTS"}
+             "TRAINING_TOOLKIT_RESTART_COUNT", "TRAINING_TOOLKIT_NETSHIM_ALLOW", "TRAINING_TOOLKIT_NETSHIM_PORTS",
+             "TRAINING_TOOLKIT_RANK_STOP_FLAG"}
 # The first host's values that the reference forwards to every rank (docs/contract.md, "MPI ranks"): ours are each host's.
 HOST_SPECIFIC = {"SM_CURRENT_HOST", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV"}
 
@@ -147,7 +148,8 @@ def test_every_rank_of_2_hosts_x_2_sees_what_the_references_sees(tmp_path):
         assert (o["env"]["NCCL_DEBUG"], o["env"]["MY_VAR"]) == (r["env"]["NCCL_DEBUG"], r["env"]["MY_VAR"]) == ("WARN", "on")
         # LD_PRELOAD: each toolkit's own library; the reference replaces a user's, ours adds to it (no user's here)
         assert Path(r["env"]["LD_PRELOAD"]).name.startswith("gethostname")
-        assert o["env"]["LD_PRELOAD"] == f"{native.path_of(native.HOSTNAME_LIBRARY)}:{native.path_of(native.NETSHIM_LIBRARY)}"
+        assert o["env"]["LD_PRELOAD"] == (f"{native.path_of(native.HOSTNAME_LIBRARY)}:{native.path_of(native.NETSHIM_LIBRARY)}:"
+                                          f"{native.path_of(native.STOPHOLD_LIBRARY)}")
         # host-specific: the reference forwards the first host's; ours are the rank's own host's
         assert r["env"]["SM_CURRENT_HOST"] == "algo-1" and o["env"]["SM_CURRENT_HOST"] == host
         ref_training, our_training = json.loads(r["env"]["SM_TRAINING_ENV"]), json.loads(o["env"]["SM_TRAINING_ENV"])

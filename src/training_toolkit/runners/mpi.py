@@ -34,7 +34,7 @@ from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
 from training_toolkit.redact import redact
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext
-from training_toolkit.settings import without_secrets
+from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR, without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon
@@ -50,6 +50,7 @@ def run(ctx: RunContext) -> Outcome:
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
 INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
+STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
 class MpiAgent(HostAgent):
@@ -65,7 +66,10 @@ class MpiAgent(HostAgent):
     A stopping signal on any host goes straight to that host's ranks (with the
     grace period, so they can checkpoint), not through mpirun, whose own
     SIGTERM handling would kill every rank after a second.  A rank's death, on
-    the other hand, makes mpirun end the job at once (no kill timeout).
+    the other hand, makes mpirun end the job at once (no kill timeout), except
+    during a stop: then the runtime's kills are held (``_hold_kills``,
+    native/stophold.c), so that the first rank to end its handler does not end
+    the others'.
     """
 
     def __init__(self, ctx: RunContext):
@@ -112,7 +116,8 @@ class MpiAgent(HostAgent):
         client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
         shim = self._shim
         # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
-        session_env = {PRELOAD: shim.library, **shim.environment()} if shim else None
+        session_env = {PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
+                       **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
         self.layout = ssh.write_server_side(
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
             allowed_from=addresses, user=_user(),
@@ -153,21 +158,40 @@ class MpiAgent(HostAgent):
 
     def _write_rank_file(self) -> None:
         """This host's ranks' command and environment, written before any rank can start."""
-        path = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
+        path = self._rank_file = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
         self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
         rank_env.write_rank_file(path, self._rank_file_data())
-        self._rank_file = path
 
     def _rank_file_data(self) -> bytes:
         # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), self._shim)
+        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), self._shim,
+                               stop_flag=str(self._stop_flag()))
         return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
                                          env)
 
     def prepare_attempt(self) -> None:
         """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
         if self._rank_file is not None:
+            self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
             rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
+
+    def _stop_flag(self) -> Path:
+        """While this file exists, Open MPI's runtime on this host sees no rank end and kills none (native/stophold.c)."""
+        assert self._rank_file is not None
+        return self._rank_file.parent / STOP_FLAG_NAME
+
+    def _hold_kills(self) -> None:
+        """From now on the stop is this host's train's: a rank that ends first no longer makes the runtime end the rest.
+
+        Open MPI aborts the job when a rank exits non-zero (Open MPI 4's orte_abort_on_non_zero_status,
+        PRRTE's default), dies of a signal, exits without MPI_Finalize or calls MPI_Abort (``python -m
+        mpi4py`` after a non-zero SystemExit): its daemons kill every rank and exit, and a rank that
+        initialised MPI ends when its daemon does.  Each host, before its ranks get the signal, keeps its
+        own runtime from seeing a rank's end and from killing one, and its ranks' MPI_Abort from reaching
+        it (native/stophold.c); the grace period and the SIGKILL after it are train's.
+        """
+        if self._rank_file is not None:
+            self._stop_flag().touch(mode=0o600, exist_ok=True)
 
     def start(self) -> list[Local]:
         if not self.is_master:
@@ -178,6 +202,8 @@ class MpiAgent(HostAgent):
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(self.ctx, self._shim)
+        preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
+        extra[STOP_FLAG_VAR] = str(self._stop_flag())
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
@@ -190,7 +216,11 @@ class MpiAgent(HostAgent):
         return found
 
     def stop_part(self) -> None:
-        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends."""
+        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends.
+
+        No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
+        stop has no verdict after which train would end it.
+        """
         stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
         super().stop_part()
 
@@ -210,6 +240,7 @@ class MpiAgent(HostAgent):
 
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
+        self._hold_kills()
         stop_processes(self._ranks, self.ctx.grace_s, signum)
         self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
 
@@ -325,10 +356,11 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
 
 
 def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None,
-                     shim: Shim | None = None) -> dict[str, str]:
+                     shim: Shim | None = None, stop_flag: str | None = None) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
 
     The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
+    ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c).
     """
     hostname = hostname_preload(ctx.plan.current_host)
     preload = [hostname] if hostname else []
@@ -336,6 +368,9 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
     if shim is not None:
         preload.append(shim.library)
         extra.update(shim.environment(BTL_PORTS))
+    if stop_flag is not None:
+        preload.append(stophold_library())
+        extra[RANK_STOP_FLAG_VAR] = stop_flag
     return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
                                      interface=ctx.job.resource.network_interface_name,
                                      custom=mpi_options(ctx).custom, preload=preload, extra=extra)
@@ -365,6 +400,11 @@ def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[
         preload.append(shim.library)
         extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
     return preload, extra
+
+
+def stophold_library() -> str:
+    """The library that holds Open MPI's reaction to a rank's end while a host stops its ranks (native/stophold.c)."""
+    return str(native.path_of(native.STOPHOLD_LIBRARY))
 
 
 def hostname_preload(host: str) -> str | None:

@@ -120,8 +120,8 @@ def test_a_one_node_job(tmp_path):
     assert f"slurm: job {job} step 0: host node1 of node1" in out
 
 
-def mpi_env(src: Path, **env: str) -> dict[str, str]:
-    hp = {k: json.loads(v) for k, v in hps("mpi_allreduce.py", src, sagemaker_mpi_enabled=True,
+def mpi_env(src: Path, program: str = "mpi_allreduce.py", **env: str) -> dict[str, str]:
+    hp = {k: json.loads(v) for k, v in hps(program, src, sagemaker_mpi_enabled=True,
                                           sagemaker_mpi_num_of_processes_per_host=2).items()}
     return {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), **env}
 
@@ -207,6 +207,33 @@ def test_scancel_during_a_run_gives_every_rank_its_grace(tmp_path):
         saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("checkpoint-*"))
         verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
     assert saved == [f"checkpoint-{i}" for i in range(4)]
+    assert comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
+    for host, (kind, text) in verdicts.items():
+        assert kind == "failure" and "SIGTERM" in text.splitlines()[0], (host, kind, text)
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_scancel_keeps_every_save_when_handlers_take_different_times(tmp_path):
+    """Rank 0's handler takes 3 s, rank 2's 0.5 s, the others' none (each exits 143 through mpi4py's MPI_Abort).
+
+    The first rank to end its handler must not end the others' (test/integration/runners/test_stop_grace.py).
+    """
+    src = source_dir(tmp_path, "slow_save.py")
+    with slurm_cluster(tmp_path, kill_wait_s=30) as slurm:
+        script = batch_script(tmp_path, 2, mpi_env(src, "slow_save.py", SAVE_DELAYS="3,0,0.5,0", USE_MPI4PY="1"))
+        _, job, _ = submit(slurm, script, wait=False, timeout=60)
+        waiting = lambda: sum(len(list(model_dir(slurm, h).glob("waiting-*"))) for h in ("node1", "node2"))  # noqa: E731
+        wait_for(lambda: waiting() == 4, 120, "every rank waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("saved-*"))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+    assert saved == [f"saved-{i}" for i in range(4)], (saved, verdicts)
     assert comp["JobState"] == "CANCELLED", comp
     assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
     for host, (kind, text) in verdicts.items():

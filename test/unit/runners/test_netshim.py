@@ -97,8 +97,10 @@ def sshd_config(**session):
 
 def test_the_daemons_get_the_shim_through_sshds_own_setenv():
     text = sshd_config(LD_PRELOAD="/v/libtrainingtoolkit_netshim.so", TRAINING_TOOLKIT_NETSHIM_ALLOW="10.0.0.2,10.0.0.3")
-    assert text.endswith("SetEnv LD_PRELOAD=/v/libtrainingtoolkit_netshim.so\n"
-                         "SetEnv TRAINING_TOOLKIT_NETSHIM_ALLOW=10.0.0.2,10.0.0.3\n")
+    # one line: sshd uses the first SetEnv line only (a second line's variable never reached the daemons)
+    assert text.endswith("SetEnv LD_PRELOAD=/v/libtrainingtoolkit_netshim.so "
+                         "TRAINING_TOOLKIT_NETSHIM_ALLOW=10.0.0.2,10.0.0.3\n")
+    assert text.count("SetEnv") == 1
     assert "SetEnv" not in sshd_config()
 
 

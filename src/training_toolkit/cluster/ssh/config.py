@@ -74,11 +74,16 @@ def render_sshd_config(
         "MaxStartups 64:30:128",
         "LogLevel ERROR",
     ]
+    pairs = []
     for name, value in (session_env or {}).items():
         if not name.replace("_", "").isalnum() or not name.isascii() or any(ch in _UNSAFE_ENV for ch in value):
             raise SshLayoutError(f"{name}={value!r} cannot be set for sshd's sessions (a space, quote, # or control "
                                  "character, or a name that is not a variable's)")
-        lines.append(f"SetEnv {name}={value}")
+        pairs.append(f"{name}={value}")
+    if pairs:
+        # one line: sshd takes the first line of a keyword and ignores the others (SetEnv included), so
+        # one line per variable gave the sessions the first variable alone
+        lines.append("SetEnv " + " ".join(pairs))
     return "\n".join(lines) + "\n"
 
 

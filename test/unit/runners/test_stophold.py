@@ -1,0 +1,76 @@
+"""native/stophold.c: while its flag file exists, the runtime's kill() and waitpid() are held, a rank's MPI_Abort exits.
+
+Each case runs a small Python with the library preloaded (as mpirun and the daemons run, or as a rank).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from training_toolkit import native
+from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR
+
+# a "runtime": starts a child, then signals and waits for it with the flag there, then without
+RUNTIME = r"""
+import os, signal, subprocess, sys, time
+flag = sys.argv[1]
+child = subprocess.Popen(["sleep", "30"])
+open(flag, "w").close()
+os.kill(child.pid, signal.SIGKILL)                  # held: sends nothing
+time.sleep(0.2)
+print("alive after kill:", open(f"/proc/{child.pid}/stat").read().split()[2] != "Z")
+os.kill(os.getpid(), 0)                             # signal 0, and to itself: never held
+child.terminate()                                   # held as well (subprocess calls kill)
+time.sleep(0.1)
+os.remove(flag)
+os.kill(child.pid, signal.SIGKILL)                  # the stop is over: sent
+time.sleep(0.2)
+open(flag, "w").close()
+print("waitpid while held:", os.waitpid(child.pid, os.WNOHANG))   # its end is not seen
+os.remove(flag)
+print("waitpid after:", os.waitpid(child.pid, 0)[1] == signal.SIGKILL)
+"""
+
+ABORT = r"""
+import ctypes, sys
+lib = ctypes.CDLL(None)
+if sys.argv[1] == "flag":
+    open(sys.argv[2], "w").close()
+print("abort", flush=True)
+lib.MPI_Abort(ctypes.c_void_p(0), 143)
+print("no MPI here: returned", flush=True)
+"""
+
+
+def run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {"PATH": os.environ["PATH"], "LD_PRELOAD": str(native.path_of(native.STOPHOLD_LIBRARY)), **env}
+    return subprocess.run([sys.executable, "-c", code, *args], env=environ, capture_output=True, text=True, timeout=30)
+
+
+def test_the_runtime_kills_nothing_and_sees_no_end_while_the_flag_exists(tmp_path: Path):
+    flag = tmp_path / "stopping"
+    out = run(RUNTIME, str(flag), **{STOP_FLAG_VAR: str(flag)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["alive after kill: True", "waitpid while held: (0, 0)", "waitpid after: True"]
+
+
+def test_without_the_variable_nothing_is_held(tmp_path: Path):
+    flag = tmp_path / "stopping"
+    out = run(RUNTIME, str(flag))
+    assert out.stdout.splitlines()[0] == "alive after kill: False", out.stderr
+
+
+def test_a_ranks_mpi_abort_during_a_stop_is_its_own_exit(tmp_path: Path):
+    flag = tmp_path / "stopping"
+    out = run(ABORT, "flag", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})
+    assert (out.returncode, out.stdout) == (143, "abort\n"), out.stderr
+
+
+def test_outside_a_stop_mpi_abort_is_the_real_one(tmp_path: Path):
+    """No flag file: passed on (here no MPI library is loaded, so the call fails instead of aborting)."""
+    flag = tmp_path / "stopping"
+    out = run(ABORT, "none", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})
+    assert (out.returncode, out.stdout) == (0, "abort\nno MPI here: returned\n"), out.stderr
