@@ -20,9 +20,8 @@ What a real cluster does when a pod's container ends (``helpers/kubernetes.py`` 
   not modelled).
 
 The toolkit sees none of this but what a pod sees: its container's ``train`` starting again.
-The back-off figures are the kubelet's as the project's brief and
-``../shared/reference/kubernetes-operators.md`` give them; they were not re-read in the
-kubelet's source during this work.
+The back-off figures are the kubelet's as Kubernetes' documentation of pod restarts states
+them (docs/resilience.md, "Kubernetes": at once, then 10 s doubling to 300 s); they were not re-read in the kubelet's source during this work.
 """
 
 from __future__ import annotations

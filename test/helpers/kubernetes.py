@@ -1,7 +1,7 @@
 """Kubernetes operators simulated on a local namespace cluster: each pod gets what its operator gives, no more.
 
-Built fact by fact from ``../shared/reference/kubernetes-operators.md`` (read from the operators'
-source).  Per pod (a namespace host whose hostname is the pod's):
+Built fact by fact from docs/kubernetes.md, which records what each operator gives a pod (read
+from the operators' source).  Per pod (a namespace host whose hostname is the pod's):
 
 - its variables: the kubelet's ``KUBERNETES_SERVICE_*``/``KUBERNETES_PORT*`` and ``HOSTNAME``,
   the operator's (to the containers that get them), and what the manifest itself sets (the

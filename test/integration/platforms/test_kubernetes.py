@@ -2,7 +2,7 @@
 
 No Kubernetes cluster runs here: each pod is a host of a local cluster that gets exactly the
 variables, volumes (modes and symlink layout included), /etc/hosts, resolver and DNS records
-its operator gives it (helpers/kubernetes.py, from ../shared/reference/kubernetes-operators.md),
+its operator gives it (helpers/kubernetes.py, from the facts docs/kubernetes.md records),
 and runs the toolkit's real ``train`` with no ``/opt/ml`` view of its own.
 """
 
