@@ -17,34 +17,38 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from training_toolkit import names, native, procfs, settings, stacks
-from training_toolkit.agent import HostAgent, Local, PartStopped
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
 from training_toolkit.names import OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
+from training_toolkit.process import ExitStatus
 from training_toolkit.redact import redact
 from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR, without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.stopping import stop_processes
 from training_toolkit.tripwire import Tripwire
 
 
-def run(ctx: RunContext) -> Outcome:
-    return MpiAgent(ctx).run()
+def spec(ctx: RunContext) -> RunnerSpec:
+    """Every listener of Open MPI's runtime, and the ranks' BTL (its port range), guarded; the rest is ``MpiHost``'s."""
+    host = MpiHost(ctx)
+    return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME),
+                      introduction=host.introduction, hold=host.held, prepare=host.prepare,
+                      after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
+                      after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
+                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched)
 
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
@@ -53,8 +57,10 @@ INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public 
 STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
-class MpiAgent(HostAgent):
-    """Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
+class MpiHost:
+    """This host's part of an MPI job: what it holds, and its hooks (``spec``).
+
+    Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
 
     Keys: the first host makes the job's client key, every other host its own
     host key, each from the OS's random generator (or all read from mounted
@@ -73,11 +79,12 @@ class MpiAgent(HostAgent):
     """
 
     def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
+        self.ctx = ctx  # the job's hosts the first host's from ``prepare`` on (``Seating.ctx``)
+        self.host = ctx.plan.current_host
+        self.is_master = ctx.plan.hosts[0] == self.host
         self.layout: ssh.SshLayout | None = None
         self.sshd: ssh.Sshd | None = None
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
-        self._stopping = False
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
@@ -101,19 +108,28 @@ class MpiAgent(HostAgent):
         self._keys = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
         return {INTRO_HOST_KEY: self._keys.public}
 
-    def prepare(self) -> None:
-        assert self.membership is not None and self._keys is not None
-        self.rank_tag = self.membership.job_id
+    @contextmanager
+    def held(self, seat: Seating):
+        """What this host makes for the job (ssh directory, sshd, rank file, their tripwires): gone when it ends."""
+        try:
+            yield self
+        finally:
+            self.cleanup()
+
+    def prepare(self, seat: Seating) -> None:
+        assert self._keys is not None
+        self.ctx = seat.ctx
+        self.rank_tag = seat.job_id
         # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
         # restart), sshd's sessions and mpirun all take this shim
         addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
         self._shim = netshim(self.ctx, addresses)
-        self._write_rank_file()
+        self._write_rank_file(seat)
         if self.is_master:
             return
         assert addresses is not None
         master = self.ctx.plan.hosts[0]
-        client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
+        client_public = _introduced(seat.introductions, master, INTRO_CLIENT_KEY)
         shim = self._shim
         # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
         session_env = {PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
@@ -126,18 +142,18 @@ class MpiAgent(HostAgent):
         self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
         self.sshd.start()
 
-    def after_barrier(self) -> None:
-        assert self.membership is not None and self._keys is not None
+    def after_barrier(self, seat: Seating) -> None:
+        assert self._keys is not None
         workers = self.ctx.plan.hosts[1:]
-        self._pinned = self._host_keys()
+        self._pinned = self._host_keys(seat)
         self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=self._pinned,
                                             port=self.ssh_port)
-        ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
+        ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, seat.join_timeout_s))
 
-    def after_restart_barrier(self) -> None:
+    def after_restart_barrier(self, seat: Seating) -> None:
         """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
         assert self.layout is not None and self._keys is not None
-        host_keys = self._host_keys()
+        host_keys = self._host_keys(seat)
         if host_keys == self._pinned:
             return
         changed = sorted(host for host in host_keys if host_keys[host] != self._pinned.get(host))
@@ -145,35 +161,30 @@ class MpiAgent(HostAgent):
         ssh.end_connections(self.layout)  # shared connections to an sshd that is gone
         self._pinned = host_keys
         ssh.repin_host_keys(self.layout, host_keys, port=self.ssh_port)
-        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, self.settings.join_timeout_s))
+        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, seat.join_timeout_s))
 
-    def _host_keys(self) -> dict[str, str]:
-        assert self.membership is not None
-        introductions = self.membership.introductions
+    def _host_keys(self, seat: Seating) -> dict[str, str]:
+        introductions = seat.introductions or {}
         return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
-    def guard_spec(self) -> GuardSpec:
-        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
-        return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME)
-
-    def _write_rank_file(self) -> None:
+    def _write_rank_file(self, seat: Seating) -> None:
         """This host's ranks' command and environment, written before any rank can start."""
         path = self._rank_file = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
         self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
-        rank_env.write_rank_file(path, self._rank_file_data())
+        rank_env.write_rank_file(path, self._rank_file_data(seat))
 
-    def _rank_file_data(self) -> bytes:
-        # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), self._shim,
+    def _rank_file_data(self, seat: Seating) -> bytes:
+        # the attempt and the stall watch's variables (the agent's job_env) are this host's too
+        env = rank_environment(self.ctx, self.rank_tag, seat.job_env(self.ctx.script_env), self._shim,
                                stop_flag=str(self._stop_flag()))
         return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
                                          env)
 
-    def prepare_attempt(self) -> None:
+    def prepare_attempt(self, seat: Seating) -> None:
         """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
         if self._rank_file is not None:
             self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
-            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
+            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat))
 
     def _stop_flag(self) -> Path:
         """While this file exists, Open MPI's runtime on this host sees no rank end and kills none (native/stophold.c)."""
@@ -193,7 +204,7 @@ class MpiAgent(HostAgent):
         if self._rank_file is not None:
             self._stop_flag().touch(mode=0o600, exist_ok=True)
 
-    def start(self) -> list[Local]:
+    def start(self, seat: Seating) -> list[Proc]:
         if not self.is_master:
             return []
         assert self.layout is not None and self._rank_file is not None
@@ -205,51 +216,35 @@ class MpiAgent(HostAgent):
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
-        return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+        return [Proc("mpirun", tuple(command), env, str(self.ctx.code_dir), program=False)]
 
-    def watched(self) -> list[stacks.Watched]:
+    def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
         """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
         found = []
-        for pid in self._ranks():
+        for pid in self._ranks(locals_):
             rank = stacks.rank_of(pid)
             found.append(stacks.Watched(pid, rank, f"rank {rank}" if rank is not None else f"process {pid}"))
         return found
 
-    def stop_part(self) -> None:
-        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends.
+    def stop_part(self, locals_: Sequence[Local]) -> None:
+        """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.
 
         No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
         stop has no verdict after which train would end it.
         """
-        stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
-        super().stop_part()
+        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signal.SIGTERM)
 
-    def signal_job(self, signum: int) -> None:
-        if signum not in STOPPING_SIGNALS:
-            if self.locals:
-                self._forward(signum, self.ctx.grace_s)  # mpirun passes SIGUSR1/2 to every rank
-            return
-        if self._stopping:
-            return
-        self._stopping = True
-        threading.Thread(target=self._stop_ranks, args=(signum,), name="stop-ranks", daemon=True).start()
+    def stop(self, signum: int, locals_: Sequence[Local]) -> None:
+        """A stopping signal: this host's ranks get it (not through mpirun), the grace period, then SIGKILL.
 
-    def _ranks(self) -> list[int]:
-        mpirun = frozenset(local.child.pid for local in self.locals)
-        return procfs.marked_descendants(os.getpid(), f"{RANK_TAG_VAR}={self.rank_tag}".encode(), mpirun)
-
-    def _stop_ranks(self, signum: int) -> None:
-        """Signal this host's ranks, give them the grace period, then kill what is left."""
+        Other signals the agent passes to mpirun, which passes SIGUSR1/2 to every rank.
+        """
         self._hold_kills()
-        stop_processes(self._ranks, self.ctx.grace_s, signum)
-        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
+        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum)
 
-    def judged(self, local: Local, status: ExitStatus) -> ExitStatus:
-        if status.ok:
-            local.child.drain()
-            if lost_a_daemon(tuple(local.child.tail.lines(100))):
-                return ExitStatus(LOST_DAEMON_EXIT)
-        return status
+    def _ranks(self, locals_: Sequence[Local]) -> list[int]:
+        mpirun = frozenset(local.child.pid for local in locals_)
+        return procfs.marked_descendants(os.getpid(), f"{RANK_TAG_VAR}={self.rank_tag}".encode(), mpirun)
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
@@ -271,6 +266,15 @@ class MpiAgent(HostAgent):
             shutil.rmtree(self._rank_file.parent, ignore_errors=True)
         if self._rank_tripwire is not None:
             self._rank_tripwire.disarm()
+
+
+def judged(local: Local, status: ExitStatus) -> ExitStatus:
+    """mpirun's exit 0 after losing a daemon is a failure (``mpi_failure``)."""
+    if status.ok:
+        local.child.drain()
+        if lost_a_daemon(tuple(local.child.tail.lines(100))):
+            return ExitStatus(LOST_DAEMON_EXIT)
+    return status
 
 
 def mpi_options(ctx: RunContext) -> MpiOptions:
