@@ -235,3 +235,82 @@ def test_a_welcome_that_does_not_list_this_host_is_a_setup_failure(tmp_path):
     outcome = agent.run()
     assert outcome.exit_code == 78 and "algo-2" in outcome.reason and "current_host" in outcome.reason
     assert seats[0].told[0] == "open" and "barrier" not in seats[0].told
+
+
+def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_seat_closes(tmp_path):
+    """The job's stack, reversed: the attempt's processes, then the runner's hold, then the seat."""
+    from contextlib import contextmanager
+
+    seats: list[FakeSeat] = []
+    order: list = []
+
+    @contextmanager
+    def hold(seat):
+        order.append(("held", seat.job_id, seat.first, seat.attempt))
+        yield
+        order.append(("let go", [local.child.poll() is not None for local in agent.locals], list(seats[0].told)))
+
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), hold=hold,
+                         prepare=lambda seat: order.append("prepared"),
+                         after_barrier=lambda seat: order.append(("after barrier", seats[0].told[-1])))
+    assert agent.run() == Outcome(0)
+    verdict = ("verdict", Verdict(0, None, "algo-1"))
+    assert order == [("held", "fake-job", True, 0), "prepared", ("after barrier", "barrier"),
+                     ("let go", [True], ["open", "barrier", verdict])]
+    assert seats[0].told[-1] == "close"
+
+
+def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_returns(tmp_path):
+    """MPI's ranks are not the agent's children: a second signal does not stop them twice; its processes are not signalled."""
+    import signal
+
+    seats: list[FakeSeat] = []
+    asked: list = []
+    started = tmp_path / "started"
+
+    def stop(signum, locals_):
+        asked.append((signum, [local.name for local in locals_]))
+        time.sleep(0.2)  # its ranks' grace
+        for local in locals_:
+            local.child.stop(signal.SIGKILL, 0)
+
+    verdict = Verdict(128 + signal.SIGTERM, "algo-2: stopped by SIGTERM", "algo-1")
+    agent = script_agent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict),
+                         f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)", stop=stop)
+
+    def signals() -> None:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
+        agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
+
+    threading.Thread(target=signals, daemon=True).start()
+    outcome = agent.run()
+    assert asked == [(signal.SIGTERM, ["script"])]
+    assert outcome.exit_code == 128 + signal.SIGTERM
+    (kind, _, code, _), = [t for t in seats[0].told if isinstance(t, tuple)]
+    assert (kind, code) == ("failed", 128 + signal.SIGTERM)
+
+
+def decisions_event(name: str, *args):
+    from training_toolkit import decisions
+
+    return getattr(decisions, name)(*args)
+
+
+def test_a_runner_judges_its_exits_and_describes_its_failures(tmp_path):
+    """mpirun's exit 0 after a lost daemon is a failure, described by the runner (mpi.judged, MpiHost.failure_of)."""
+    from training_toolkit.process import ExitStatus
+
+    seats: list[FakeSeat] = []
+    judged: list = []
+
+    def judge(local, status):
+        judged.append((local.name, status.exit_code))
+        return ExitStatus(14)
+
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), judge=judge,
+                         failure=lambda local, status: Outcome(status.exit_code, f"{local.name}: lost a daemon"))
+    assert agent.run() == Outcome(14, "script: lost a daemon")
+    assert judged == [("script", 0)]
