@@ -4,7 +4,9 @@
 # and Open MPI 5 (.venv-ompi5).
 #
 #   scripts/setup.sh            everything the tests use
-#   SETUP_MINIMAL=1 scripts/setup.sh   only what the examples need (no TensorFlow, Horovod, reference)
+#   SETUP_MINIMAL=1 scripts/setup.sh   only what the examples need (no TensorFlow, Horovod, reference,
+#                                      Slurm or MariaDB)
+#   SETUP_LIST_PACKAGES=1 scripts/setup.sh   print the system packages it would install, and stop
 #
 # Environment:
 #   PYTHON   the interpreter every venv is made from (default: Debian's /usr/bin/python3 when it
@@ -29,6 +31,7 @@ packages=(python3 python3-dev python3-venv ca-certificates
 # database for sacct (docs/slurm.md).  A minimal install (the example's) installs none of them.
 test_packages=(cmake g++ make slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 [[ -n ${SETUP_MINIMAL:-} ]] || packages+=("${test_packages[@]}")
+if [[ -n ${SETUP_LIST_PACKAGES:-} ]]; then echo "${packages[*]}"; exit 0; fi  # what it would install; nothing done
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     missing=()
     for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
