@@ -8,8 +8,9 @@ from queue import Empty, SimpleQueue
 import pytest
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.channel import (MAX_REPORT_AGE_S, ControlClient, ControlServer, PeerDone, PeerFailed,
-                                              PeerLost, Verdict, reported_time)
+from training_toolkit.cluster.client import ControlClient
+from training_toolkit.cluster.events import MAX_REPORT_AGE_S, PeerDone, PeerFailed, PeerLost, Verdict, reported_time
+from training_toolkit.cluster.server import ControlServer
 from training_toolkit.errors import ClusterError, JobFailed
 
 SECRET = b"s" * 32
