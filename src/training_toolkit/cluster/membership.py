@@ -7,7 +7,6 @@ can set them without flags.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import Protocol
@@ -88,6 +87,8 @@ class Membership:
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        import secrets  # with the channel: a job of one seat imports neither (secrets: hmac, hashlib, random)
+
         from training_toolkit.cluster.client import ControlClient  # a job of one seat has none
         from training_toolkit.cluster.server import ControlServer
 
