@@ -190,7 +190,11 @@ class HostAgent(StallWatch):
                     membership.barrier(self.attempt, self._barrier_deadline())
                     if self.is_master:
                         self.after_barrier()
-                    guard = _start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
+                    spec = self.guard_spec()
+                    if spec is not None:  # imported only here: a single host never loads it (docs/benchmarks.md)
+                        from training_toolkit.cluster.guard import start_guard
+
+                        guard = start_guard(spec, self.ctx.plan.hosts)  # before the processes start
                     self._say_attempt(self._why_this_attempt())
                     self.locals = self.start()
                 except ToolkitError as exc:
@@ -380,13 +384,3 @@ def _cannot_start(exc: OSError) -> CodeError:
 
 __all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",
            "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "named"]
-
-
-def _start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard | None:
-    """The listener guard for ``spec``, imported only then: a single host's ``train`` never loads it (dataclasses,
-    inspect, socket: docs/benchmarks.md, "A single host imports no guard")."""
-    if spec is None:
-        return None
-    from training_toolkit.cluster.guard import start_guard
-
-    return start_guard(spec, hosts)
