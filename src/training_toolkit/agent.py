@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
 
 from training_toolkit import decisions
 from training_toolkit.agent_watch import StallWatch
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
                                            ShareProgress, StopPart)
-from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
@@ -48,6 +48,9 @@ from training_toolkit.records import record
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
 from training_toolkit.report import Outcome
 from training_toolkit.runners.base import RunContext, outcome_of, with_hosts
+
+if TYPE_CHECKING:  # the guard is imported where a runner names listeners to guard: a single host pays nothing for it
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
@@ -198,7 +201,11 @@ class HostAgent(StallWatch):
                     membership.barrier(self.attempt, self._barrier_deadline())
                     if self.is_master:
                         self.after_barrier()
-                    guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
+                    spec = self.guard_spec()
+                    if spec is not None:  # imported only here: a single host never loads it (docs/benchmarks.md)
+                        from training_toolkit.cluster.guard import start_guard
+
+                        guard = start_guard(spec, self.ctx.plan.hosts)  # before the processes start
                     self._say_attempt(self._why_this_attempt())
                     self.locals = self.start()
                 except ToolkitError as exc:
