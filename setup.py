@@ -29,6 +29,9 @@ NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
 STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"
 LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY, "_stophold": STOPHOLD_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
+# Every native part is built with every warning an error: a warning in these files is a bug in code
+# that runs inside Open MPI's processes and every rank (test/unit/test_native.py builds them so too).
+WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 
 
 class BuildNative(build_ext):
@@ -44,7 +47,7 @@ class BuildNative(build_ext):
     def build_extensions(self):
         super().build_extensions()
         source = Path("src", *NATIVE.split("."), "rank_exec.c")
-        objects = self.compiler.compile([str(source)], output_dir=self.build_temp, extra_postargs=["-O2"])
+        objects = self.compiler.compile([str(source)], output_dir=self.build_temp, extra_postargs=["-O2", *WARNINGS])
         self.compiler.link_executable(objects, RANK_PROGRAM, output_dir=self._native_dir(self.build_lib))
 
     def copy_extensions_to_source(self):
@@ -61,10 +64,10 @@ class BuildNative(build_ext):
 
 setup(
     ext_modules=[Extension(f"{NATIVE}._hostname", sources=["src/training_toolkit/native/hostname.c"],
-                           extra_compile_args=["-O2"]),
+                           extra_compile_args=["-O2", *WARNINGS]),
                  Extension(f"{NATIVE}._netshim", sources=["src/training_toolkit/native/netshim.c"],
-                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"]),
+                           extra_compile_args=["-O2", *WARNINGS], libraries=["dl"]),
                  Extension(f"{NATIVE}._stophold", sources=["src/training_toolkit/native/stophold.c"],
-                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"])],
+                           extra_compile_args=["-O2", *WARNINGS], libraries=["dl"])],
     cmdclass={"build_ext": BuildNative},
 )

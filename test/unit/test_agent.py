@@ -11,7 +11,7 @@ import pytest
 
 from training_toolkit import procfs, settings
 from training_toolkit.agent import HostAgent
-from training_toolkit.cluster.channel import PeerFailed, Verdict
+from training_toolkit.cluster.events import PeerFailed, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job

@@ -221,11 +221,11 @@ def test_nothing_but_settings_reads_the_variables():
 def test_defaults_used_outside_settings_are_its_own():
     """Code that falls back on a default without Settings reads the table's, never a copy of it."""
     from training_toolkit import process
-    from training_toolkit.cluster import channel, secret
+    from training_toolkit.cluster import secret, timing
     from training_toolkit.mpi_options import CustomMpiOptions
     from training_toolkit.runners import rank_env
 
-    assert (channel.HEARTBEAT_S, channel.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
+    assert (timing.HEARTBEAT_S, timing.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
     assert process.DEFAULT_GRACE_S == DEFAULTS.grace_s
     assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES

@@ -292,7 +292,7 @@ def describe(ctx: RunContext) -> dict:
     rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
-    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",)))
+    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True))
     return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
@@ -383,11 +383,15 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
 
 
-def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None) -> Shim | None:
+def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None, shown_only: bool = False) -> Shim | None:
     """The accept() shim with the job's addresses (``job_addresses``, as sshd's ``from=``, unless given), unless off."""
     if not ctx.settings.netshim:
         return None
-    return Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)))
+    shim = Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)),
+                shown_only)
+    if shim.left_out:
+        log(f"accept() shim: left out {', '.join(shim.left_out)}: not an address it parses here")
+    return shim
 
 
 def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[str, str]]:
