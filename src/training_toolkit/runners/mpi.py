@@ -42,7 +42,7 @@ from training_toolkit.tripwire import Tripwire
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
-    """Every listener of Open MPI's runtime, and the ranks' BTL (its port range), guarded; the rest is ``MpiHost``'s."""
+    """This host's part (``MpiHost``'s hooks); guarded: every listener of Open MPI's runtime, the ranks' BTL port range."""
     host = MpiHost(ctx)
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME),
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
