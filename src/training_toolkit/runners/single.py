@@ -9,13 +9,16 @@ its own, as the reference does: each host is then its own job of one seat.
 
 from __future__ import annotations
 
-from training_toolkit.runspec import Proc, RunContext, RunnerSpec
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
     # own_end_on_stop, as the reference: a script that saved and exited 0 on SIGTERM succeeded
-    return RunnerSpec(lambda seat: [Proc("script", ctx.argv, ctx.script_env, str(ctx.code_dir))],
-                      own_end_on_stop=True, solo=True)
+    return RunnerSpec(processes, own_end_on_stop=True, solo=True)
+
+
+def processes(seat: Seating) -> list[Proc]:
+    return [Proc("script", seat.ctx.argv, seat.ctx.script_env, str(seat.ctx.code_dir))]
 
 
 def describe(ctx: RunContext) -> dict:
