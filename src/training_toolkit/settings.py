@@ -47,8 +47,9 @@ HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a
 STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
 NETSHIM_ALLOW_VAR = "TRAINING_TOOLKIT_NETSHIM_ALLOW"  # the accept() shim's job addresses (native/netshim.c)
 NETSHIM_PORTS_VAR = "TRAINING_TOOLKIT_NETSHIM_PORTS"  # the local ports it checks, LOW-HIGH (unset: every port)
+RANK_FILE_VAR = "TRAINING_TOOLKIT_RANK_FILE"  # this host's MPI ranks' file (native/rank_exec.c, runners/rank_env.py)
 INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
-                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR)
+                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, RANK_FILE_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
