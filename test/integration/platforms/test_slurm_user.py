@@ -28,16 +28,18 @@ pytestmark = [pytest.mark.slurm, pytest.mark.root]
 
 @pytest.fixture
 def ordinary_user():
-    """A user made for this test (bash its shell, a throwaway home), and a directory it may read and write in."""
+    """A user made for this test (bash its shell, a throwaway home with a .bashrc that exits 1), and a directory of its own."""
     name = f"tt{os.getpid() % 100000}x{os.urandom(2).hex()}"
     base = Path(tempfile.mkdtemp(prefix="tt-slurm-user-"))
     home = base / "home"
     home.mkdir()
+    # a .bashrc that would end every ssh session's shell: the job's launch must not read it (docs/multihost.md)
+    (home / ".bashrc").write_text("echo read >> ~/bashrc-ran\nexit 1\n")
     subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/bash", "--user-group",
                     name], check=True, capture_output=True, timeout=30)
     try:
         user = pwd.getpwnam(name)
-        os.chown(home, user.pw_uid, user.pw_gid)
+        chown_tree(home, user)
         base.chmod(0o755)
         yield user, base
     finally:
@@ -97,6 +99,7 @@ def test_mpi_2_nodes_x_2_ranks_as_an_ordinary_user(ordinary_user, tmpdir):
     assert sorted(ranks) == [0, 1, 2, 3] and {r["sum"] for r in ranks.values()} == {10}
     assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
     assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
+    assert not (Path(user.pw_dir) / "bashrc-ran").exists(), "the user's .bashrc was read"
     # nothing of the job's runtime files is left where both nodes wrote them
     left = [p for d in (Path("/tmp"), shared) for p in d.glob("training-toolkit-*") if p.stat().st_uid == user.pw_uid]
     assert left == [], left
