@@ -181,8 +181,10 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
     given_to_the_shim = set(Shim("/s.so", ("192.0.2.1",)).environment(range(1, 3)))
     assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
+    from training_toolkit.runners.rank_env import RANK_FILE_VAR
+
     assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks,
-                                                *given_to_the_shim}
+                                                *given_to_the_shim, RANK_FILE_VAR}
 
 
 def test_readme_settings_table_is_the_table_in_code():
