@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from training_toolkit import names, native, procfs, settings, stacks
+from training_toolkit import names, native, procfs, rundir, settings, stacks
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
@@ -131,8 +131,11 @@ class MpiHost:
         master = self.ctx.plan.hosts[0]
         client_public = _introduced(seat.introductions, master, INTRO_CLIENT_KEY)
         shim = self._shim
-        # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
-        session_env = {PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
+        # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
+        # this host (sshd's sessions get nothing else)
+        assert self._rank_file is not None
+        session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
+                       PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
                        **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
         self.layout = ssh.write_server_side(
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
@@ -168,8 +171,8 @@ class MpiHost:
         return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
     def _write_rank_file(self, seat: Seating) -> None:
-        """This host's ranks' command and environment, written before any rank can start."""
-        path = self._rank_file = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
+        """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
+        path = self._rank_file = rank_env.new_rank_file_path(self.rank_tag)
         self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
         rank_env.write_rank_file(path, self._rank_file_data(seat))
 
@@ -209,12 +212,13 @@ class MpiHost:
             return []
         assert self.layout is not None and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
-        command = build_command(self.ctx, self.layout, flavor, self._rank_file)
+        command = build_command(self.ctx, self.layout, flavor)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(self.ctx, self._shim)
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
+        extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Proc("mpirun", tuple(command), env, str(self.ctx.code_dir), program=False)]
 
@@ -288,12 +292,14 @@ def describe(ctx: RunContext) -> dict:
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
-    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
-    rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
+    parent = rundir.parent()
+    layout = ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
+    rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
     ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True))
-    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
+    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4),
+            "rank_file": f"{rank_env.RANK_FILE_VAR}={rank_file} (each host's own)",
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
@@ -435,15 +441,15 @@ def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
     return (smddprun, *argv) if smddprun else tuple(argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, rank_file: Path) -> list[str]:
-    """mpirun's line: every rank runs ``training-toolkit-rank FILE``; nothing of the job is on it."""
+def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[str]:
+    """mpirun's line: every rank runs ``training-toolkit-rank``, which reads the file its host names; nothing of the job."""
     options = mpi_options(ctx)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options.processes_per_host,
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=(str(native.path_of(native.RANK_PROGRAM)), str(rank_file)),
+        rank_command=(str(native.path_of(native.RANK_PROGRAM)),),
         rsh_agent=tuple(ssh.ssh_command(layout)),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,

@@ -131,12 +131,27 @@ def sshd_config(**session):
 
 
 def test_the_daemons_get_the_shim_through_sshds_own_setenv():
+    """One SetEnv line: sshd keeps the first SetEnv directive only (a second line's variables never reached a session)."""
     text = sshd_config(LD_PRELOAD="/v/libtrainingtoolkit_netshim.so", TRAINING_TOOLKIT_NETSHIM_ALLOW="10.0.0.2,10.0.0.3")
-    # one line: sshd uses the first SetEnv line only (a second line's variable never reached the daemons)
-    assert text.endswith("SetEnv LD_PRELOAD=/v/libtrainingtoolkit_netshim.so "
+    assert text.endswith("SetEnv SHLVL=1 ZDOTDIR=/d LD_PRELOAD=/v/libtrainingtoolkit_netshim.so "
                          "TRAINING_TOOLKIT_NETSHIM_ALLOW=10.0.0.2,10.0.0.3\n")
     assert text.count("SetEnv") == 1
-    assert "SetEnv" not in sshd_config()
+    assert sshd_config().endswith("SetEnv SHLVL=1 ZDOTDIR=/d\n")
+
+
+@pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="needs openssh-server's sshd")
+def test_sshd_itself_reads_every_session_variable(tmp_path):
+    """``sshd -T`` prints the variables sshd will set: all of them, not the first line's alone."""
+    import subprocess
+
+    key = tmp_path / "host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    config = tmp_path / "sshd_config"
+    config.write_text(render_sshd_config(host_key=key, authorized_keys=tmp_path / "ak", pid_file=tmp_path / "pid",
+                                         port=2222, user="root", session_env={"LD_PRELOAD": "/v/s.so", "A_B": "1,2"}))
+    out = subprocess.run(["/usr/sbin/sshd", "-T", "-f", str(config)], capture_output=True, text=True, check=True).stdout
+    assert [line for line in out.splitlines() if line.startswith("setenv")] == [
+        "setenv SHLVL=1", f"setenv ZDOTDIR={tmp_path}", "setenv LD_PRELOAD=/v/s.so", "setenv A_B=1,2"]
 
 
 @pytest.mark.parametrize("session", [{"LD_PRELOAD": "/a b/s.so"}, {"LD_PRELOAD": '/a"/s.so'}, {"X": "a#b"},

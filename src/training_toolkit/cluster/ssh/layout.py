@@ -85,9 +85,11 @@ class SshLayout:
 
 
 def new_ssh_dir(parent: Path | None = None) -> Path:
-    """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there."""
+    """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there (``rundir``)."""
     if parent is None:
-        parent = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+        from training_toolkit import rundir
+
+        parent = rundir.parent()
     try:
         return Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))
     except OSError as exc:
