@@ -114,3 +114,13 @@ def test_the_cycle_finder_finds_a_back_arrow_through_a_package():
     modules = {"t.agent": {"t.runners.base"}, "t.runners.single": {"t.agent"}, "t.runners.base": set()}
     assert cycles(modules) == []
     assert cycles(package_graph(modules, "t")) == [["t.agent", "t.runners"]]
+
+
+def test_no_runner_imports_the_agent_and_the_agent_imports_no_runner():
+    """A runner is a spec (runspec.py): the agent and the runners meet there, and in cli, never in each other."""
+    modules = graph()
+    agent = {m for m in modules if m.split(".")[1].startswith("agent")}
+    runners = {m for m in modules if m.startswith("training_toolkit.runners")}
+    assert agent and runners
+    assert {(r, t) for r in runners for t in modules[r] if t in agent} == set()
+    assert {(a, t) for a in agent for t in modules[a] if t in runners} == set()
