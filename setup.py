@@ -1,4 +1,4 @@
-"""Builds the toolkit's three native parts at install time (metadata is in setup.cfg).
+"""Builds the toolkit's four native parts at install time (metadata is in setup.cfg).
 
 - ``libtrainingtoolkit_hostname.so``, preloaded into every MPI rank so that ``gethostname()``
   returns the rank's own host where every container has the kernel host name ``aws``;
@@ -6,7 +6,9 @@
   a connection accepted from outside the job is closed before the program sees it;
 - ``training-toolkit-rank``, what every MPI rank runs first: it takes the rank's command and
   environment from a file its own host's ``train`` wrote, so that mpirun carries nothing of
-  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms.
+  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms;
+- ``training-toolkit-deadman``, the dead-man switch (supervise/deadman.py): it waits on a pipe from
+  ``train`` (or ``local``) for the whole job and ends what they leave should they be killed.
 
 All are plain C (no Python headers): the install needs a C compiler, nothing else.  The
 reference toolkit builds its ``gethostname`` library the same way (a C extension of its
@@ -26,6 +28,8 @@ HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
 LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
+#: programs, from their sources, with their own compile flags
+PROGRAMS = {RANK_PROGRAM: ("rank_exec.c", ["-O2"]), "training-toolkit-deadman": ("deadman.c", ["-O2", "-Wall", "-Wextra", "-Werror"])}
 
 
 class BuildNative(build_ext):
@@ -40,14 +44,16 @@ class BuildNative(build_ext):
 
     def build_extensions(self):
         super().build_extensions()
-        source = Path("src", *NATIVE.split("."), "rank_exec.c")
-        objects = self.compiler.compile([str(source)], output_dir=self.build_temp, extra_postargs=["-O2"])
-        self.compiler.link_executable(objects, RANK_PROGRAM, output_dir=self._native_dir(self.build_lib))
+        for program, (source, flags) in PROGRAMS.items():
+            path = Path("src", *NATIVE.split("."), source)
+            objects = self.compiler.compile([str(path)], output_dir=self.build_temp, extra_postargs=flags)
+            self.compiler.link_executable(objects, program, output_dir=self._native_dir(self.build_lib))
 
     def copy_extensions_to_source(self):
         super().copy_extensions_to_source()
         package_dir = self.get_finalized_command("build_py").get_package_dir(NATIVE)
-        shutil.copy2(os.path.join(self._native_dir(self.build_lib), RANK_PROGRAM), os.path.join(package_dir, RANK_PROGRAM))
+        for program in PROGRAMS:
+            shutil.copy2(os.path.join(self._native_dir(self.build_lib), program), os.path.join(package_dir, program))
 
     @staticmethod
     def _native_dir(root):

@@ -1,4 +1,4 @@
-"""The toolkit's three native parts, built from the C sources beside this file at install time (setup.py).
+"""The toolkit's four native parts, built from the C sources beside this file at install time (setup.py).
 
 Found next to this module, never on PATH: the paths are the same on every host of a
 job because every host runs the same image (the same holds for mpirun and Python).
@@ -13,6 +13,7 @@ from training_toolkit.errors import ToolkitError
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"  # preloaded into every MPI rank: gethostname() is its host
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"  # preloaded into Open MPI's runtime and ranks: outsiders' connections closed
 RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
+DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
 
 HERE = Path(__file__).resolve().parent
 
