@@ -1,5 +1,5 @@
 /*
- * training-toolkit-deadman [--marker NAME=VALUE]... [--dir PATH]... [--then PROGRAM [ARG...]]
+ * training-toolkit-deadman [--no-pidfd] [--marker NAME=VALUE]... [--dir PATH]... [--then PROGRAM [ARG...]]
  *
  * The toolkit's one dead-man switch (supervise/deadman.py starts it and speaks to it).  It runs
  * in a session of its own with a pipe from its owner (train, or training-toolkit local) on its
@@ -20,8 +20,9 @@
  * signalled, through the pidfd.  Every process found is first stopped (SIGSTOP), so nothing it
  * forks escapes the search, and killed once the search finds nothing new.
  *
- * Without pidfds (pidfd_open fails with ENOSYS: Linux before 5.3, some sandboxes) it checks the
- * start time again just before kill(2) by pid: a window of microseconds instead of none.
+ * Without pidfds (pidfd_open fails with ENOSYS: Linux before 5.3, some sandboxes; --no-pidfd
+ * forces it, for tests) it checks the start time again just before kill(2) by pid: a window of
+ * microseconds instead of none.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -67,8 +68,8 @@ static int no_pidfd;
 
 static int usage(void)
 {
-    fputs("usage: training-toolkit-deadman [--marker NAME=VALUE]... [--dir PATH]... [--then PROGRAM [ARG...]]\n",
-          stderr);
+    fputs("usage: training-toolkit-deadman [--no-pidfd] [--marker NAME=VALUE]... [--dir PATH]... "
+          "[--then PROGRAM [ARG...]]\n", stderr);
     return 64;
 }
 
@@ -304,6 +305,8 @@ int main(int argc, char **argv)
             break;
         } else if (strcmp(argv[i], "--marker") == 0 && i + 1 < argc && nmarkers < MAX_MARKERS) {
             markers[nmarkers++] = argv[++i];
+        } else if (strcmp(argv[i], "--no-pidfd") == 0) {
+            no_pidfd = 1;
         } else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc && ndirs < MAX_DIRS) {
             dirs[ndirs++] = argv[++i];
         } else {

@@ -57,15 +57,17 @@ class Deadman:
     ``directories``: removed, and what carries their token (``environment_for``) or is handed to it
     (``watch_for``) is ended;
     ``then``: a command run in its place once it has acted (its standard error is the owner's);
-    ``env``: that command's environment (default: a bare PATH).
+    ``env``: that command's environment (default: a bare PATH); ``pidfds=False``: the fallback the
+    program takes where the kernel has none (checked pids), for tests.
     """
 
     def __init__(self, markers: Sequence[str] = (), directories: Sequence[Path] = (), *,
-                 then: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> None:
+                 then: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 pidfds: bool = True) -> None:
         self.token = os.urandom(8).hex()
         self.marker = f"{TOKEN_VAR}={self.token}"
         self.directories = tuple(Path(d) for d in directories)
-        argv = [_program(), "--marker", self.marker]
+        argv = [_program(), *([] if pidfds else ["--no-pidfd"]), "--marker", self.marker]
         for marker in markers:
             argv += ["--marker", marker]
         for directory in self.directories:
