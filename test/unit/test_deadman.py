@@ -176,3 +176,16 @@ def test_supervised_children_are_watched_by_their_own_deadman():
         child.wait(5)
         child.finish()
     assert not procfs.alive(child._deadman.pid)
+
+
+def test_the_container_reaper_runs_once_its_launcher_died():
+    """``local --image``'s reaper is the same switch with ``then``: here it finds no engine, and says so."""
+    script = ("import os, time; from training_toolkit.local import reaper; from training_toolkit.supervise.deadman import Deadman\n"
+              "d = Deadman(then=reaper.command('tt-test-job'), env={**os.environ, 'DOCKER_HOST': 'unix:///nonexistent.sock'})\n"
+              "print('armed', flush=True); time.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert owner.stdout.readline() == "armed\n"
+    owner.kill()
+    owner.wait()
+    said = owner.stderr.read()  # to its end: the reaper holds the launcher's stderr until it exits
+    assert "the launcher of job tt-test-job died; removing the job failed: no container engine" in said, said
