@@ -170,8 +170,14 @@ class Supervised:
         pipe.close()
 
     def send(self, sig: int) -> None:
-        """Signal the whole group; a group already gone is not an error."""
-        signal_group(self.pid, sig)
+        """Signal the whole group; a group already gone is not an error.
+
+        Only while the child is not reaped: its pid, the group's id, is then still its own and
+        cannot name another process's group (after that, ``finish`` ends the group's members one
+        by one, through pidfds).
+        """
+        if self.proc.returncode is None:
+            signal_group(self.pid, sig)
 
     def stop(self, sig: int = signal.SIGTERM, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Ask the group to stop with ``sig``; SIGKILL it if the child is still there after ``grace_s``.
@@ -235,7 +241,8 @@ def _end_leftovers(main: subprocess.Popen, token: str, linger_s: float) -> None:
         return [main if p.pid == main.pid else p for p in procfs.descendants(os.getpid())
                 if p.pgid == main.pid or procfs.has_marker(p.pid, marker)]
 
-    stop_processes(leftovers, linger_s, group=main.pid)
+    # each through its own pidfd, never by the group's id: once the script is reaped, that number is free
+    stop_processes(leftovers, linger_s)
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
