@@ -189,3 +189,22 @@ def test_the_container_reaper_runs_once_its_launcher_died():
     owner.wait()
     said = owner.stderr.read()  # to its end: the reaper holds the launcher's stderr until it exits
     assert "the launcher of job tt-test-job died; removing the job failed: no container engine" in said, said
+
+
+def test_a_marker_behind_a_large_environment_is_found():
+    """The whole environment is read (the ranks' can be long), and the owner's last word may lack its newline."""
+    program = str(deadman.native.path_of(deadman.PROGRAM))
+    marked = subprocess.Popen(["sleep", "60"], env={**{f"A_BIG_{i}": "x" * 60_000 for i in range(5)}, "TT_DEADMAN_TEST": "big"},
+                              start_new_session=True)
+    try:
+        while not procfs.has_marker(marked.pid, b"TT_DEADMAN_TEST=big"):
+            time.sleep(0.01)
+        spared = subprocess.Popen([program, "--marker", "TT_DEADMAN_TEST=big"], stdin=subprocess.PIPE)
+        spared.communicate(b"done", timeout=BOUND_S)  # no newline: still done
+        assert spared.returncode == 0 and marked.poll() is None
+        fired = subprocess.Popen([program, "--marker", "TT_DEADMAN_TEST=big"], stdin=subprocess.PIPE)
+        fired.communicate(b"", timeout=BOUND_S)
+        assert marked.wait(BOUND_S) == -signal.SIGKILL
+    finally:
+        marked.kill()
+        marked.wait()

@@ -110,20 +110,36 @@ static int read_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *st
     return 0;
 }
 
-/* Whether one of the markers is a whole entry of the process's environment. */
+/* Whether one of the markers is a whole entry of the process's environment (read whole, however long). */
 static int has_marker(pid_t pid)
 {
+    static char *buf;
+    static size_t size;
     char path[64];
-    static char buf[1 << 16];
     snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
     size_t len = 0;
-    ssize_t n;
-    while (len < sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+    for (;;) {
+        if (size - len < 2) {
+            size_t grown = size ? 2 * size : 1 << 16;
+            char *more = realloc(buf, grown);
+            if (more == NULL)
+                break; /* what was read is looked at */
+            buf = more;
+            size = grown;
+        }
+        ssize_t n = read(fd, buf + len, size - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
         len += (size_t)n;
+    }
     close(fd);
+    if (buf == NULL)
+        return 0;
     buf[len] = '\0';
     for (size_t at = 0; at < len; at += strlen(buf + at) + 1)
         for (size_t m = 0; m < nmarkers; m++)
@@ -274,8 +290,10 @@ static int watch(void)
         ssize_t n = read(0, buf + len, sizeof buf - 1 - len);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0)
-            return 0;
+        if (n <= 0) {
+            buf[len] = '\0';
+            return strcmp(buf, "done") == 0; /* the last word without its newline counts too */
+        }
         len += (size_t)n;
         buf[len] = '\0';
         char *line = buf, *nl;
