@@ -39,8 +39,8 @@ def wait_for_ssh(
 
     deadline = time.monotonic() + deadline_s
     prefix = ssh_command(layout, ssh=ssh)
-    # the shared connection a probe leaves (ControlPersist) keeps this environment: the token of the
-    # directory's deadman, by which it is found (end_connections) and ended should train be killed
+    # the shared connection a probe leaves (ControlPersist) keeps this environment: the ssh directory's
+    # token, by which end_connections finds it and the directory's deadman ends it should train be killed
     env = {**without_secrets(os.environ), **deadman.environment_for(layout.directory)}
     workers = max(1, min(len(hosts), max_parallel))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh-probe") as pool:
