@@ -208,3 +208,16 @@ def test_a_marker_behind_a_large_environment_is_found():
     finally:
         marked.kill()
         marked.wait()
+
+
+def test_without_the_native_program_nothing_is_armed_and_that_is_said_once(monkeypatch, capsys):
+    def missing(name, directory=None):
+        raise deadman.native.NativeMissing(f"{name} is missing")
+
+    monkeypatch.setattr(deadman.native, "path_of", missing)
+    monkeypatch.setattr(deadman, "_warned", False)
+    first, second = deadman.Deadman(), deadman.Deadman()
+    assert first.pid is None and second.pid is None
+    first.watch(os.getpid())
+    first.disarm()
+    assert capsys.readouterr().err.count("no dead-man switch") == 1
