@@ -1,7 +1,7 @@
 """Who takes part in each attempt: the active hosts in rank order, and the spares (pure).
 
-The platform gives the job its hosts in its own order, the first host first.  With
-``TRAINING_TOOLKIT_MAX_HOSTS`` = M below their number, the first M are active and the rest are
+The platform gives the job its hosts in its own order, the first host first.  With a maximum
+of M hosts below their number, the first M are active and the rest are
 **spares**: joined, heartbeating, running no ranks.  At each restart's barrier the first host
 chooses the next attempt's roster from the last one and the hosts that are alive then
 (``next_roster``), and every host takes it from there:
@@ -9,7 +9,7 @@ chooses the next attempt's roster from the last one and the hosts that are alive
 - a lost or retired host's seat goes to the first waiting spare (platform order), so the
   surviving hosts keep their ranks;
 - with no spare left, the seat is dropped: the survivors keep their order and are renumbered,
-  while at least ``TRAINING_TOOLKIT_MIN_HOSTS`` are left; below it the job ends, naming the lost
+  while at least the minimum are left; below it the job ends, naming the lost
   hosts and the minimum (``Shortfall``);
 - a spare (one that was waiting, or a host that came back) becomes active only at a restart the
   job makes anyway, up to M, after the others: no restart is made only to grow;
@@ -50,7 +50,7 @@ class Shortfall:
 
     def reason(self) -> str:
         return (f"{len(self.left)} host(s) left ({', '.join(self.left)}) after losing {', '.join(self.lost)}: "
-                f"fewer than the minimum of {self.minimum} (TRAINING_TOOLKIT_MIN_HOSTS), and no spare waiting")
+                f"fewer than the minimum of {self.minimum}, and no spare waiting")
 
 
 @record

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training_toolkit import procfs
+from training_toolkit.supervise import pidfd
 from training_toolkit.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
 from training_toolkit.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
@@ -138,10 +139,15 @@ def read_one(pid: int, stacks_dir: Path | None, pyspy: str | None, timeout_s: fl
 
 def _by_faulthandler(pid: int, stack_file: Path, timeout_s: float):
     before = stack_file.stat().st_size
-    try:
-        os.kill(pid, stack_signal())
-    except OSError:
+    # through a pidfd, and only to a process that still catches the signal (its default action ends it)
+    held = pidfd.hold(pid, check=lambda p: procfs.catches(p, stack_signal()))
+    if held is None:
         return ()
+    try:
+        if not held.send(stack_signal()):
+            return ()
+    finally:
+        held.close()
     end = time.monotonic() + timeout_s
     size, stable_since = before, None
     while time.monotonic() < end:

@@ -28,6 +28,7 @@ from training_toolkit.local.netns import EnteredProcess, NamespaceCluster
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.settings import JOB_SECRET
 from training_toolkit.stopping import stop_processes
+from training_toolkit.supervise import pidfd
 
 __all__ = ["INTERFACE", "HostResult", "LocalJob", "default_train", "host_tree", "run_local"]
 
@@ -152,14 +153,19 @@ class _Trains:
 
 
 def _end_remains(cluster: NamespaceCluster, name: str, before: set[int]) -> list[str]:
-    """SIGKILL what is left in a host whose train ended (as a container's end does); what was left."""
+    """SIGKILL what is left in a host whose train ended (as a container's end does); what was left.
+
+    Each is held through a pidfd first and signalled only if the host still holds its pid after that
+    (``supervise/pidfd.py``): a pid reused outside the host is never hit.
+    """
+    held = [(h, pid, line) for pid, line in _new_in_host(cluster.pids().get(name, []), before)
+            if (h := pidfd.hold(pid)) is not None]
+    inside = set(cluster.pids().get(name, []))  # looked again, after the pidfds were opened
     left = []
-    for pid, line in _new_in_host(cluster.pids().get(name, []), before):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-        left.append(f"{pid} {line}")
+    for h, pid, line in held:
+        if pid in inside and h.send(signal.SIGKILL):
+            left.append(f"{pid} {line}")
+        h.close()
     return left
 
 

@@ -38,7 +38,7 @@ from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
 from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.stopping import stop_processes
-from training_toolkit.tripwire import Tripwire
+from training_toolkit.supervise.deadman import Deadman
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
@@ -90,13 +90,13 @@ class MpiHost:
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
         self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
         self._shim: Shim | None = None  # the accept() shim, with the job's addresses resolved once (prepare)
-        self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
+        self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
-        self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
+        self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
-        self._tripwire = Tripwire(directory=self._ssh_dir)
+        self._tripwire = Deadman(directories=[self._ssh_dir])  # sshd and ssh's shared connections: watch_for, environment_for
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
@@ -173,7 +173,7 @@ class MpiHost:
     def _write_rank_file(self, seat: Seating) -> None:
         """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
         path = self._rank_file = rank_env.new_rank_file_path(self.rank_tag)
-        self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
+        self._rank_tripwire = Deadman([f"{RANK_TAG_VAR}={self.rank_tag}"], [path.parent])
         rank_env.write_rank_file(path, self._rank_file_data(seat))
 
     def _rank_file_data(self, seat: Seating) -> bytes:
