@@ -138,10 +138,11 @@ class HostAgent(StallWatch):
                     membership.barrier(self.attempt, self._barrier_deadline())
                     if self.is_master and spec.after_barrier is not None:
                         spec.after_barrier(self.seating())
-                    if spec.guard is not None:  # imported only here: a job of one seat never loads it
+                    guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
+                    if guarded is not None:  # imported only here: a job of one seat never loads it
                         from training_toolkit.cluster.guard import start_guard
 
-                        guard = start_guard(spec.guard, self.ctx.plan.hosts)  # before the processes start
+                        guard = start_guard(guarded, self.ctx.plan.hosts)  # before the processes start
                         if guard is not None:
                             job.callback(guard.stop)
                     job.callback(lambda: self._attempt.close())  # whichever attempt is the last

@@ -112,7 +112,8 @@ class RunnerSpec:
     wait_for_peers: bool = False  # on success, does the first host wait for every host's own success?
     own_end_on_stop: bool = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
     solo: bool = False  # a job of one seat (no channel, no port); its reasons name no host, as the reference's
-    guard: GuardSpec | None = None  # the listeners only the job's hosts may reach (cluster/guard.py)
+    guard: GuardSpec | Callable[[Seating], GuardSpec | None] | None = None  # the listeners only the job's hosts may
+    #   reach (cluster/guard.py); a callable is asked after barrier 0, for a spec that depends on what ``prepare`` made
     introduction: Callable[[], Mapping[str, str]] | None = None  # told the others on joining; public facts only
     hold: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining (every host): what the runner
     #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
