@@ -27,7 +27,6 @@ from training_toolkit.supervise.deadman import Deadman
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-DEFAULT_GRACE_S: float = settings.default("grace_s")  # TRAINING_TOOLKIT_GRACE_PERIOD's default: one table
 TAIL_BYTES = 32 * 1024
 _PR_SET_CHILD_SUBREAPER = 36
 # Marks every descendant of a supervised child, so leftovers that left its
@@ -179,7 +178,7 @@ class Supervised:
         if self.proc.returncode is None:
             signal_group(self.pid, sig)
 
-    def stop(self, sig: int = signal.SIGTERM, grace_s: float = DEFAULT_GRACE_S) -> None:
+    def stop(self, sig: int, grace_s: float) -> None:
         """Ask the group to stop with ``sig``; SIGKILL it if the child is still there after ``grace_s``.
 
         Returns at once: the grace period runs in the background.  A second

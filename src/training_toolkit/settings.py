@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from training_toolkit import names
 from training_toolkit.errors import ConfigError
+from training_toolkit.paths import Paths
 
 JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
 SECRET_VARIABLES = (JOB_SECRET,)  # never passed to a child: the script, pip, mpirun, ssh
@@ -293,7 +294,7 @@ def parse(environ: Mapping[str, str], read: Callable[[str], bytes | None] | None
     given = {var.field for var in VARIABLES
              if environ.get(var.name) or flags.get(var.field) not in (None, "")}
     if values["job_secret"] is None and read is not None:
-        path = f"{values['base_dir'].rstrip('/')}/input/config/job_secret"
+        path = str(Paths.at(values["base_dir"]).job_secret_file)
         data = read(path)
         if data is not None and data.strip():
             if len(data.strip()) < MIN_SECRET_BYTES:

@@ -228,7 +228,7 @@ def test_defaults_used_outside_settings_are_its_own():
     from training_toolkit.runners import rank_env
 
     assert (timing.HEARTBEAT_S, timing.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
-    assert process.DEFAULT_GRACE_S == DEFAULTS.grace_s
+    assert not hasattr(process, "DEFAULT_GRACE_S")  # a stop's grace is always the caller's (Settings.grace_s)
     assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
     secret_env = {name: "x" for name in settings.SECRET_VARIABLES}

@@ -35,6 +35,7 @@ from typing import Any
 
 from training_toolkit import procfs
 from training_toolkit.errors import ClusterError
+from training_toolkit.local import layout
 from training_toolkit.local.network import SYSTEM_ENV
 from training_toolkit.supervise import pidfd
 
@@ -106,7 +107,7 @@ class Host:
     @property
     def opt_ml(self) -> Path:
         """Where the host's ``/opt/ml`` lives on the real filesystem."""
-        return self.root / "opt" / "ml"
+        return layout.host_opt_ml(self.root.parent, self.root.name)
 
 
 def prepare_files(workdir: Path, names: Sequence[str], hosts_file: Path, hosts_text: str) -> None:
@@ -115,7 +116,7 @@ def prepare_files(workdir: Path, names: Sequence[str], hosts_file: Path, hosts_t
     # The mount point for the per-host bind mounts; harmless on a machine without it.
     Path("/opt/ml").mkdir(parents=True, exist_ok=True)
     for name in names:
-        opt_ml = workdir / name / "opt" / "ml"
+        opt_ml = layout.host_opt_ml(workdir, name)
         if not opt_ml.is_dir():
             opt_ml.mkdir(parents=True)
             # 0755 whatever the umask: sshd's StrictModes rejects key files below a

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from training_toolkit import procfs
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
-from training_toolkit.local import run_loop
+from training_toolkit.local import layout, run_loop
 from training_toolkit.local.netns import EnteredProcess, NamespaceCluster
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.settings import JOB_SECRET
@@ -102,8 +102,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
         pump.thread.join(timeout=2)
     results = []
     for host in job.hosts:
-        # NamespaceCluster keeps each host's tree under workdir/HOST/opt/ml
-        results.append(read_result(host, workdir / host / "opt" / "ml", codes.get(host) if host in ended else None,
+        results.append(read_result(host, layout.host_opt_ml(workdir, host), codes.get(host) if host in ended else None,
                                    ended.get(host), survivors.get(host, ())))
     return results
 
