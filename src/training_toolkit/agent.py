@@ -34,19 +34,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from queue import Empty, SimpleQueue
 
-from training_toolkit import decisions
+from training_toolkit import decisions, roster
 from training_toolkit.agent_watch import StallWatch
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
                                            ShareProgress, StopPart)
 from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat, SoloSeat
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.decisions import (Announce, Finish, Forward, GotSignal, Interrupt, Joined, LocalExit, PartStopped,
-                                        Report, ReportDone, SetupFailed, Started, Tick)
-from training_toolkit.errors import CodeError, JobFailed, ToolkitError
+                                        Report, ReportDone, Say, SetupFailed, Started, Tick)
+from training_toolkit.errors import ClusterError, CodeError, ConfigError, JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, end_descendants
 from training_toolkit.report import Outcome
-from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, with_hosts
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, _write_json, with_hosts
 from training_toolkit.runspec import failure_of as described_failure
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
@@ -93,15 +93,26 @@ class HostAgent(StallWatch):
                       else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt, stop_wait_s))
         self.watch_dir = None
         self._progress = None
+        # who takes part (roster.py): the first host chooses each attempt's active hosts, every host takes them
+        self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``with_hosts``)
+        self.active: tuple[str, ...] = self.hosts
+        self.roster = roster.Roster(self.hosts)
+        self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
+        self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
+        self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
 
     @property
     def attempt(self) -> int:
         return self.state.attempt
 
-    def seating(self) -> Seating:
-        """The attempt's membership as the runner's hooks see it, now."""
+    def seating(self, attempt: bool = False) -> Seating:
+        """The attempt's membership as the runner's hooks see it, now.
+
+        ``attempt``: the job as this attempt runs it (its active hosts, ranks renumbered), for its processes;
+        else the job's every host (what the runner holds, the guard: a spare may be seated later).
+        """
         seat = self.membership
-        return Seating(self.ctx, self.attempt, self.is_master, seat.job_id if seat else "",
+        return Seating(self.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master, seat.job_id if seat else "",
                        seat.introductions if seat else {}, self.job_env, self.settings.join_timeout_s)
 
     # The template -----------------------------------------------------------------------------
@@ -130,19 +141,21 @@ class HostAgent(StallWatch):
                     if unusable is not None:
                         raise unusable
                     self._take_hosts(membership.hosts)
+                    self._take_limits()
                     self._start_watch()
                     if spec.hold is not None:
                         job.enter_context(spec.hold(self.seating()))
                     if spec.prepare is not None:
                         spec.prepare(self.seating())
-                    membership.barrier(self.attempt, self._barrier_deadline())
+                    self._seat(membership.barrier(self.attempt, self._barrier_deadline(),
+                                                  choose=self._first_choice if self.is_master else None))
                     if self.is_master and spec.after_barrier is not None:
                         spec.after_barrier(self.seating())
                     guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
                     if guarded is not None:  # imported only here: a job of one seat never loads it
                         from training_toolkit.cluster.guard import start_guard
 
-                        guard = start_guard(guarded, self.ctx.plan.hosts)  # before the processes start
+                        guard = start_guard(guarded, self.ctx.plan.hosts)  # every host of the job: a spare may be seated
                         if guard is not None:
                             job.callback(guard.stop)
                     job.callback(lambda: self._attempt.close())  # whichever attempt is the last
@@ -158,8 +171,11 @@ class HostAgent(StallWatch):
         return outcome
 
     def _start(self) -> None:
-        """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end)."""
-        procs = self.spec.processes(self.seating())
+        """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end).
+
+        A spare (not among the attempt's active hosts) starts none: it stays joined, and waits.
+        """
+        procs = self.spec.processes(self.seating(attempt=True)) if self.host in self.active else ()
         self.locals = started = []
         self._attempt.callback(_stop_locals, started, FAILURE_GRACE_S)
         for proc in procs:
@@ -181,8 +197,63 @@ class HostAgent(StallWatch):
         for local in self.locals:
             _watch(local, self.events, self.attempt)
         with _signals_held():  # the handler steps too while setting up: never both at once
-            actions = self._step(Started(tuple(local.name for local in self.locals if local.primary)))
+            actions = self._step(Started(tuple(local.name for local in self.locals if local.primary), self.active))
         return self._carry_out(actions)
+
+    # Who takes part ---------------------------------------------------------------------------
+
+    def _take_limits(self) -> None:
+        """The job's maximum and minimum of active hosts; the first host checks them (a ConfigError: exit 78)."""
+        config = self.ctx.settings
+        if self.spec.solo or (config.max_hosts is None and config.min_hosts is None):
+            return
+        try:
+            self.max_hosts, self.min_hosts = roster.limits(len(self.hosts), config.max_hosts, config.min_hosts)
+        except ValueError as exc:
+            raise ConfigError("settings", None, f"{exc}: the job's hosts are {', '.join(self.hosts)}") from None
+        self.elastic = roster.elastic(len(self.hosts), self.max_hosts, self.min_hosts)
+        if self.elastic and self.ctx.job.resource.instance_groups:
+            raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
+                              "job without instance groups (a group names its hosts)")
+        self.roster = roster.first_roster(self.hosts, self.max_hosts)
+
+    def _first_choice(self, alive: frozenset, why: Mapping[str, str]) -> tuple[str, ...]:
+        """Barrier 0: the first roster (every host joined and ready)."""
+        self._turn = roster.Turn(self.roster)
+        return self.roster.active
+
+    def _next_choice(self, alive: frozenset, why: Mapping[str, str]) -> tuple[str, ...]:
+        """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
+        last = self.roster
+        for host in self.hosts:  # a host that left and came back waits as a spare
+            if host in alive and host not in (*last.active, *last.spares, *last.retired):
+                last = roster.joined(last, host)
+        turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, why=why)
+        if isinstance(turn, roster.Shortfall):
+            raise ClusterError(turn.reason())
+        self.roster, self._turn = turn.roster, turn
+        return turn.roster.active
+
+    def _seat(self, active: Sequence[str] | None) -> None:
+        """Take the attempt's active hosts: an active host's processes see only them; a spare waits."""
+        active = tuple(active or self.hosts)
+        was_spare = self.host not in self.active
+        self.active = active
+        if self.is_master and self.elastic and self._turn is not None:
+            total = self.state.first_attempt + self.ctx.settings.max_restarts + 1
+            log(f"{self.host}: {roster.attempt_line(self.attempt + 1, total, self._turn)}")
+        if self.host not in active:
+            log(f"{self.host}: a spare: waiting (attempt {self.attempt + 1} runs on {', '.join(active)})")
+            return
+        if was_spare:
+            log(f"{self.host}: seated in attempt {self.attempt + 1} (rank order: {', '.join(active)})")
+        if active == self.ctx.plan.hosts:
+            if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
+                job = self.ctx.job
+                _write_json(job.paths.resource_config_file, dict(job.resource.raw))
+            self.attempt_ctx = self.ctx
+        else:
+            self.attempt_ctx = with_hosts(self.ctx, active)
 
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
@@ -246,6 +317,8 @@ class HostAgent(StallWatch):
                 self.membership.restart(action.attempt, action.reason)
             elif isinstance(action, StopPart):
                 _in_thread(self._stop_part, "stop-part", action.attempt, list(self.locals))
+            elif isinstance(action, Say):
+                log(action.line)
             elif isinstance(action, Rejoin):
                 return self._rejoin(action)
             elif isinstance(action, ReportDone):
@@ -302,7 +375,9 @@ class HostAgent(StallWatch):
             if self.spec.before_restart is not None:
                 self.spec.before_restart(self.seating())
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
-            self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
+            self._seat(self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s,
+                                               choose=self._next_choice if self.is_master else None,
+                                               alive_only=self.elastic))
             if self.is_master and self.spec.after_restart_barrier is not None:
                 self.spec.after_restart_barrier(self.seating())
             self._start()

@@ -71,9 +71,13 @@ class PartStopped:
 
 @record
 class Started:
-    """Setup (or a restart's barrier) is over; ``primaries`` are the local processes whose ends end this host's part."""
+    """Setup (or a restart's barrier) is over; ``primaries`` are the local processes whose ends end this host's part.
+
+    ``active``: the attempt's active hosts (None: every host of the job); the others are spares, with no part.
+    """
 
     primaries: tuple[str, ...]
+    active: tuple[str, ...] | None = None
 
 
 @record
@@ -217,5 +221,12 @@ class Rejoin:
     reason: str
 
 
+@record
+class Say:
+    """Log one line (what happened that is no failure: a spare lost)."""
+
+    line: str
+
+
 Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, GatherStacks, SendStacks,
-               AnnounceRestart, StopPart, Rejoin]
+               AnnounceRestart, StopPart, Rejoin, Say]

@@ -35,7 +35,7 @@ from training_toolkit.records import record, replace
 
 from training_toolkit.agent_events import (Action, Announce, AnnounceRestart, Event, Finish, Forward, GatherStacks,
                                            GotSignal, Interrupt, Joined, LocalExit, PartEnded, PartStopped, Phase, Progress,
-                                           Rejoin, Report, ReportDone, SendStacks, SetupFailed, ShareProgress,
+                                           Rejoin, Report, ReportDone, Say, SendStacks, SetupFailed, ShareProgress,
                                            StacksGathered, Started, StopPart, Tick)
 from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress,
                                              RestartCalled, StacksWanted, Verdict, earliest)
@@ -101,6 +101,8 @@ class AgentState:
     # margin), and an other host for the verdict after its report; 0: the first report is as good as all
     stop_wait_s: float = 0.0
     stopped_hosts: frozenset[str] = frozenset()  # first host, during a stop: hosts whose part has stopped, itself too
+    seated: frozenset[str] | None = None  # first host: the other hosts active this attempt (None: every worker);
+    #                                       the rest are spares: no part, their loss no failure
 
 
 def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
@@ -125,6 +127,11 @@ def next_deadline(state: AgentState) -> float | None:
     """When the shell must wake the step with a Tick if nothing else happens."""
     times = [t for t in (state.deadline, state.stall_deadline) if t is not None]
     return min(times) if times else None
+
+
+def active_workers(state: AgentState) -> frozenset[str]:
+    """The other hosts with a part in this attempt: the seated ones, else every worker."""
+    return state.workers if state.seated is None else state.seated
 
 
 def root_cause(failures: tuple[Failure, ...]) -> Failure:
@@ -206,7 +213,9 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
     """An attempt's processes run: its own bookkeeping starts afresh, the stall clock with the startup allowance."""
     watch = state.watch
     pending = state.pending_signals
-    state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(),
+    seated = state.seated if event.active is None or not state.is_master else \
+        frozenset(event.active) - {state.host}
+    state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(), seated=seated,
                     finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None,
                     stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
     return state, tuple(Forward(s) for s in pending)
@@ -252,18 +261,21 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
         state = replace(state, finished=state.finished | {event.name})
         if state.failures or not state.primaries <= state.finished:
             return state, ()
-        if state.wait_for_peers and not state.workers <= state.done:
+        if state.wait_for_peers and not active_workers(state) <= state.done:
             return replace(state, succeeded=True, deadline=now + PEER_FINISH_TIMEOUT_S, stall_deadline=None), ()
         return _announce(state, Outcome(0))
     if isinstance(event, PeerDone) and event.exit_code == 0:
         state = replace(state, done=state.done | {event.host})
-        if state.succeeded and not state.failures and state.workers <= state.done:
+        if state.succeeded and not state.failures and active_workers(state) <= state.done:
             return _announce(state, Outcome(0))
         return _all_parts_stopped(state)
     if isinstance(event, PeerDone):
         state = replace(state, done=state.done | {event.host})
     if isinstance(event, PeerLost) and event.host in state.done:
         return state, ()  # a host that finished its part may leave
+    if isinstance(event, PeerLost) and event.host not in active_workers(state):
+        # a spare has no part: its loss is no failure (it is not called at the next restart)
+        return state, (Say(f"{state.host}: the spare {event.host} was lost ({event.reason}); not a failure"),)
     failure = _failure(state, event)
     if failure is None:
         return state, ()
@@ -280,7 +292,8 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
 
 def _all_parts_stopped(state: AgentState) -> tuple[AgentState, tuple[Action, ...]]:
     """A stopped first host concludes once every host's part has stopped (or reported done): no need to wait more."""
-    if _waits_for_parts(state) and state.failures and state.workers | {state.host} <= state.stopped_hosts | state.done:
+    if (_waits_for_parts(state) and state.failures
+            and active_workers(state) | {state.host} <= state.stopped_hosts | state.done):
         return _conclude(state, state.failures)
     return state, ()
 
@@ -294,7 +307,7 @@ def _first_host_tick(state: AgentState, now: float) -> tuple[AgentState, tuple[A
         if _waits_for_parts(state):  # no part said it stopped in time: the job was stopped all the same
             assert state.stop_signal is not None
             return _conclude(state, (Failure(_stopped(state.host, state.stop_signal), None, stopped=True),))
-        missing = ", ".join(sorted(state.workers - state.done))
+        missing = ", ".join(sorted(active_workers(state) - state.done))
         return _announce(state, Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: the job succeeded here but {missing} "
                                                             f"did not finish within {PEER_FINISH_TIMEOUT_S:g} s"))
     if (state.phase == Phase.RUNNING and not state.failures and state.stall_deadline is not None
@@ -440,6 +453,6 @@ def _stopped(host: str, signum: int) -> Outcome:
 
 
 __all__ = ["Action", "Announce", "AnnounceRestart", "Event", "Finish", "Forward", "GatherStacks", "GotSignal",
-           "Interrupt", "Joined", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report",
+           "Interrupt", "Joined", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report", "Say",
            "ReportDone", "SendStacks", "SetupFailed", "ShareProgress", "StacksGathered", "Started", "StopPart", "Tick",
            "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S"]

@@ -61,6 +61,26 @@ class Turn:
     changes: tuple[str, ...] = ()
 
 
+def limits(hosts: int, max_hosts: int | None, min_hosts: int | None) -> tuple[int, int]:
+    """The job's (maximum, minimum) of active hosts for ``hosts`` platform hosts; ValueError naming the settings.
+
+    Defaults: every host, and the minimum the maximum (a lost host without a spare ends the job).
+    """
+    top = hosts if max_hosts is None else max_hosts
+    bottom = top if min_hosts is None else min_hosts
+    if top > hosts:
+        raise ValueError(f"TRAINING_TOOLKIT_MAX_HOSTS={top} is more than the job's {hosts} host(s)")
+    if bottom > top:
+        raise ValueError(f"TRAINING_TOOLKIT_MIN_HOSTS={bottom} is more than TRAINING_TOOLKIT_MAX_HOSTS={top}"
+                         + ("" if max_hosts is not None else f" (all {hosts} hosts)"))
+    return top, bottom
+
+
+def elastic(hosts: int, max_hosts: int, min_hosts: int) -> bool:
+    """Whether the job has spares or may shrink: a lost host need not end it."""
+    return max_hosts < hosts or min_hosts < max_hosts
+
+
 def first_roster(hosts: Sequence[str], max_hosts: int | None) -> Roster:
     """The first attempt's: the platform's first ``max_hosts`` hosts (all without a maximum), the rest spares."""
     count = len(hosts) if max_hosts is None else min(max_hosts, len(hosts))

@@ -159,6 +159,12 @@ def _completions(raw: str) -> int:
     return int(raw)
 
 
+def _hosts(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError("expected a whole number of hosts, 1 or more")
+    return int(raw)
+
+
 def _mpi_flavor(raw: str) -> str:
     if raw not in names.MPI_FLAVORS:
         raise ValueError(f"expected {' or '.join(names.MPI_FLAVORS)}")
@@ -224,6 +230,12 @@ VARIABLES = (
              "and starts them again), counted from the platform's own restart attempt (JobSet); a stopping signal "
              "from the platform never restarts; a pod whose container restarted rejoins the next attempt "
              "(docs/resilience.md)"),
+    Variable("TRAINING_TOOLKIT_MAX_HOSTS", "max_hosts", _hosts, None, "all hosts",
+             "how many of the platform's hosts the job runs on; the others are spares, each taking a lost host's "
+             "place at the next restart (docs/resilience.md)"),
+    Variable("TRAINING_TOOLKIT_MIN_HOSTS", "min_hosts", _hosts, None, "the max",
+             "the fewest hosts the job may go on with after losing hosts with no spare left (it shrinks, "
+             "renumbering ranks); below it the job ends (docs/resilience.md)"),
     Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", _on_off, True, "on",
              "`off`: Open MPI's runtime and ranks are not preloaded with the accept() shim that closes connections "
              "from outside the job before Open MPI reads them (docs/security.md)"),
@@ -257,6 +269,8 @@ class Settings(NamedTuple):
     stall_startup_s: float = 600.0
     py_spy: str | None = None
     max_restarts: int = 0
+    max_hosts: int | None = None  # None: every host the platform gave
+    min_hosts: int | None = None  # None: the max
     netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 

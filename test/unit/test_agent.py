@@ -44,7 +44,7 @@ class FakeSeat:
         if self._welcomed is not None:
             self.hosts = tuple(self._welcomed)
 
-    def barrier(self, attempt=0, deadline_s=None):
+    def barrier(self, attempt=0, deadline_s=None, choose=None, alive_only=False):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier

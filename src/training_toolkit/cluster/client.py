@@ -61,6 +61,7 @@ class ControlClient:
         self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
         self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
         self._go = -1  # the last attempt the first host started
+        self._active: tuple[str, ...] = ()  # its active hosts (the others are spares)
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()
         self._closed = threading.Event()
@@ -130,8 +131,9 @@ class ControlClient:
                 message = self._link.recv()
                 kind = message.get("t")
                 if kind == "go":
+                    go, active = wire.attempt(message), wire.active(message, self.hosts)
                     with self._state:
-                        self._go = wire.attempt(message)
+                        self._go, self._active = go, active
                         self._state.notify_all()
                 elif kind == "restart":
                     self._events.put(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
@@ -188,7 +190,8 @@ class ControlClient:
     def done(self, exit_code: int) -> None:
         self._send("done", code=exit_code)
 
-    def wait_go(self, deadline_s: float, attempt: int = 0) -> None:
+    def wait_go(self, deadline_s: float, attempt: int = 0) -> tuple[str, ...]:
+        """Wait for the first host to start ``attempt``; its active hosts (the job's others are spares)."""
         end = time.monotonic() + deadline_s
         with self._state:
             while self._go < attempt:
@@ -201,6 +204,7 @@ class ControlClient:
                 if left <= 0:
                     raise ClusterError(f"the first host {self.master} did not start the job within {deadline_s:g} s")
                 self._state.wait(min(left, 1.0))
+            return self._active
 
     def close(self) -> None:
         self._closed.set()

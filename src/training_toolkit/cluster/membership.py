@@ -7,7 +7,7 @@ can set them without flags.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from queue import SimpleQueue
 from typing import Protocol
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from training_toolkit.cluster.server import ControlServer
 
 VERDICT_LINGER_S = 10.0
+
+# first host, at a restart's barrier: (the hosts alive and ready, why each lost host was lost) -> the attempt's
+# active hosts in rank order (or a ToolkitError: the job cannot go on)
+Chooser = Callable[[frozenset, Mapping[str, str]], tuple]
 
 
 @record
@@ -59,7 +63,8 @@ class Seat(Protocol):
 
     def open(self) -> None: ...
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None: ...
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
+                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...] | None: ...
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None: ...
@@ -137,16 +142,24 @@ class Membership:
             self._client.connect(self.settings.join_timeout_s)
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
-        """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline)."""
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
+                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...]:
+        """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline).
+
+        The attempt's active hosts, in rank order, on every host.  The first host chooses them with
+        ``choose`` (from the hosts ready; None: every host) and sends them with its go.  ``alive_only``
+        (a restart's barrier in a job with spares or a minimum): it waits only for the hosts still
+        linked, and a host's loss meanwhile is no failure.
+        """
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
         if self._server:
-            self._server.wait_ready(deadline_s)
-            self._server.release()
-        else:
-            assert self._client is not None
-            self._client.ready(attempt)
-            self._client.wait_go(deadline_s, attempt)
+            alive = self._server.wait_ready(deadline_s, alive_only=alive_only)
+            active = tuple(choose(alive, self._server.lost_reasons())) if choose is not None else self.hosts
+            self._server.release(active)
+            return active
+        assert self._client is not None
+        self._client.ready(attempt)
+        return self._client.wait_go(deadline_s, attempt) or self.hosts
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
@@ -230,8 +243,9 @@ class SoloSeat:
     def open(self) -> None:
         pass
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> None:
-        pass
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
+                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...]:
+        return self.hosts
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:

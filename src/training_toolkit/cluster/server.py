@@ -74,8 +74,9 @@ class ControlServer:
         self._released = -1  # the last attempt whose processes were started (its go sent)
         self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
         # failures of this attempt or a later one (a host that rejoined and failed before the restart was
-        # called): (when it happened, when it arrived, what, the attempt)
-        self._failures: list[tuple[float, float, JobFailed, int]] = []
+        # called): (when it happened, when it arrived, what, the attempt, whether it is a host's loss)
+        self._failures: list[tuple[float, float, JobFailed, int, bool]] = []
+        self._lost_why: dict[str, str] = {}  # why each host that left was lost (the last time), for the attempt's line
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -248,7 +249,7 @@ class ControlServer:
             named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
             with self._state:
                 if attempt >= self._attempt:
-                    self._failures.append((at, time.monotonic(), JobFailed(named, code), attempt))
+                    self._failures.append((at, time.monotonic(), JobFailed(named, code), attempt, False))
                 self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
@@ -266,8 +267,10 @@ class ControlServer:
             if self._closed.is_set() or self._links.get(host) not in (link, None):
                 return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
+            self._lost_why[host] = reason
             self._failures.append((time.time(), time.monotonic(),
-                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR), self._attempt))
+                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR), self._attempt,
+                                   True))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -281,21 +284,32 @@ class ControlServer:
                 except OSError:
                     pass
 
-    def wait_ready(self, deadline_s: float) -> None:
-        """Block until every expected host is ready; name the ones that are not at the deadline."""
+    def lost_reasons(self) -> dict[str, str]:
+        """Why each host that left the job was lost (its last loss), by host."""
+        with self._state:
+            return dict(self._lost_why)
+
+    def wait_ready(self, deadline_s: float, alive_only: bool = False) -> frozenset[str]:
+        """Block until every expected host is ready; name the ones that are not at the deadline.
+
+        ``alive_only`` (a restart's barrier in a job with spares or a minimum): wait only for the hosts
+        still linked; a host's loss then is no failure, and the hosts ready are returned (this one too).
+        """
         end = time.monotonic() + deadline_s
         with self._state:
             while True:
-                failures = [f for f in self._failures if f[3] == self._attempt]
+                failures = [f for f in self._failures if f[3] == self._attempt and not (alive_only and f[4])]
                 if failures:  # the earliest, once reports of earlier failures had the window to arrive
                     window_ends = failures[0][1] + FAILURE_WINDOW_S
                     if time.monotonic() >= window_ends:
                         raise earliest(failures, lambda f: f[0])[2]
                     self._state.wait(max(0.0, window_ends - time.monotonic()))
                     continue
-                missing = [h for h in self.expected if self._ready.get(h) != self._attempt]
+                missing = [h for h in self.expected if self._ready.get(h) != self._attempt
+                           and (not alive_only or h in self._links)]
                 if not missing:
-                    return
+                    ready = {h for h in self.expected if self._ready.get(h) == self._attempt and h in self._links}
+                    return frozenset({*self.hosts[:1], *ready})
                 left = end - time.monotonic()
                 if left <= 0:
                     joined = [h for h in missing if h in self._links]
@@ -311,10 +325,11 @@ class ControlServer:
                     raise ClusterError(f"hosts not ready within {deadline_s:g} s ({'; '.join(parts)})")
                 self._state.wait(min(left, 1.0))
 
-    def release(self) -> None:
+    def release(self, active: Sequence[str] | None = None) -> None:
+        """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
         with self._state:
             self._released = self._attempt
-        self._send_all("go", n=self._attempt)
+        self._send_all("go", n=self._attempt, active=list(active or self.hosts))
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""

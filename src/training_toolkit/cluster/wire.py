@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 4  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts
+PROTOCOL = 5  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
+#              5: each go carries the attempt's active hosts (the others are spares)
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
 MAX_HOSTS = 100_000
@@ -94,15 +95,25 @@ def job_attempt(message: dict) -> tuple[int, bool]:
     return attempt(value), value["go"]
 
 
-def hosts(message: dict) -> tuple[str, ...]:
+def hosts(message: dict, key: str = "hosts") -> tuple[str, ...]:
     """The welcome's membership: the job's hosts in rank order, the first host first, as the first host knows them."""
-    value = message.get("hosts")
+    value = message.get(key)
     if (not isinstance(value, list) or len(value) > MAX_HOSTS
             or not all(isinstance(host, str) and 0 < len(host) <= 255 for host in value)):
-        raise FrameError(f"field 'hosts' is not a list of at most {MAX_HOSTS} host names")
+        raise FrameError(f"field {key!r} is not a list of at most {MAX_HOSTS} host names")
     if len(set(value)) != len(value):
-        raise FrameError("field 'hosts' names a host twice")
+        raise FrameError(f"field {key!r} names a host twice")
     return tuple(value)
+
+
+def active(message: dict, job: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A go's active hosts: the attempt's hosts in rank order, checked as the welcome's, all of the job, its first first."""
+    value = hosts(message, "active")
+    if not job and not value:  # a channel that names no hosts (a test's)
+        return value
+    if not value or not job or value[0] != job[0] or not set(value) <= set(job):
+        raise FrameError("field 'active' is not the job's first host followed by other hosts of the job")
+    return value
 
 
 def welcome_signed(job_id: str, intro: dict, at: dict, members: list[str] | tuple[str, ...]) -> tuple[str, ...]:
