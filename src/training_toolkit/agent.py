@@ -159,7 +159,8 @@ class HostAgent(StallWatch):
                         if guard is not None:
                             job.callback(guard.stop)
                     job.callback(lambda: self._attempt.close())  # whichever attempt is the last
-                    self._say_attempt(self._why_this_attempt())
+                    if self.host in self.active:  # a spare said it waits
+                        self._say_attempt(self._why_this_attempt())
                     self._start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)

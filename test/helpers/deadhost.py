@@ -1,0 +1,61 @@
+"""A local host killed whole, as a node dies: every process in its namespaces, at once, with SIGKILL.
+
+The host's namespaces stay (their holder lives on, as a dead node's address does on the network), so
+the cluster tears down as usual; nothing in it runs any more: no ``train``, no rank, no sshd.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+
+from training_toolkit.local.netns import NamespaceCluster
+from training_toolkit.supervise import pidfd
+
+
+class HostKiller:
+    """Give ``before_start`` to ``run_local``; then ``kill(name)`` kills that host whole (its holder spared)."""
+
+    def __init__(self) -> None:
+        self.cluster: NamespaceCluster | None = None
+        self.holders: Mapping[str, set[int]] = {}
+        self.killed: dict[str, float] = {}
+
+    def before_start(self, cluster: NamespaceCluster) -> None:
+        self.cluster = cluster
+        self.holders = {name: set(pids) for name, pids in cluster.pids().items()}
+
+    def kill(self, name: str, within_s: float = 10.0) -> int:
+        """SIGKILL everything in host ``name`` but its namespaces' holder, until nothing is left; how many."""
+        assert self.cluster is not None, "give before_start to run_local"
+        self.killed[name] = time.monotonic()
+        count, end = 0, time.monotonic() + within_s
+        while True:
+            inside = [pid for pid in self.cluster.pids().get(name, []) if pid not in self.holders.get(name, set())]
+            if not inside:
+                return count
+            assert time.monotonic() < end, f"{name}: still running {within_s:g} s after its kill: {inside}"
+            for pid in inside:
+                held = pidfd.hold(pid)  # signalled only if the host still holds this very process
+                if held is None:
+                    continue
+                if pid in self.cluster.pids().get(name, []) and held.send(signal.SIGKILL):
+                    count += 1
+                held.close()
+            time.sleep(0.05)
+
+
+def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None = None) -> None:
+    """Until ``path`` exists (and, with ``at_least``, holds a number at least that)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            text = open(path).read()
+            if at_least is None or (text.strip() and int(text) >= at_least):
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        assert time.monotonic() < end, f"{path}: not there within {timeout_s:g} s"
+        time.sleep(0.1)

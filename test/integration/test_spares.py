@@ -1,0 +1,115 @@
+"""Spares and a job that shrinks, end to end: real train on local hosts, torch gloo, a host killed whole.
+
+A host is killed as a node dies (``helpers/deadhost.py``): every process in it at once, mid-run.
+Timed waits are generous and nothing asserts a duration: the machine runs other work at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from helpers.deadhost import HostKiller, wait_for
+from helpers.multihost import hps, run, source_dir
+from training_toolkit.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.local.launcher import LocalJob
+
+H3 = ("algo-1", "algo-2", "algo-3")
+H4 = (*H3, "algo-4")
+FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_GRACE_PERIOD": "10"}
+
+pytestmark = [pytest.mark.root, pytest.mark.torch]
+
+
+def torch_job(tmp_path: Path, hosts, env: dict) -> tuple[LocalJob, Path]:
+    src = source_dir(tmp_path, "torch_spares.py")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = LocalJob(hosts=hosts, env={**FAST, "SHARED_DIR": str(shared), **env},
+                   hyperparameters=hps("torch_spares.py", src, sagemaker_torch_distributed_enabled=True,
+                                       sagemaker_distributed_processes_per_host=1))
+    return job, shared
+
+
+def kill_at(killer: HostKiller, shared: Path, step: int, *hosts: str) -> threading.Thread:
+    """Kill ``hosts`` whole once attempt 0's rank 0 has done ``step`` steps (in a thread; join it after the job)."""
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            wait_for(shared / "step-0-0", timeout_s=240, at_least=step)
+            for host in hosts:
+                killer.kill(host)
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def seen(shared: Path, attempt: int) -> dict[int, dict]:
+    return {info["rank"]: info for f in shared.glob(f"seen-{attempt}-*.json") if (info := json.loads(f.read_text()))}
+
+
+def by_host(results):
+    return {r.host: r for r in results}
+
+
+def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path):
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    assert "algo-2" in killer.killed
+    for host in ("algo-1", "algo-3", "algo-4"):  # every surviving host, the spare included, succeeds
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    first = seen(shared, 0)
+    assert sorted((i["rank"], i["host"]) for i in first.values()) == [(0, "algo-1"), (1, "algo-2"), (2, "algo-3")]
+    assert all(i["hosts"] == list(H3) and i["world"] == 3 for i in first.values()), first
+    second = seen(shared, 1)  # the spare in algo-2's seat: the survivors keep their ranks, the world its size
+    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-3")]
+    assert all(i["world"] == i["env_world"] == 3 and i["hosts"] == ["algo-1", "algo-4", "algo-3"]
+               for i in second.values()), second
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second  # every rank resumed from the one checkpoint
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]
+    assert not list(shared.glob("seen-2-*")), "one restart was enough"
+
+
+def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-3"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)  # two hosts left: the world shrinks, algo-3 renumbered rank 1, the data resharded
+    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-1"), (1, "algo-3")]
+    assert all(i["world"] == i["env_world"] == 2 and i["hosts"] == ["algo-1", "algo-3"] for i in second.values())
+    assert sorted(i["shard"] for i in second.values()) == [list(range(0, 12, 2)), list(range(1, 12, 2))]
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1"]
+
+
+def test_below_the_minimum_the_job_ends_naming_the_lost_hosts_and_the_minimum(tmp_path):
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                           "STEPS": "200"})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 2, "algo-2", "algo-3")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    first = results["algo-1"]
+    assert first.exit_code == EXIT_CLUSTER_ERROR, first.failure
+    assert "algo-2" in first.failure and "algo-3" in first.failure and "minimum of 2" in first.failure, first.failure
+    assert not list(shared.glob("done-*"))
