@@ -28,7 +28,7 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None, welcomed=None):
+                 fail_barrier=None, welcomed=None, active=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
@@ -38,6 +38,7 @@ class FakeSeat:
         self.told: list = []
         self._answer = answer  # what the first host answers a report with
         self._fail_barrier = fail_barrier
+        self._active = active  # the attempt's active hosts, as the first host's go names them (None: not said)
 
     def open(self):
         self.told.append("open")
@@ -48,6 +49,9 @@ class FakeSeat:
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier
+        if choose is not None:  # the first host chooses: every host here is alive and ready
+            return choose(frozenset(self.hosts), {})
+        return self._active
 
     def report_failure(self, reason, exit_code, at=None, attempt=0, stopped=False):
         self.told.append(("failed", reason, exit_code, at))
@@ -314,3 +318,65 @@ def test_a_runner_judges_its_exits_and_describes_its_failures(tmp_path):
                          failure=lambda local, status: Outcome(status.exit_code, f"{local.name}: lost a daemon"))
     assert agent.run() == Outcome(14, "script: lost a daemon")
     assert judged == [("script", 0)]
+
+
+# Spares and a job that shrinks: what each host takes from the attempt's active hosts --------------------
+
+
+def test_a_spare_starts_nothing_and_ends_with_the_jobs_verdict(tmp_path, capsys):
+    seats: list[FakeSeat] = []
+    started = []
+    agent = HostAgent(context(tmp_path, "algo-3"), RunnerSpec(lambda seat: started.append(seat) or []),
+                      seat_factory(seats, active=("algo-1", "algo-2")))
+    agent.events.put(Verdict(0, None, "algo-1"))
+    assert agent.run() == Outcome(0)
+    assert started == [] and agent.locals == []
+    assert "algo-3: a spare: waiting (attempt 1 runs on algo-1, algo-2)" in capsys.readouterr().err
+
+
+def test_an_active_host_of_a_shrunk_attempt_sees_only_the_active_hosts_renumbered(tmp_path):
+    seats: list[FakeSeat] = []
+    seen = []
+
+    def processes(seat):
+        seen.append((seat.ctx.job.resource.hosts, seat.ctx.script_env.get("SM_HOSTS")))
+        return [Proc("script", (sys.executable, "-c", "pass"), {})]
+
+    ctx = context(tmp_path, "algo-3")
+    ctx.job.paths.resource_config_file.parent.mkdir(parents=True)  # /opt/ml/input/config, as a platform makes it
+    agent = HostAgent(ctx._replace(script_env={"X": "1"}), RunnerSpec(processes),
+                      seat_factory(seats, active=("algo-1", "algo-3"), answer=Verdict(0, None, "algo-1")))
+    assert agent.run() == Outcome(0)
+    assert seen == [(("algo-1", "algo-3"), '["algo-1","algo-3"]')]
+    import json
+    assert json.loads(ctx.job.paths.resource_config_file.read_text())["hosts"] == ["algo-1", "algo-3"]
+    assert agent.ctx.plan.hosts == agent.ctx.job.resource.hosts == HOSTS  # the job's every host, for what admits peers (a spare may be seated)
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"TRAINING_TOOLKIT_MAX_HOSTS": "4"}, "TRAINING_TOOLKIT_MAX_HOSTS=4 is more than the job's 3 host(s)"),
+    ({"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MIN_HOSTS": "3"},
+     "TRAINING_TOOLKIT_MIN_HOSTS=3 is more than TRAINING_TOOLKIT_MAX_HOSTS=2"),
+])
+def test_limits_out_of_order_end_the_job_before_anything_starts_with_exit_78(tmp_path, env, said):
+    seats: list[FakeSeat] = []
+    started = []
+    ctx = context(tmp_path, "algo-1")
+    agent = HostAgent(ctx._replace(settings=settings.parse(env)), RunnerSpec(lambda seat: started.append(seat) or []),
+                      seat_factory(seats))
+    outcome = agent.run()
+    assert outcome.exit_code == 78 and said in outcome.reason and "algo-1, algo-2, algo-3" in outcome.reason
+    assert started == [] and "barrier" not in seats[0].told
+
+
+def test_the_first_host_seats_the_first_roster_and_says_the_attempts_line(tmp_path, capsys):
+    seats: list[FakeSeat] = []
+    seen = []
+    ctx = context(tmp_path, "algo-1")
+    ctx.job.paths.resource_config_file.parent.mkdir(parents=True)
+    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "2"})),
+                      RunnerSpec(lambda seat: seen.append(seat.ctx.job.resource.hosts) or [
+                          Proc("script", (sys.executable, "-c", "pass"), {})]), seat_factory(seats))
+    assert agent.run() == Outcome(0)
+    assert seen == [("algo-1", "algo-2")]
+    assert "algo-1: attempt 1 of 1: algo-1, algo-2 (spares: algo-3)" in capsys.readouterr().err

@@ -2,8 +2,8 @@
 
 import pytest
 
-from training_toolkit.roster import (Roster, Shortfall, Turn, attempt_line, first_roster, joined, next_roster,
-                                     to_retire)
+from training_toolkit.roster import (Roster, Shortfall, Turn, attempt_line, elastic, first_roster, joined, limits,
+                                     next_roster, to_retire)
 
 H = ("algo-1", "algo-2", "algo-3", "algo-4", "algo-5")
 
@@ -89,3 +89,31 @@ def test_the_attempts_line_names_its_membership():
                                         "(algo-2 lost: no answer for 10 s; algo-5 takes its place)")
     assert attempt_line(1, 1, Turn(Roster(H[:2]))) == "attempt 1 of 1: algo-1, algo-2"
     assert attempt_line(1, 2, Turn(Roster(H[:2], H[2:3]))) == "attempt 1 of 2: algo-1, algo-2 (spares: algo-3)"
+
+
+@pytest.mark.parametrize("hosts, max_hosts, min_hosts, want", [
+    (4, None, None, (4, 4)),  # the defaults: every host, and a lost host without a spare ends the job
+    (4, 3, None, (3, 3)),  # one spare
+    (3, None, 2, (3, 2)),  # may shrink to 2
+    (4, 3, 2, (3, 2)),
+    (1, None, None, (1, 1)),
+])
+def test_the_limits(hosts, max_hosts, min_hosts, want):
+    assert limits(hosts, max_hosts, min_hosts) == want
+
+
+@pytest.mark.parametrize("hosts, max_hosts, min_hosts, said", [
+    (3, 4, None, "TRAINING_TOOLKIT_MAX_HOSTS=4 is more than the job's 3 host(s)"),
+    (4, 2, 3, "TRAINING_TOOLKIT_MIN_HOSTS=3 is more than TRAINING_TOOLKIT_MAX_HOSTS=2"),
+    (3, None, 4, "TRAINING_TOOLKIT_MIN_HOSTS=4 is more than TRAINING_TOOLKIT_MAX_HOSTS=3 (all 3 hosts)"),
+])
+def test_limits_out_of_order_are_named(hosts, max_hosts, min_hosts, said):
+    with pytest.raises(ValueError) as exc:
+        limits(hosts, max_hosts, min_hosts)
+    assert str(exc.value) == said
+
+
+@pytest.mark.parametrize("hosts, max_hosts, min_hosts, want", [
+    (4, 4, 4, False), (4, 3, 3, True), (3, 3, 2, True), (1, 1, 1, False)])
+def test_elastic_when_spares_or_a_minimum_below_the_maximum(hosts, max_hosts, min_hosts, want):
+    assert elastic(hosts, max_hosts, min_hosts) is want

@@ -57,6 +57,9 @@ def test_every_variable_read():
     assert (resilience.stall_timeout_s, resilience.stall_startup_s, resilience.py_spy, resilience.max_restarts) == \
         (10.0, 30.0, "none", 2)
     assert parse({"TRAINING_TOOLKIT_STALL_TIMEOUT": "0"}).stall_timeout_s is None  # 0: never
+    spares = parse({"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "2"})
+    assert (spares.max_hosts, spares.min_hosts) == (3, 2)
+    assert (parse({}).max_hosts, parse({}).min_hosts) == (None, None)  # every host, and the minimum the max
     assert (parse({}).netshim, parse({"TRAINING_TOOLKIT_NETSHIM": "OFF"}).netshim,
             parse({"TRAINING_TOOLKIT_NETSHIM": "on"}).netshim) == (True, False, True)
 
@@ -106,6 +109,8 @@ def test_flags_win_over_variables_even_bad_ones():
     ("TRAINING_TOOLKIT_MAX_RESTARTS", "-1", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_MAX_RESTARTS", "two", "expected a whole number, 0 or more"),
     ("TRAINING_TOOLKIT_NETSHIM", "no", "expected on or off"),
+    ("TRAINING_TOOLKIT_MAX_HOSTS", "0", "expected a whole number of hosts, 1 or more"),
+    ("TRAINING_TOOLKIT_MIN_HOSTS", "two", "expected a whole number of hosts, 1 or more"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_what_was_expected(name, raw, expected):
     with pytest.raises(ConfigError) as caught:

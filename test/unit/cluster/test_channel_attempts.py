@@ -14,7 +14,7 @@ from training_toolkit.cluster.client import ControlClient
 from training_toolkit.cluster.events import PeerFailed
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
-from training_toolkit.errors import ClusterError
+from training_toolkit.errors import ClusterError, JobFailed
 SECRET = b"s" * 32
 
 
@@ -223,3 +223,58 @@ def test_a_rejoined_host_that_fails_before_the_restart_is_called_fails_that_rest
     with pytest.raises(JobFailed, match="w1: its code did not install"):
         srv.wait_ready(5)
     again.close()
+
+
+def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_go_names_the_active_ones():
+    """A host lost before a restart's barrier is not waited for, nor a failure (``alive_only``); every host's go
+    carries the attempt's active hosts, as the first host chose them."""
+    hosts = ("m", "w1", "w2", "w3")
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, hosts[1:], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=2.0,
+                        hosts=hosts)
+    srv.start()
+    clients = {}
+    try:
+        for host in hosts[1:]:
+            c = ControlClient(SECRET, host, "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+            c.connect(5)
+            c.hosts = hosts  # what Membership takes from the welcome
+            clients[host] = c
+            c.ready(0)
+        assert srv.wait_ready(5) == frozenset(hosts)
+        srv.release(("m", "w1", "w2"))
+        assert {h: c.wait_go(5, 0) for h, c in clients.items()} == {h: ("m", "w1", "w2") for h in hosts[1:]}
+        clients["w1"].close()  # w1 is lost: its seat goes to the spare w3
+        assert get(events).host == "w1"
+        srv.restart(1, "w1: left the job")
+        for host in ("w2", "w3"):
+            clients[host].ready(1)
+        alive = srv.wait_ready(5, alive_only=True)  # no failure for w1's loss, and no wait for it
+        assert alive == frozenset({"m", "w2", "w3"})
+        assert "w1" in srv.lost_reasons()
+        srv.release(("m", "w3", "w2"))
+        assert clients["w2"].wait_go(5, 1) == clients["w3"].wait_go(5, 1) == ("m", "w3", "w2")
+    finally:
+        for c in clients.values():
+            c.close()
+        srv.close()
+
+
+def test_without_spares_a_loss_during_a_restarts_barrier_is_still_the_jobs_failure():
+    hosts = ("m", "w1")
+    srv = ControlServer(SECRET, hosts[1:], free_port(), SimpleQueue(), bind="127.0.0.1", heartbeat_s=0.1,
+                        timeout_s=2.0, hosts=hosts)
+    srv.start()
+    c = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
+    try:
+        c.connect(5)
+        c.ready(0)
+        srv.wait_ready(5)
+        srv.release()
+        srv.restart(1, "boom")
+        c.close()
+        with pytest.raises(JobFailed, match="w1: left the job"):
+            srv.wait_ready(5)
+    finally:
+        c.close()
+        srv.close()

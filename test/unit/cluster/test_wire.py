@@ -118,3 +118,24 @@ def test_decode_takes_a_larger_limit_for_the_welcome():
     with pytest.raises(wire.FrameError, match="longer than"):
         wire.decode(line)
     assert wire.decode(line, wire.MAX_WELCOME)["t"] == "welcome"
+
+
+JOB = ("algo-1", "algo-2", "algo-3", "algo-4")
+
+
+@pytest.mark.parametrize("value, expected", [
+    (list(JOB), JOB),
+    (["algo-1", "algo-4", "algo-3"], ("algo-1", "algo-4", "algo-3")),  # a spare in algo-2's seat
+    (["algo-1"], ("algo-1",)),
+])
+def test_a_gos_active_hosts(value, expected):
+    assert wire.active({"active": value}, JOB) == expected
+
+
+@pytest.mark.parametrize("value", [
+    [], ["algo-2", "algo-1"], ["algo-1", "algo-9"], ["algo-1", "algo-1"], "algo-1", [1], None,
+])
+def test_a_gos_active_hosts_refused(value):
+    """Not the job's first host first, a host not of the job, a host twice, not a list of names."""
+    with pytest.raises(wire.FrameError):
+        wire.active({"active": value}, JOB)
