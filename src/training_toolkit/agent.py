@@ -213,6 +213,10 @@ class HostAgent(StallWatch):
         except ValueError as exc:
             raise ConfigError("settings", None, f"{exc}: the job's hosts are {', '.join(self.hosts)}") from None
         self.elastic = roster.elastic(len(self.hosts), self.max_hosts, self.min_hosts)
+        if self.elastic and not self.spec.follows_active_hosts:
+            raise ConfigError("settings", None, f"TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS are not "
+                              f"supported by the {self.ctx.plan.runner} runner yet (its processes do not follow an "
+                              f"attempt's hosts): unset them")
         if self.elastic and self.ctx.job.resource.instance_groups:
             raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
                               "job without instance groups (a group names its hosts)")
@@ -248,7 +252,7 @@ class HostAgent(StallWatch):
             return
         if was_spare:
             log(f"{self.host}: seated in attempt {self.attempt + 1} (rank order: {', '.join(active)})")
-        if active == self.ctx.plan.hosts:
+        if active == self.hosts:  # every host of the job (a job of one seat: its own)
             if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
                 job = self.ctx.job
                 _write_json(job.paths.resource_config_file, dict(job.resource.raw))

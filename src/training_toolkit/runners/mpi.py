@@ -48,7 +48,8 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
                       after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
                       after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
-                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched)
+                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched,
+                      follows_active_hosts=False)  # mpirun's hosts and the rank files are the job's (issue 25)
 
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
