@@ -275,7 +275,8 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
         return state, ()  # a host that finished its part may leave
     if isinstance(event, PeerLost) and event.host not in active_workers(state):
         # a spare has no part: its loss is no failure (it is not called at the next restart)
-        return state, (Say(f"{state.host}: the spare {event.host} was lost ({event.reason}); not a failure"),)
+        return state, (Say(f"{state.host}: {event.host}, with no part in this attempt, was lost ({event.reason}); "
+                           "not a failure"),)
     failure = _failure(state, event)
     if failure is None:
         return state, ()

@@ -57,7 +57,7 @@ def test_an_other_hosts_started_names_no_workers():
 
 @pytest.mark.parametrize("active, lost, want", [
     # a spare's loss: said, never a failure
-    (H[:3], "algo-4", [Say("algo-1: the spare algo-4 was lost (connection closed); not a failure")]),
+    (H[:3], "algo-4", [Say("algo-1: algo-4, with no part in this attempt, was lost (connection closed); not a failure")]),
     # an active host's loss is a failure as always (the window opens)
     (H[:3], "algo-2", []),
     # every host active (no spares): a loss is a failure, as before
