@@ -273,9 +273,11 @@ def _first_host(state: AgentState, event: Event, now: float) -> tuple[AgentState
         state = replace(state, done=state.done | {event.host})
     if isinstance(event, PeerLost) and event.host in state.done:
         return state, ()  # a host that finished its part may leave
-    if isinstance(event, PeerLost) and event.host not in active_workers(state):
-        # a spare has no part: its loss is no failure (it is not called at the next restart)
-        return state, (Say(f"{state.host}: {event.host}, with no part in this attempt, was lost ({event.reason}); "
+    if isinstance(event, (PeerLost, PeerFailed)) and event.host not in active_workers(state):
+        # a spare has no part: its loss or its failure (a host that came back and gave up waiting for a
+        # restart) is no failure of the attempt; a lost one is not called at the next restart
+        what = "was lost" if isinstance(event, PeerLost) else "failed"
+        return state, (Say(f"{state.host}: {event.host}, with no part in this attempt, {what} ({event.reason}); "
                            "not a failure"),)
     failure = _failure(state, event)
     if failure is None:

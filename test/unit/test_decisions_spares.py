@@ -96,3 +96,13 @@ def test_a_stop_waits_only_for_the_active_hosts_parts():
     assert actions == []  # algo-3 has not stopped yet
     state, actions = run(state, (4.0, PeerFailed("algo-3", "algo-3: stopped by SIGTERM", 143, 103.0, stopped=True)))
     assert isinstance(actions[-1], Finish) and actions[-1].outcome.exit_code == 143  # the spare algo-4 not awaited
+
+
+def test_a_failure_reported_by_a_host_with_no_part_is_said_not_the_jobs():
+    """A spare has no ranks: what it reports (a host that came back and gave up waiting) fails no attempt."""
+    state, actions = run(master(), (1.0, PeerFailed("algo-4", "algo-4: hosts not ready within 60 s", 69, 100.0)))
+    assert actions == [Say("algo-1: algo-4, with no part in this attempt, failed (algo-4: hosts not ready within "
+                           "60 s); not a failure")]
+    assert not state.failures and state.deadline is None
+    state, actions = run(master(), (1.0, PeerFailed("algo-3", "algo-3: boom", 1, 100.0)))
+    assert actions == [] and state.failures  # an active host's failure is one, as always
