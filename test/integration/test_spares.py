@@ -20,6 +20,7 @@ from training_toolkit.local.launcher import LocalJob
 H3 = ("algo-1", "algo-2", "algo-3")
 H4 = (*H3, "algo-4")
 FAST = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_GRACE_PERIOD": "10"}
+ROOM = {"STEPS": "30", "STEP_S": "0.3"}  # steps enough after the kill at step 3 for a loaded machine to be slow
 
 pytestmark = [pytest.mark.root]
 
@@ -62,7 +63,8 @@ def by_host(results):
 
 @pytest.mark.torch
 def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path):
-    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                           **ROOM})
     killer = HostKiller()
     killing = kill_at(killer, shared, 3, "algo-2")
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
@@ -86,7 +88,8 @@ def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tm
 
 @pytest.mark.torch
 def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
-    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"})
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                           **ROOM})
     killer = HostKiller()
     killing = kill_at(killer, shared, 3, "algo-2")
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
@@ -98,6 +101,7 @@ def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
     assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-1"), (1, "algo-3")]
     assert all(i["world"] == i["env_world"] == 2 and i["hosts"] == ["algo-1", "algo-3"] for i in second.values())
     assert sorted(i["shard"] for i in second.values()) == [list(range(0, 12, 2)), list(range(1, 12, 2))]
+    assert sorted(i["shard"] for i in seen(shared, 0).values()) == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
     starts = {i["start"] for i in second.values()}
     assert len(starts) == 1 and starts.pop() >= 3, second
     assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1"]
@@ -161,3 +165,17 @@ def test_mpi_refuses_spares_on_every_host_before_anything_starts(tmp_path):
     for r in results:
         assert r.exit_code == 78, (r.host, r.failure)
         assert "not supported by the mpi runner yet" in r.failure, r.failure
+
+
+@pytest.mark.torch
+def test_the_first_hosts_loss_still_ends_the_job_on_every_host_the_spare_included_named(tmp_path):
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                           "STEPS": "200"})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 2, "algo-1")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-2", "algo-3"):  # the active worker and the spare
+        assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
+        assert "lost the first host algo-1" in results[host].failure, results[host].failure
