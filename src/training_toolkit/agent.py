@@ -233,7 +233,9 @@ class HostAgent(StallWatch):
         for host in self.hosts:  # a host that left and came back waits as a spare
             if host in alive and host not in (*last.active, *last.spares, *last.retired):
                 last = roster.joined(last, host)
-        turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, why=why)
+        retire = roster.to_retire(self.state.cause_hosts) if self.elastic else frozenset()
+        turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, retire=retire,
+                                  why=why)
         if isinstance(turn, roster.Shortfall):
             raise ClusterError(turn.reason())
         self.roster, self._turn = turn.roster, turn
@@ -248,7 +250,8 @@ class HostAgent(StallWatch):
             total = self.state.first_attempt + self.ctx.settings.max_restarts + 1
             log(f"{self.host}: {roster.attempt_line(self.attempt + 1, total, self._turn)}")
         if self.host not in active:
-            log(f"{self.host}: a spare: waiting (attempt {self.attempt + 1} runs on {', '.join(active)})")
+            if not was_spare:  # once, when it starts waiting (at the first attempt, or retired)
+                log(f"{self.host}: a spare: waiting (attempt {self.attempt + 1} runs on {', '.join(active)})")
             return
         if was_spare:
             log(f"{self.host}: seated in attempt {self.attempt + 1} (rank order: {', '.join(active)})")

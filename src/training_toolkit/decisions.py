@@ -61,6 +61,7 @@ class Failure:
     outcome: Outcome
     at: float | None  # wall clock where it happened; None: not known
     stopped: bool = False  # caused by a stopping signal: the job is stopped, never restarted
+    host: str | None = None  # the host whose own processes failed (None: a stall, a host's loss, a stop)
 
 
 @record
@@ -93,6 +94,7 @@ class AgentState:
     max_restarts: int = 0  # restarts this job makes itself, from ``first_attempt`` on
     first_attempt: int = 0  # where the platform started the job (JobSet's restart-attempt): its restarts are its own
     causes: tuple[str, ...] = ()  # every earlier attempt's cause, in order
+    cause_hosts: tuple[str | None, ...] = ()  # first host: whose own processes caused each (``roster.to_retire``)
     watch: Watch | None = None  # first host: stalls are watched for
     stall_deadline: float | None = None  # monotonic: no progress by then is a stall
     heartbeats: bool = False  # a heartbeat came this attempt: from now on only heartbeats are progress
@@ -344,12 +346,13 @@ def _stalled(state: AgentState, event: StacksGathered) -> tuple[AgentState, tupl
 
 def _conclude(state: AgentState, failures: tuple[Failure, ...]) -> tuple[AgentState, tuple[Action, ...]]:
     """The attempt failed: restart the job if restarts are left and nothing was a stop; else the verdict."""
-    cause = root_cause(failures).outcome
+    root = root_cause(failures)
+    cause = root.outcome
     restartable = state.stop_signal is None and not any(f.stopped for f in failures)
     if restartable and state.attempt - state.first_attempt < state.max_restarts:
         reason = cause.reason or f"exit code {cause.exit_code}"
         state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
-                        stall_deadline=None)
+                        stall_deadline=None, cause_hosts=(*state.cause_hosts, root.host))
         return state, (AnnounceRestart(state.attempt + 1, reason), StopPart(state.attempt))
     return _announce(state, _with_causes(state, cause))
 
@@ -428,12 +431,14 @@ def _failure(state: AgentState, event: Event) -> Failure | None:
             return Failure(_stopped(state.host, state.stop_signal), event.at, stopped=True)
         if event.status.ok and event.name in state.primaries:
             return None
-        return Failure(_local_failure(state.host, event), event.at, stopped=state.stop_signal is not None)
+        return Failure(_local_failure(state.host, event), event.at, stopped=state.stop_signal is not None,
+                       host=state.host)
     if isinstance(event, PeerFailed):
         reason = event.reason if event.reason.startswith(event.host) else f"{event.host}: {event.reason}"
-        return Failure(Outcome(event.exit_code, reason), event.at, stopped=event.stopped)
+        return Failure(Outcome(event.exit_code, reason), event.at, stopped=event.stopped, host=event.host)
     if isinstance(event, PeerDone) and event.exit_code != 0:
-        return Failure(Outcome(event.exit_code, f"{event.host}: exited with code {event.exit_code}"), event.at)
+        return Failure(Outcome(event.exit_code, f"{event.host}: exited with code {event.exit_code}"), event.at,
+                       host=event.host)
     if isinstance(event, PeerLost):
         return Failure(Outcome(EXIT_CLUSTER_ERROR, f"{event.host}: left the job ({event.reason})"), event.at)
     return None

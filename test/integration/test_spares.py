@@ -179,3 +179,15 @@ def test_the_first_hosts_loss_still_ends_the_job_on_every_host_the_spare_include
     for host in ("algo-2", "algo-3"):  # the active worker and the spare
         assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
         assert "lost the first host algo-1" in results[host].failure, results[host].failure
+
+
+@pytest.mark.torch
+def test_a_host_whose_ranks_fail_twice_in_a_row_is_retired_for_the_spare(tmp_path):
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                           "FAIL_ON_HOST": "algo-2", **ROOM})
+    results = by_host(run(job, tmp_path, timeout_s=420))
+    for host in H3:  # algo-2 too: it stays joined, retired, and hears the verdict
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert [seen(shared, a)[1]["host"] for a in (0, 1, 2)] == ["algo-2", "algo-2", "algo-3"]
+    assert not list(shared.glob("seen-3-*")), "retired after two failures: the third attempt completes"
+    assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1"]

@@ -90,22 +90,25 @@ def test_root_cause_ordering(failures, expected):
 # The first host's table ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("event, outcome", [
-    (PeerFailed("algo-2", "train.py exited with code 3", 3, at=1.0), Outcome(3, "algo-2: train.py exited with code 3")),
-    (PeerFailed("algo-2", "algo-2: already named", 3, at=1.0), Outcome(3, "algo-2: already named")),
-    (PeerDone("algo-3", 7, at=1.0), Outcome(7, "algo-3: exited with code 7")),
-    (PeerLost("algo-3", "timed out", at=1.0), Outcome(EXIT_CLUSTER_ERROR, "algo-3: left the job (timed out)")),
+@pytest.mark.parametrize("event, outcome, host", [
+    (PeerFailed("algo-2", "train.py exited with code 3", 3, at=1.0), Outcome(3, "algo-2: train.py exited with code 3"),
+     "algo-2"),
+    (PeerFailed("algo-2", "algo-2: already named", 3, at=1.0), Outcome(3, "algo-2: already named"), "algo-2"),
+    (PeerDone("algo-3", 7, at=1.0), Outcome(7, "algo-3: exited with code 7"), "algo-3"),
+    # a host's loss is no host's own processes failing (``Failure.host``, for retiring a host: roster.to_retire)
+    (PeerLost("algo-3", "timed out", at=1.0), Outcome(EXIT_CLUSTER_ERROR, "algo-3: left the job (timed out)"), None),
     (LocalExit("script", FAILED, at=1.0, failure=Outcome(1, "algo-1: train.py exited with code 1")),
-     Outcome(1, "algo-1: train.py exited with code 1")),
-    (LocalExit("script", FAILED, at=1.0), Outcome(1, "algo-1: script exited with code 1")),  # undescribed
+     Outcome(1, "algo-1: train.py exited with code 1"), "algo-1"),
+    (LocalExit("script", FAILED, at=1.0), Outcome(1, "algo-1: script exited with code 1"), "algo-1"),  # undescribed
     (LocalExit("parameter server", OK, at=1.0),
-     Outcome(EXIT_CLUSTER_ERROR, "algo-1: parameter server ended before the job did")),  # not a primary
-    (PartStopped(TERM, at=1.0), Outcome(128 + TERM, "algo-1: stopped by SIGTERM")),
+     Outcome(EXIT_CLUSTER_ERROR, "algo-1: parameter server ended before the job did"), "algo-1"),  # not a primary
+    (PartStopped(TERM, at=1.0), Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), None),
 ])
-def test_first_host_failures(event, outcome):
+def test_first_host_failures(event, outcome, host):
     state, actions = run(master(), (0.0, event))
     stopped = isinstance(event, PartStopped)  # a stop is never a cause to restart
-    assert actions == [] and state.failures == (Failure(outcome, 1.0, stopped),) and state.deadline == FAILURE_WINDOW_S
+    assert actions == [] and state.failures == (Failure(outcome, 1.0, stopped, host),)
+    assert state.deadline == FAILURE_WINDOW_S
     assert run(state, (FAILURE_WINDOW_S, Tick()))[1] == announced(outcome)
 
 

@@ -106,3 +106,18 @@ def test_a_failure_reported_by_a_host_with_no_part_is_said_not_the_jobs():
     assert not state.failures and state.deadline is None
     state, actions = run(master(), (1.0, PeerFailed("algo-3", "algo-3: boom", 1, 100.0)))
     assert actions == [] and state.failures  # an active host's failure is one, as always
+
+
+@pytest.mark.parametrize("events, want", [
+    # a worker's own rank: its host is the cause (two in a row retire it for a waiting spare: roster.to_retire)
+    ([PeerFailed("algo-2", "algo-2 rank 1: train.py exited with code 1", 1, 100.0)], ("algo-2",)),
+    # the earliest failure names the host, not the first report
+    ([PeerFailed("algo-3", "algo-3 rank 2: gloo: connection closed", 1, 100.2),
+      PeerFailed("algo-2", "algo-2 rank 1: train.py exited with code 1", 1, 100.0)], ("algo-2",)),
+    # a host's loss is no host's own failure
+    ([PeerLost("algo-2", "connection closed", 100.0)], (None,)),
+])
+def test_each_restart_records_whose_own_processes_caused_it(events, want):
+    state = master(wait_for_peers=False, max_restarts=2)
+    state, actions = run(state, *[(1.0 + i * 0.1, e) for i, e in enumerate(events)], (2.0, Tick()))
+    assert state.cause_hosts == want and state.phase.name == "STOPPING"
