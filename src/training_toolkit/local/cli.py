@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--hosts", type=int, default=2, help="number of hosts (algo-1..algo-N), default 2")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="more hosts after them, waiting as spares: each takes a lost host's seat at the job's "
+                             "next restart (sets TRAINING_TOOLKIT_MAX_HOSTS to --hosts; give restarts with --env "
+                             "TRAINING_TOOLKIT_MAX_RESTARTS=N; docs/resilience.md)")
     parser.add_argument("--source", required=True, type=Path, help="directory with the training code")
     parser.add_argument("--entry-point", required=True, help="script (or command) in --source to run")
     parser.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE",
@@ -142,6 +146,9 @@ def main(argv: Sequence[str]) -> int:
     if args.hosts < 1:
         log("local: --hosts must be at least 1")
         return EXIT_USAGE
+    if args.spares < 0:
+        log("local: --spares must be at least 0")
+        return EXIT_USAGE
     if args.stop_grace < 0:
         log("local: --stop-grace must be at least 0")
         return EXIT_USAGE
@@ -164,7 +171,7 @@ def main(argv: Sequence[str]) -> int:
         if not path.is_dir():
             log(f"local: channel {name}: {path} is not a directory")
             return EXIT_USAGE
-    hosts = host_names(args.hosts, args.host_suffix)
+    hosts = host_names(args.hosts + args.spares, args.host_suffix)
     # checked before anything is made: the default workdir is a new directory under the temp dir
     planned = args.workdir.resolve() if args.workdir else Path(tempfile.gettempdir()).resolve() / f"{TEMP_PREFIX}XXXXXX"
     why = overlap(source, planned, channels, hosts)
@@ -172,7 +179,10 @@ def main(argv: Sequence[str]) -> int:
         log(f"local: {why}" if args.workdir else f"local: {why} (the default --workdir is a new directory there)")
         return EXIT_USAGE
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-    job = LocalJob(hosts=hosts, hyperparameters=hps, channels=channels, env=_pairs(args.env, "--env"))
+    env = _pairs(args.env, "--env")
+    if args.spares:  # an --env of its own wins
+        env = {"TRAINING_TOOLKIT_MAX_HOSTS": str(args.hosts), **env}
+    job = LocalJob(hosts=hosts, hyperparameters=hps, channels=channels, env=env)
     try:
         if args.image:
             results = _run_in_containers(job, workdir, args, source)

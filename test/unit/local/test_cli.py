@@ -73,3 +73,22 @@ def test_the_default_workdir_is_checked_before_it_is_made(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert f"is inside --source {tmp_path}" in err and "the default --workdir is a new directory there" in err
     assert [p.name for p in tmp_path.iterdir()] == ["train.py"]
+
+
+def test_spares_are_more_hosts_and_the_maximum_is_the_hosts(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def record(job, workdir, **kw):
+        seen.append(job)
+        return []
+
+    monkeypatch.setattr(launcher, "run_local", record)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("pass\n")
+    base = ["--source", str(tmp_path / "code"), "--entry-point", "train.py", "--workdir", str(tmp_path / "w")]
+    cli.main([*base, "--hosts", "3", "--spares", "1", "--env", "TRAINING_TOOLKIT_MAX_RESTARTS=2"])
+    assert tuple(seen[0].hosts) == ("algo-1", "algo-2", "algo-3", "algo-4")
+    assert seen[0].env == {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"}
+    cli.main([*base, "--hosts", "2"])  # none: as before
+    assert tuple(seen[1].hosts) == ("algo-1", "algo-2") and seen[1].env == {}
+    assert cli.main([*base, "--spares", "-1"]) == EXIT_USAGE
