@@ -186,6 +186,13 @@ def with_marker(marker: bytes) -> list[int]:
     return sorted(found)
 
 
+def marked(marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Every live process of this PID namespace whose environment holds ``marker`` (one caught in
+    ``execve`` is waited for, as ``has_marker`` does): processes of the job started by another
+    parent than train (Slurm's step daemon)."""
+    return [pid for pid in pids() if pid not in exclude and pid != os.getpid() and has_marker(pid, marker)]
+
+
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
     """Live descendants of ``root`` whose environment holds ``marker``."""
     return [p.pid for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]

@@ -1,4 +1,4 @@
-"""MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
+"""MPI: passwordless SSH between the hosts (or Slurm's own launch), ``mpirun`` from the first host (Horovod, mpi4py).
 
 Every host joins the channel, fetches the code, writes the job's ssh directory
 and starts its own sshd; the first host waits until all are ready, checks it
@@ -6,6 +6,11 @@ can log in to each, and runs mpirun.  mpirun's end is the job's end: its
 verdict goes to every host at once.  Every host writes its own ranks' command and
 environment to a file first (``rank_env``): each rank sees its own host's contract,
 and mpirun carries nothing of the job across the network.
+
+Under Slurm (``TRAINING_TOOLKIT_MPI_LAUNCHER=slurm``, the Slurm platform's default) there is no
+ssh at all: no keys, no sshd; mpirun starts its daemons with ``srun --overlap`` inside the job's
+step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, not under its
+``train``, which finds them by their mark in the environment (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
-from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
 from training_toolkit.redact import redact
@@ -86,6 +91,7 @@ class MpiAgent(HostAgent):
         self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
+        self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
@@ -93,6 +99,8 @@ class MpiAgent(HostAgent):
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
+        if self.via_slurm:
+            return {}
         keys_dir = self.ctx.settings.ssh_keys
         mounted = ssh.load_keys(keys_dir) if keys_dir else None
         if self.is_master:
@@ -102,14 +110,14 @@ class MpiAgent(HostAgent):
         return {INTRO_HOST_KEY: self._keys.public}
 
     def prepare(self) -> None:
-        assert self.membership is not None and self._keys is not None
+        assert self.membership is not None and (self._keys is not None or self.via_slurm)
         self.rank_tag = self.membership.job_id
         # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
         # restart), sshd's sessions and mpirun all take this shim
         addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file()
-        if self.is_master:
+        if self.is_master or self.via_slurm:
             return
         assert addresses is not None
         master = self.ctx.plan.hosts[0]
@@ -127,6 +135,8 @@ class MpiAgent(HostAgent):
         self.sshd.start()
 
     def after_barrier(self) -> None:
+        if self.via_slurm:
+            return
         assert self.membership is not None and self._keys is not None
         workers = self.ctx.plan.hosts[1:]
         self._pinned = self._host_keys()
@@ -136,6 +146,8 @@ class MpiAgent(HostAgent):
 
     def after_restart_barrier(self) -> None:
         """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
+        if self.via_slurm:
+            return
         assert self.layout is not None and self._keys is not None
         host_keys = self._host_keys()
         if host_keys == self._pinned:
@@ -153,7 +165,14 @@ class MpiAgent(HostAgent):
         return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
     def guard_spec(self) -> GuardSpec:
-        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range)."""
+        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range).
+
+        Through Slurm, a worker's daemon and ranks are not below its train: they are found by the stop
+        flag's variable, which mpirun's environment gives every daemon (and so every rank) of this job.
+        """
+        if self.via_slurm and self._rank_file is not None:
+            marker = f"{STOP_FLAG_VAR}={self._stop_flag()}".encode()
+            return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=lambda: procfs.marked(marker))
         return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME)
 
     def _write_rank_file(self) -> None:
@@ -196,7 +215,7 @@ class MpiAgent(HostAgent):
     def start(self) -> list[Local]:
         if not self.is_master:
             return []
-        assert self.layout is not None and self._rank_file is not None
+        assert (self.layout is not None or self.via_slurm) and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
         command = build_command(self.ctx, self.layout, flavor, self._rank_file)
         if flavor == OPENMPI4:
@@ -204,6 +223,8 @@ class MpiAgent(HostAgent):
         preload, extra = mpirun_preload(self.ctx, self._shim)
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
+        if self.via_slurm:
+            extra.update(slurm_environment(self.ctx))
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
@@ -236,7 +257,10 @@ class MpiAgent(HostAgent):
 
     def _ranks(self) -> list[int]:
         mpirun = frozenset(local.child.pid for local in self.locals)
-        return procfs.marked_descendants(os.getpid(), f"{RANK_TAG_VAR}={self.rank_tag}".encode(), mpirun)
+        marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
+        if self.via_slurm and not self.is_master:  # under Slurm's step daemon, in this host's PID namespace
+            return procfs.marked(marker, mpirun)
+        return procfs.marked_descendants(os.getpid(), marker, mpirun)
 
     def _stop_ranks(self, signum: int) -> None:
         """Signal this host's ranks, give them the grace period, then kill what is left."""
@@ -284,12 +308,15 @@ def describe(ctx: RunContext) -> dict:
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
-    layout = ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
+    via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM
+    layout = None if via_slurm else ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
     rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
     ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",)))
-    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
+    return {"mpi_flavor": shown, "mpi_launcher": ctx.settings.mpi_launcher,
+            "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
+            **({"mpirun_slurm_environment": slurm_environment(ctx)} if via_slurm else {}),
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
@@ -427,7 +454,28 @@ def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
     return (smddprun, *argv) if smddprun else tuple(argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, rank_file: Path) -> list[str]:
+def slurm_environment(ctx: RunContext) -> dict[str, str]:
+    """What mpirun needs of Slurm to start its daemons with srun, and nothing of train's own task.
+
+    Open MPI's Slurm launcher is chosen when ``SLURM_JOBID`` is set; its allocation reader then takes
+    the hosts from ``SLURM_NODELIST`` and their slots from ``SLURM_TASKS_PER_NODE`` (``N(xM)``): the
+    job's hosts and ranks per host, not the step's one task per node.  srun itself needs the job's id
+    (``SLURM_JOB_ID``) and, where the cluster has one, ``SLURM_CONF``; every other ``SLURM_*`` of train's
+    task is left out (the platform unsets them), so srun's own input variables (``SLURM_NTASKS``,
+    ``SLURM_DISTRIBUTION``...) cannot reshape the daemons' step.
+    """
+    job = ctx.environ.get("SLURM_JOB_ID") or ctx.environ.get("SLURM_JOBID")
+    if not job:
+        raise ClusterError(f"TRAINING_TOOLKIT_MPI_LAUNCHER={LAUNCH_SLURM} outside a Slurm job: SLURM_JOB_ID is not set")
+    hosts = ctx.plan.hosts
+    env = {"SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_NODELIST": ",".join(hosts),
+           "SLURM_TASKS_PER_NODE": f"{mpi_options(ctx).processes_per_host}(x{len(hosts)})"}
+    if ctx.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = ctx.environ["SLURM_CONF"]
+    return env
+
+
+def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str, rank_file: Path) -> list[str]:
     """mpirun's line: every rank runs ``training-toolkit-rank FILE``; nothing of the job is on it."""
     options = mpi_options(ctx)
     job = MpiJob(
@@ -436,8 +484,9 @@ def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str, rank_file
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
         rank_command=(str(native.path_of(native.RANK_PROGRAM)), str(rank_file)),
-        rsh_agent=tuple(ssh.ssh_command(layout)),
+        rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,
+        via_slurm=layout is None,
     )
     return mpirun_command(job, flavor)

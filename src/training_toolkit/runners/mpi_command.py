@@ -25,7 +25,13 @@ class MpiJob:
     rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
     custom_options: tuple[str, ...] = ()  # mpirun's part of the custom options (mpi_options: no --NCCL_DEBUG, no -x)
     as_root: bool = False
+    via_slurm: bool = False  # the daemons start through Slurm (plm slurm: ``srun --overlap``), not over rsh_agent
 
+
+#: What Open MPI's Slurm launcher (plm slurm) adds to its ``srun`` line: inside a step that already runs one
+#: task per node (``srun train``), a step for the daemons waits for CPUs the first step holds unless it may
+#: share them (Slurm 20.11 and later).  Both flavours take it from ``plm_slurm_args`` (docs/slurm.md).
+SLURM_SRUN_ARGS = "--overlap"
 
 #: A stop signal goes to the ranks alone, with their grace (runners/mpi.py); where the platform sends it to
 #: every process of the job itself (Slurm's scancel and --time), Open MPI 4's mpirun and orted took it as an
@@ -51,10 +57,16 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         cmd.append("--allow-run-as-root")
     cmd += ["--tag-output"] if flavor == OPENMPI4 else ["--output", "tag"]
     cmd += ["--mca", "btl_tcp_if_include", job.interface,
-            "--mca", "oob_tcp_if_include", job.interface,
-            "--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
-            "--mca", f"{rsh}_no_tree_spawn", "1",
-            "--bind-to", "none", "--map-by", "slot",
+            "--mca", "oob_tcp_if_include", job.interface]
+    if job.via_slurm:
+        # plm slurm runs `srun ... orted` (Open MPI 4) or `srun ... prted` (5) on the other hosts; it is chosen
+        # when SLURM_JOBID is in mpirun's environment, named here so that nothing else is tried
+        cmd += (["--mca", "plm", "slurm", "--mca", "plm_slurm_args", SLURM_SRUN_ARGS] if flavor == OPENMPI4
+                else ["--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", SLURM_SRUN_ARGS])
+    else:
+        cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
+                "--mca", f"{rsh}_no_tree_spawn", "1"]
+    cmd += ["--bind-to", "none", "--map-by", "slot",
             "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else "^openib"]
     # the BTL binds every address whatever btl_tcp_if_include says: its ports in a known range, so that
     # the listener guard (cluster/guard.py) filters them and nothing else the script opens

@@ -146,6 +146,78 @@ def test_mpi_2_nodes_x_2_ranks(tmp_path):
     assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
 
 
+#: Each rank, once every rank is up: its host's processes (no sshd, no ssh), its own ancestors, the listeners on
+#: the ssh port the job was given, and the toolkit's ssh directories under /run.
+LOOKER = """import glob, json, os
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+def name(pid):
+    try:
+        return open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        return "?"
+def parent(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+ancestors, pid = [], os.getpid()
+while pid > 1:
+    pid = parent(pid)
+    ancestors.append(name(pid))
+port = int(os.environ["SSH_PORT_TO_CHECK"])
+listening = [line for f in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(f)
+             for line in open(f).read().splitlines()[1:]
+             if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port]
+info = {"rank": comm.Get_rank(), "host": os.uname().nodename, "ancestors": ancestors,
+        "processes": sorted({name(p) for p in os.listdir("/proc") if p.isdigit()}), "listening": listening,
+        "ssh_dirs": glob.glob("/run/training-toolkit-ssh-*"),
+        "cmdlines": [open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
+                     for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/cmdline")]}
+json.dump(info, open(os.path.join(os.environ["SM_MODEL_DIR"], f"look-{comm.Get_rank()}.json"), "w"))
+comm.Barrier()
+"""
+
+
+@pytest.mark.mpi
+def test_mpi_under_slurm_uses_no_sshd_and_no_ssh(tmp_path):
+    """mpirun starts its daemons through Slurm (srun --overlap): no sshd on any node, no ssh, no job keys.
+
+    Each rank looks at its own node while every rank runs: no process named sshd or ssh, nothing listening on
+    the ssh port the job was given (TRAINING_TOOLKIT_SSH_PORT), no ssh directory of the toolkit; a second node's
+    ranks run under Open MPI's daemon, itself under Slurm's step daemon.
+    """
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "look.py").write_text(LOOKER)
+    hp = {k: json.loads(v) for k, v in hps("look.py", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "TRAINING_TOOLKIT_SSH_PORT": "2222",
+           "SSH_PORT_TO_CHECK": "2222"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        assert code == 0, out
+        looks = {}
+        for host in ("node1", "node2"):
+            for f in model_dir(slurm, host).glob("look-*.json"):
+                info = json.loads(f.read_text())
+                looks[info["rank"]] = info
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert sorted(looks) == [0, 1, 2, 3], out
+    assert [looks[i]["host"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    for rank, info in looks.items():
+        assert not {"sshd", "ssh"} & set(info["processes"]), (rank, info["processes"])
+        assert not [c for c in info["cmdlines"] if c.split(" ", 1)[0].rsplit("/", 1)[-1] in ("ssh", "sshd")]
+        assert info["listening"] == [] and info["ssh_dirs"] == [], (rank, info)
+    # node2's ranks: under orted, started by Slurm for the daemons' step (srun --overlap), not by an sshd
+    assert looks[2]["ancestors"][:2] == ["orted", "slurmstepd"], looks[2]["ancestors"]
+    assert "mpirun" in looks[0]["ancestors"] and "slurmstepd" in looks[0]["ancestors"], looks[0]["ancestors"]
+    assert "ssh:" not in out, out
+
+
 @pytest.mark.mpi
 @pytest.mark.sshd
 def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
