@@ -226,6 +226,15 @@ if os.environ.get("FAIL_RANK") == str(rank):
     raise ValueError(f"rank {{rank}} was told to fail")
 if os.environ.get("FAIL_RANK"):
     time.sleep(60)  # mpirun must end the job, not these ranks
+if os.environ.get("SAVE_DELAY"):
+    import signal, sys
+    def save(*_):
+        time.sleep(float(os.environ["SAVE_DELAY"]) * (rank % 2))  # ranks 1 and 3 take their time, 0 and 2 none
+        open(os.path.join(os.environ["SM_MODEL_DIR"], f"saved-{{rank}}"), "w").write("saved")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, save)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], f"waiting-{{rank}}"), "w").write("up")
+    time.sleep(120)
 procs = sorted({{open(f"/proc/{{p}}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()
                  and os.path.exists(f"/proc/{{p}}/comm")}})
 json.dump({{"rank": rank, "size": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "hostname": socket.gethostname(),
@@ -265,6 +274,39 @@ def test_open_mpi_5_under_slurm(tmp_path, fail):
     assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
     assert all(not {"sshd", "ssh"} & set(r["processes"]) for r in ranks.values()), ranks
     assert ranks[2]["parent"] == "prted", ranks[2]
+
+
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+def test_open_mpi_5_scancel_keeps_every_save(tmp_path):
+    """scancel with Open MPI 5 through Slurm: SIGTERM reaches prterun, prted and the ranks at once; each rank's
+    handler runs to its end (ranks 1 and 3 take 2 s, 0 and 2 none), whichever ends first."""
+    from helpers.paths import OMPI5_BIN
+
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "ranks").write_text(OMPI5_RANKS)
+    (src / "ranks").chmod(0o755)
+    hp = {k: json.loads(v) for k, v in hps("ranks", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "PATH": f"{OMPI5_BIN}:/usr/bin:/bin",
+           "SAVE_DELAY": "2"}
+    with slurm_cluster(tmp_path, kill_wait_s=30) as slurm:
+        _, job, _ = submit(slurm, batch_script(tmp_path, 2, env), wait=False, timeout=60)
+        waiting = lambda: sum(len(list(model_dir(slurm, h).glob("waiting-*"))) for h in ("node1", "node2"))  # noqa: E731
+        wait_for(lambda: waiting() == 4, 120, "every rank waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("saved-*"))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+    assert saved == [f"saved-{i}" for i in range(4)], (saved, verdicts)
+    assert comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
+    for host, (kind, text) in verdicts.items():
+        assert kind == "failure" and "SIGTERM" in text.splitlines()[0], (host, kind, text)
 
 
 @pytest.mark.mpi
