@@ -37,6 +37,21 @@ def test_openmpi5_command_exactly():
     ]
 
 
+def test_through_slurm_no_rsh_agent_but_plm_slurm_with_overlap():
+    """Under Slurm the daemons start with srun inside the job's step: nothing of ssh on the line (docs/slurm.md)."""
+    slurm = MpiJob(**{**JOB.__dict__, "rsh_agent": (), "via_slurm": True, "custom_options": ()})
+    four = mpirun_command(slurm, "openmpi4")
+    assert four[7:19] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                          "--mca", "plm", "slurm", "--mca", "plm_slurm_args", "--overlap"]
+    assert four[19:21] == ["--bind-to", "none"] and not any("rsh" in arg or "ssh" in arg for arg in four)
+    # the daemons start as over ssh: SIGTERM blocked (Slurm's scancel and --time signal every process of a step)
+    assert four[four.index("orte_launch_agent") + 1] == "env --block-signal=TERM orted"
+    five = mpirun_command(slurm, "openmpi5")
+    assert five[8:20] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                          "--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", "--overlap"]
+    assert not any("ssh" in arg for arg in five)
+
+
 def test_one_host_and_many_hosts():
     one = MpiJob(**{**JOB.__dict__, "hosts": ("algo-1",), "num_processes": 2})
     assert mpirun_command(one)[1:5] == ["--host", "algo-1:2", "-np", "2"]
