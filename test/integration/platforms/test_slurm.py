@@ -345,6 +345,40 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     assert steps[job] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
 
 
+@pytest.mark.mpi
+def test_a_hung_rank_under_slurm_ends_the_job_with_every_ranks_stack(tmp_path):
+    """Rank 3 (node2, under the orted Slurm started) sleeps, the others wait in allreduce: the stall is found and
+    every rank's stack, node2's included, is in both nodes' verdict (exit 124)."""
+    src = source_dir(tmp_path, "mpi_stall.py")
+    env = mpi_env(src, "mpi_stall.py", TRAINING_TOOLKIT_STALL_TIMEOUT="8", STALL_RANK="3")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        assert settled(slurm) == {}
+    assert code == 124, out
+    for host, (kind, text) in verdicts.items():
+        first = text.splitlines()[0] if text else ""
+        assert kind == "failure" and "the job stalled" in first, (host, first)
+        assert re.search(r"stacks: rank 3 on node2: time\.sleep\(3600\) at mpi_stall\.py:\d+; "
+                         r"ranks 0-2 on node1, node2: total = comm\.allreduce", first), first
+
+
+@pytest.mark.mpi
+def test_a_stall_restart_under_slurm_resumes_from_the_checkpoint(tmp_path):
+    """Rank 3 hangs at step 2 in the first attempt: every node stops its ranks, mpirun starts again (a new
+    srun step for the daemons) and every rank resumes from its checkpoint."""
+    src = source_dir(tmp_path, "mpi_stall.py")
+    env = mpi_env(src, "mpi_stall.py", TRAINING_TOOLKIT_STALL_TIMEOUT="5", TRAINING_TOOLKIT_STALL_STARTUP="30",
+                  TRAINING_TOOLKIT_MAX_RESTARTS="1", FAULT="hang", FAULT_RANK="3", FAULT_STEP="2")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        ranks = rank_infos(slurm)
+        assert settled(slurm) == {}
+    assert code == 0, out
+    assert sorted(ranks) == [0, 1, 2, 3], out
+    assert all(info["attempt"] == 1 and info["start"] == 2 for info in ranks.values()), ranks
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
