@@ -13,7 +13,9 @@ rounds interleaved: the same mpi4py allreduce script
 - and the two ways a ``train`` could launch, bare, from the first node of a one-task-per-node step as
   train's is (no train: the launch alone): step-mpirun, mpirun with Open MPI's Slurm launcher
   (``--mca plm slurm --mca plm_slurm_args --overlap``: ``srun ... orted``), and step-srun, the ranks
-  started by ``srun --overlap --mpi=pmix`` themselves.
+  started by ``srun --overlap --mpi=pmix`` themselves; and step-mpirun-no-ofi, step-mpirun without Open
+  MPI 4's libfabric BTL (``--mca btl ^openib,ofi``), which alone costs about 1 s in each rank's
+  ``MPI_Finalize`` here (docs/slurm.md).
 
 Each figure is the wall time from sbatch's call to the job's completion record in slurmctld's job
 completion log (queueing, the batch step and the job's end included), each job submitted once the
@@ -117,10 +119,13 @@ def main(rounds: int) -> None:
         f"cd {code} && {CLEAN} mpirun --allow-run-as-root -np 4 --host node1:2,node2:2 --mca plm slurm "
         "--mca plm_slurm_args --overlap --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
         f"--bind-to none --map-by slot --mca pml ob1 --mca btl ^openib {PYTHON} allreduce.py")))
+    no_ofi = batch(work / "step-mpirun-no-ofi.sbatch", 1, in_step(work / "step-mpirun-no-ofi.sh", (
+        (work / "step-mpirun.sh").read_text().split("\n")[2].replace("--mca btl ^openib", "--mca btl ^openib,ofi"))))
     ranks = batch(work / "step-srun.sbatch", 1, in_step(work / "step-srun.sh", (
         f"cd {code} && {CLEAN} srun --overlap --overcommit --mpi=pmix --nodes=2 --nodelist=node1,node2 --ntasks=4 "
         f"--ntasks-per-node=2 --distribution=block --kill-on-bad-exit=1 {PYTHON} allreduce.py")))
-    jobs = {"ours": ours, "ours-ssh": ssh, "srun": bare, "step-mpirun": mpirun, "step-srun": ranks}
+    jobs = {"ours": ours, "ours-ssh": ssh, "srun": bare, "step-mpirun": mpirun, "step-mpirun-no-ofi": no_ofi,
+            "step-srun": ranks}
     times: dict[str, list[float]] = {name: [] for name in jobs}
     with SlurmCluster(["node1", "node2"], work / "slurm") as slurm:
         timed(slurm, bare)  # warm-up: page cache, Slurm's first job
@@ -132,7 +137,7 @@ def main(rounds: int) -> None:
         raise SystemExit(f"left behind: {left} (files in {work})")
     shutil.rmtree(work)
     for name, values in times.items():
-        print(f"{name:11} sbatch to end, 2 nodes x 2 ranks: median {statistics.median(values):.2f} s "
+        print(f"{name:18} sbatch to end, 2 nodes x 2 ranks: median {statistics.median(values):.2f} s "
               f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} runs: "
               f"{', '.join(f'{v:.2f}' for v in values)})")
     median = {name: statistics.median(values) for name, values in times.items()}

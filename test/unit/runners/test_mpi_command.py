@@ -46,7 +46,12 @@ def test_through_slurm_no_rsh_agent_but_plm_slurm_with_overlap():
     assert four[19:21] == ["--bind-to", "none"] and not any("rsh" in arg or "ssh" in arg for arg in four)
     # the daemons start as over ssh: SIGTERM blocked (Slurm's scancel and --time signal every process of a step)
     assert four[four.index("orte_launch_agent") + 1] == "env --block-signal=TERM orted"
+    # Open MPI 4's libfabric BTL left out (1 s in every rank's MPI_Finalize here), unless the options name a list
+    assert four[four.index("btl", 21) + 1] == "^openib,ofi"
+    own = mpirun_command(MpiJob(**{**slurm.__dict__, "custom_options": ("--mca", "btl", "self,vader,tcp,ofi")}))
+    assert [own[i + 1] for i, word in enumerate(own) if word == "btl"] == ["self,vader,tcp,ofi"]
     five = mpirun_command(slurm, "openmpi5")
+    assert five[five.index("btl", 21) + 1] == "self,sm,tcp"
     assert five[8:20] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
                           "--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", "--overlap"]
     assert not any("ssh" in arg for arg in five)
