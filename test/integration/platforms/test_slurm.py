@@ -343,6 +343,9 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     # sacct (slurmdbd): the step of train failed with the job's exit code, and so did the job
     assert steps[f"{job}.0"] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
     assert steps[job] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
+    # the daemons' step, which mpirun started with srun --overlap: accounted for, and COMPLETED (mpirun told its
+    # daemons to exit): the failure is the job's and train's step's
+    assert steps[f"{job}.1"] == ["COMPLETED", "0:0"], acct.stdout
 
 
 @pytest.mark.mpi
