@@ -27,8 +27,8 @@
  * scancel and --time), a rank whose handler ends at once may end before its host's train has made
  * the file, and under Slurm's own launch of the daemons (docs/slurm.md) a worker's ranks are in
  * another step than its train, signalled by another step daemon, in either order.  The runtime's
- * blocked SIGTERM is there before any rank can act on its own (Slurm signals a parent before its
- * children), and nothing but a stop leaves it there.
+ * blocked SIGTERM is there before any rank can act on its own (a step daemon signals its processes in
+ * one pass, microseconds apart), and nothing but a stop leaves it there.
  *
  * Unset or empty: the library passes everything through.  train creates the file before it
  * signals its ranks and removes it before the next attempt starts (runners/mpi.py); the processes
