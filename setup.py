@@ -8,7 +8,9 @@
   a host's train stops the job, the runtime's kills do nothing (the stop is train's);
 - ``training-toolkit-rank``, what every MPI rank runs first: it takes the rank's command and
   environment from a file its own host's ``train`` wrote, so that mpirun carries nothing of
-  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms.
+  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms;
+- ``training-toolkit-deadman``, the dead-man switch (supervise/deadman.py): it waits on a pipe from
+  ``train`` (or ``local``) for the whole job and ends what they leave should they be killed.
 
 All are plain C (no Python headers): the install needs a C compiler, nothing else.  The
 reference toolkit builds its ``gethostname`` library the same way (a C extension of its
@@ -29,6 +31,11 @@ NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
 STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"
 LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY, "_stophold": STOPHOLD_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
+# Every native part is built with every warning an error: a warning in these files is a bug in code
+# that runs inside Open MPI's processes and every rank (test/unit/test_native.py builds them so too).
+WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+#: programs, from their sources
+PROGRAMS = {RANK_PROGRAM: "rank_exec.c", "training-toolkit-deadman": "deadman.c"}
 
 
 class BuildNative(build_ext):
@@ -43,14 +50,16 @@ class BuildNative(build_ext):
 
     def build_extensions(self):
         super().build_extensions()
-        source = Path("src", *NATIVE.split("."), "rank_exec.c")
-        objects = self.compiler.compile([str(source)], output_dir=self.build_temp, extra_postargs=["-O2"])
-        self.compiler.link_executable(objects, RANK_PROGRAM, output_dir=self._native_dir(self.build_lib))
+        for program, source in PROGRAMS.items():
+            path = Path("src", *NATIVE.split("."), source)
+            objects = self.compiler.compile([str(path)], output_dir=self.build_temp, extra_postargs=["-O2", *WARNINGS])
+            self.compiler.link_executable(objects, program, output_dir=self._native_dir(self.build_lib))
 
     def copy_extensions_to_source(self):
         super().copy_extensions_to_source()
         package_dir = self.get_finalized_command("build_py").get_package_dir(NATIVE)
-        shutil.copy2(os.path.join(self._native_dir(self.build_lib), RANK_PROGRAM), os.path.join(package_dir, RANK_PROGRAM))
+        for program in PROGRAMS:
+            shutil.copy2(os.path.join(self._native_dir(self.build_lib), program), os.path.join(package_dir, program))
 
     @staticmethod
     def _native_dir(root):
@@ -61,10 +70,10 @@ class BuildNative(build_ext):
 
 setup(
     ext_modules=[Extension(f"{NATIVE}._hostname", sources=["src/training_toolkit/native/hostname.c"],
-                           extra_compile_args=["-O2"]),
+                           extra_compile_args=["-O2", *WARNINGS]),
                  Extension(f"{NATIVE}._netshim", sources=["src/training_toolkit/native/netshim.c"],
-                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"]),
+                           extra_compile_args=["-O2", *WARNINGS], libraries=["dl"]),
                  Extension(f"{NATIVE}._stophold", sources=["src/training_toolkit/native/stophold.c"],
-                           extra_compile_args=["-O2", "-Wall"], libraries=["dl"])],
+                           extra_compile_args=["-O2", *WARNINGS], libraries=["dl"])],
     cmdclass={"build_ext": BuildNative},
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +45,22 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None, stdout=s
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed with {proc.returncode}")
     return elapsed
+
+
+@contextlib.contextmanager
+def before_tree(revision: str | None, where: Path):
+    """The ``src`` of a detached worktree at ``revision`` for PYTHONPATH, compiled (None: no revision, nothing made)."""
+    if revision is None:
+        yield None
+        return
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), revision], check=True,
+                   capture_output=True)
+    # bytecode compiled, as an installed toolkit (and this checkout's, once run) has it: no run pays for it
+    subprocess.run([str(PYTHON), "-m", "compileall", "-q", str(where / "src")], check=True, capture_output=True)
+    try:
+        yield where / "src"
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], capture_output=True)
 
 
 def median_ms(samples: list[float]) -> float:

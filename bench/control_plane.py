@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 from queue import Empty, SimpleQueue
 
-from training_toolkit.cluster.channel import ControlClient, ControlServer, Verdict
+from training_toolkit.cluster.client import ControlClient
+from training_toolkit.cluster.events import Verdict
+from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerLost
 
 IN_NAMESPACE = "BENCH_CONTROL_PLANE_NS"

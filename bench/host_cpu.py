@@ -4,7 +4,7 @@ For each N (default 16), one MPI job of N hosts x 1 rank (mpi4py allreduce) thro
 then a bare ``mpirun`` with the same options on N hosts prepared in advance (as ``bench/scale.py``:
 sshd up, keys in place, no connection left open). While each runs, a thread looks at every
 process in the job's hosts every 50 ms and keeps each one's CPU time (utime + stime) by kind:
-``train`` (every process of the toolkit's command), ``rank`` (the script), ``orted``, ``mpirun``,
+``train`` (every process of the toolkit's command, and its dead-man switches), ``rank`` (the script), ``orted``, ``mpirun``,
 ``ssh`` (the probe's shared connection, mpirun's sessions), ``sshd``, ``shell`` (what sshd runs
 for a session: the login shell and what the user's rc files start), ``init`` (each host's
 reaper), ``other``. A process that lives less than a look is missed by the kinds but not by the
@@ -36,8 +36,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def kind_of(comm: str, argv: list[str]) -> str:
-    if any(Path(a).name == "train" for a in argv[:2]):
-        return "train"
+    if any(Path(a).name == "train" for a in argv[:2]) or (argv and Path(argv[0]).name == "training-toolkit-deadman"):
+        return "train"  # the toolkit's own dead-man switches count with it
     if comm in ("orted", "mpirun", "ssh", "sshd"):  # before the script's name, which bare mpirun's line has
         return comm
     if any(a.endswith("allreduce.py") for a in argv):

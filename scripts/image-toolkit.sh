@@ -4,8 +4,8 @@
 #
 #   scripts/image-toolkit.sh DIR
 #
-# The toolkit builds three small native parts when it is installed (setup.py: the gethostname
-# library preloaded into MPI ranks, the accept() shim, and training-toolkit-rank). The stack layer removed its build
+# The toolkit builds four small native parts when it is installed (setup.py: the gethostname
+# library preloaded into MPI ranks, the accept() shim, training-toolkit-rank and training-toolkit-deadman). The stack layer removed its build
 # tools; this layer adds gcc for the install and removes what it added, so no compiler is left.
 # A script of its own, so that the slow stack layer (which copies image-install.sh) stays cached.
 set -euo pipefail
@@ -32,6 +32,6 @@ if [[ ${#added[@]} -gt 0 && -z ${KEEP_BUILD_TOOLS:-} ]]; then
 fi
 "$VENV/bin/python" -c '
 from training_toolkit import native
-for name in (native.HOSTNAME_LIBRARY, native.NETSHIM_LIBRARY, native.RANK_PROGRAM):
+for name in (native.HOSTNAME_LIBRARY, native.NETSHIM_LIBRARY, native.RANK_PROGRAM, native.DEADMAN_PROGRAM):
     print("image-toolkit:", native.path_of(name))
 ' || die "the toolkit's native parts were not built"

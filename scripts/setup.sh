@@ -4,7 +4,9 @@
 # and Open MPI 5 (.venv-ompi5).
 #
 #   scripts/setup.sh            everything the tests use
-#   SETUP_MINIMAL=1 scripts/setup.sh   only what the examples need (no TensorFlow, Horovod, reference)
+#   SETUP_MINIMAL=1 scripts/setup.sh   only what the examples need (no TensorFlow, Horovod, reference,
+#                                      Slurm or MariaDB)
+#   SETUP_LIST_PACKAGES=1 scripts/setup.sh   print the system packages it would install, and stop
 #
 # Environment:
 #   PYTHON   the interpreter every venv is made from (default: Debian's /usr/bin/python3 when it
@@ -18,13 +20,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 
-# Debian's python3 comes without headers (python3-dev) and without venv (python3-venv); the
-# reference sagemaker-training, mpi4py and Horovod compile C/C++ extensions against it (gcc, g++).
-# Slurm and munge: the Slurm tests run a real slurmctld and slurmd per local host, and slurmdbd with a
-# MariaDB database for sacct (docs/slurm.md).
+# What the examples need (scripts/example.sh): Debian's python3 comes without headers (python3-dev) and
+# without venv (python3-venv); gcc builds the toolkit's native parts and mpi4py (through mpicc); the
+# 2-host MPI example runs Open MPI over the toolkit's own sshd on hosts made with iproute2 (veth, bridge)
+# and util-linux (unshare, nsenter, setpriv).
 packages=(python3 python3-dev python3-venv ca-certificates
-          openmpi-bin libopenmpi-dev openssh-server iproute2 util-linux procps cmake gcc g++ make
-          slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+          openmpi-bin libopenmpi-dev openssh-server iproute2 util-linux procps gcc)
+# What only the tests need: cmake, g++ and make build Horovod (scripts/build-horovod.sh); Slurm
+# and munge: the Slurm tests run a real slurmctld and slurmd per local host, and slurmdbd with a MariaDB
+# database for sacct (docs/slurm.md).  A minimal install (the example's) installs none of them.
+test_packages=(cmake g++ make slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+[[ -n ${SETUP_MINIMAL:-} ]] || packages+=("${test_packages[@]}")
+if [[ -n ${SETUP_LIST_PACKAGES:-} ]]; then echo "${packages[*]}"; exit 0; fi  # what it would install; nothing done
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     missing=()
     for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

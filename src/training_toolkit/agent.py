@@ -1,26 +1,28 @@
-"""HostAgent: the template every runner follows on every host, the single one included (a job of one seat).
+"""The agent: the one shell every runner runs in on every host, the single one included (a job of one seat).
 
-    join the channel -> prepare (e.g. sshd) -> barrier 0 -> start local processes
+    join the channel -> the runner's hold (e.g. sshd) -> barrier 0 -> start the attempt's processes
     -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
                  `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
 
+A runner is a value (``runspec.RunnerSpec``), not a subclass: the processes of
+each attempt, what it holds for the job, the listeners the guard covers, how
+its exits are judged, and its few hooks.  The order is here, once; what each
+event means and what every host is told is decided in ``decisions`` (a pure
+step, tested without processes); the agent is the shell around it: it turns
+exits, peers' messages, signals and the passing of time into events, and
+carries out the step's actions.  The first host decides the verdict and sends
+it to the others; the others report their failures to it.
 
-Runners override the small steps (``prepare``, ``after_barrier``, ``start``,
-``failure_of``, ``cleanup``); the order is here, once.  What each event means
-and what every host is told is decided in ``decisions`` (a pure step, tested
-without processes); this class is the shell around it: it turns exits, peers'
-messages, signals and the passing of time into events, and carries out the
-step's actions.  The first host decides the verdict and sends it to the
-others; the others report their failures to it.  Nothing is left running:
+What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
+leftover scan, the seat, the runner's hold, the guard, and the attempt's own
+stack (its processes), left in that order reversed.  Nothing is left running:
 every local process is stopped and reaped before ``run`` returns.
 
 The seat in the job (``Membership``) comes from ``membership_factory``, so a
-test can seat an agent in a fake job, and the single runner in a job of one
-(``SoloSeat``: no channel, no port).
-
-While stalls are watched (``TRAINING_TOOLKIT_STALL_TIMEOUT``), every process
-the runner starts through ``supervise`` gets the heartbeat directory and the
-faulthandler hook (``stacks``), and its output marks progress (``watch``).
+test can seat an agent in a fake job; a job of one (``spec.solo``) sits in a
+``SoloSeat`` (no channel, no port).  While stalls are watched
+(``TRAINING_TOOLKIT_STALL_TIMEOUT``), every process gets the heartbeat directory
+and the faulthandler hook (``agent_watch``), and its output marks progress.
 """
 
 from __future__ import annotations
@@ -29,25 +31,23 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from queue import Empty, SimpleQueue
 
 from training_toolkit import decisions
 from training_toolkit.agent_watch import StallWatch
 from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
                                            ShareProgress, StopPart)
-from training_toolkit.cluster.guard import GuardSpec, ListenerGuard, start_guard
-from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat
+from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat, SoloSeat
 from training_toolkit.cluster.secret import job_secret
-from training_toolkit.decisions import (PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, Announce, Finish, Forward, GotSignal,
-                                        Interrupt, Joined, LocalExit, PartStopped, Report, ReportDone, SetupFailed, Started,
-                                        Tick)
-from training_toolkit.errors import ClusterError, CodeError, JobFailed, ToolkitError
+from training_toolkit.decisions import (Announce, Finish, Forward, GotSignal, Interrupt, Joined, LocalExit, PartStopped,
+                                        Report, ReportDone, SetupFailed, Started, Tick)
+from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
-from training_toolkit.records import record
-from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised, end_descendants
+from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, end_descendants
 from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext, outcome_of, with_hosts
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, with_hosts
+from training_toolkit.runspec import failure_of as described_failure
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
@@ -56,21 +56,9 @@ MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings,
                               Mapping[str, str] | None], Seat]
 
 
-@record
-class Local:
-    """A process this host runs for the job; the host's part ends when its primaries end.
-
-    ``rank``: the job-wide rank it is, for runners with one process per rank
-    (its failure names it).  ``program``: it runs the user's command (a
-    failure names the program) rather than a process of the toolkit's own
-    (a failure names ``name``).
-    """
-
-    name: str
-    child: Supervised
-    primary: bool = True
-    rank: int | None = None
-    program: bool = True
+def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
+    """Run this host's part of the job, as ``spec`` says, to the job's verdict."""
+    return HostAgent(ctx, spec).run()
 
 
 class Stopped(ToolkitError):
@@ -82,26 +70,26 @@ class Stopped(ToolkitError):
 
 
 class HostAgent(StallWatch):
-    wait_for_peers = False  # on success, does the first host wait for every host's own success?
-    own_end_on_stop = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
-
-    def __init__(self, ctx: RunContext, membership_factory: MembershipFactory = Membership,
+    def __init__(self, ctx: RunContext, spec: RunnerSpec, membership_factory: MembershipFactory | None = None,
                  hosts: Sequence[str] | None = None):
         self.ctx = ctx
+        self.spec = spec
         self.host = ctx.plan.current_host
-        self.hosts = tuple(hosts or ctx.plan.hosts)  # the job's hosts as this agent sees them
+        self.hosts = tuple(hosts or ((self.host,) if spec.solo else ctx.plan.hosts))  # the job's hosts as seen here
         self.is_master = self.hosts[0] == self.host
         self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
-        self._membership_factory = membership_factory
+        self._membership_factory = membership_factory or (SoloSeat if spec.solo else Membership)
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
         self.locals: list[Local] = []
+        self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
+        self._stopping = False  # a runner's own stop (``spec.stop``) has begun
         config = ctx.settings
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         stop_wait_s = decisions.stop_wait(ctx.grace_s)
-        self.state = (decisions.first_host(self.host, self.hosts[1:], self.wait_for_peers, config.max_restarts, watch,
-                                           self.own_end_on_stop, ctx.first_attempt, stop_wait_s) if self.is_master
+        self.state = (decisions.first_host(self.host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
+                                           spec.own_end_on_stop, ctx.first_attempt, stop_wait_s) if self.is_master
                       else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt, stop_wait_s))
         self.watch_dir = None
         self._progress = None
@@ -110,81 +98,30 @@ class HostAgent(StallWatch):
     def attempt(self) -> int:
         return self.state.attempt
 
-    # Steps for runners to override ------------------------------------------------------------
-
-    def introduction(self) -> dict[str, str]:
-        """What this host tells the others when it joins (e.g. its ssh host key); public facts only."""
-        return {}
-
-    def prepare(self) -> None:
-        """After joining, before this host says it is ready (every host)."""
-
-    def after_barrier(self) -> None:
-        """After every host is ready, before anything starts (first host only)."""
-
-    def start(self) -> list[Local]:
-        """The processes this host runs for the job (may be none)."""
-        return []
-
-    def judged(self, local: Local, status: ExitStatus) -> ExitStatus:
-        """How a local process ended, as the job sees it: its exit status, unless the runner knows better."""
-        return status
-
-    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
-        """The outcome of a local process that failed, its reason naming this host."""
-        if local.rank is not None:
-            return outcome_of(local.child, status, label=f"{self.host} rank {local.rank}")
-        return outcome_of(local.child, status, label=self.host, what=None if local.program else local.name)
-
-    def cleanup(self) -> None:
-        """After every local process is gone (every host, always)."""
-
-    def stop_part(self) -> None:
-        """Stop this host's part of the attempt for a restart (grace period, then kill); return once it is gone."""
-        self._stop_locals(self.ctx.grace_s)
-
-    def prepare_attempt(self) -> None:
-        """Before a restart's barrier: what this host's next attempt needs ready (e.g. MPI's rank file)."""
-
-    def after_restart_barrier(self) -> None:
-        """After a restart's barrier, before anything starts (first host only): e.g. a rejoined host's new ssh key."""
-
-    def guard_spec(self) -> GuardSpec | None:
-        """The listeners of this runner's processes that only the job's hosts may reach (cluster/guard.py)."""
-        return None
-
-    def signal_job(self, signum: int) -> None:
-        """Pass a signal ``train`` received to this host's part of the job.
-
-        By default every local process gets it (stopping signals with the grace
-        period, then SIGKILL), and ``PartStopped`` is posted once all of them
-        are gone: the job hears of this host's stop when its whole part has
-        stopped, not when its first process ends.  A runner whose processes are
-        not its children (MPI ranks under sshd) posts ``PartStopped`` itself.
-        """
-        self._forward(signum, self.ctx.grace_s)
-        if signum in STOPPING_SIGNALS and not self.own_end_on_stop:
-            _in_thread(self._part_stopped, "part-stopped", signum, list(self.locals))
-
-    def _part_stopped(self, signum: int, locals_: list[Local]) -> None:
-        for local in locals_:
-            local.child.wait()  # each has its grace, and SIGKILL after it (Supervised.stop)
-        self.events.put(PartStopped(signum, time.time()))
+    def seating(self) -> Seating:
+        """The attempt's membership as the runner's hooks see it, now."""
+        seat = self.membership
+        return Seating(self.ctx, self.attempt, self.is_master, seat.job_id if seat else "",
+                       seat.introductions if seat else {}, self.job_env, self.settings.join_timeout_s)
 
     # The template -----------------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        spec = self.spec
         if self.secret is None and self.is_master and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
         try:  # a host that cannot take part joins all the same, to tell the job why
-            introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
+            introduction, unusable = (({}, self.ctx.setup_error) if self.ctx.setup_error else
+                                      (dict(spec.introduction()) if spec.introduction else {}, None))
         except ToolkitError as exc:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
-        guard: ListenerGuard | None = None
-        try:
+        with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, the hold, the seat, ...
+            job.callback(self._end_watch)
+            job.callback(_end_leftovers)
+            job.callback(membership.close)
             with SignalForwarder(self._on_signal):
                 try:
                     membership.open()
@@ -194,31 +131,40 @@ class HostAgent(StallWatch):
                         raise unusable
                     self._take_hosts(membership.hosts)
                     self._start_watch()
-                    self.prepare()
+                    if spec.hold is not None:
+                        job.enter_context(spec.hold(self.seating()))
+                    if spec.prepare is not None:
+                        spec.prepare(self.seating())
                     membership.barrier(self.attempt, self._barrier_deadline())
-                    if self.is_master:
-                        self.after_barrier()
-                    guard = start_guard(self.guard_spec(), self.ctx.plan.hosts)  # before the processes start
+                    if self.is_master and spec.after_barrier is not None:
+                        spec.after_barrier(self.seating())
+                    guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
+                    if guarded is not None:  # imported only here: a job of one seat never loads it
+                        from training_toolkit.cluster.guard import start_guard
+
+                        guard = start_guard(guarded, self.ctx.plan.hosts)  # before the processes start
+                        if guard is not None:
+                            job.callback(guard.stop)
+                    job.callback(lambda: self._attempt.close())  # whichever attempt is the last
                     self._say_attempt(self._why_this_attempt())
-                    self.locals = self.start()
+                    self._start()
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    return self._failed_before_start(_cannot_start(exc))
+                    return self._failed_before_start(self._cannot_start(exc))
                 outcome = self._started()
                 while outcome is None:
                     outcome = self._carry_out(self._step(self._next_event()))
-        finally:
-            self._stop_locals(FAILURE_GRACE_S)
-            if guard is not None:
-                guard.stop()
-            self.cleanup()
-            membership.close()
-            ended = end_descendants()
-            if ended:
-                log(f"ended processes the job left behind: {', '.join(ended)}")
-            self._end_watch()
         return outcome
+
+    def _start(self) -> None:
+        """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end)."""
+        procs = self.spec.processes(self.seating())
+        self.locals = started = []
+        self._attempt.callback(_stop_locals, started, FAILURE_GRACE_S)
+        for proc in procs:
+            child = self.supervise(proc.argv, proc.env, cwd=proc.cwd)
+            started.append(Local(proc.name, child, proc.primary, proc.rank, proc.program))
 
     def _take_hosts(self, hosts: Sequence[str]) -> None:
         """A host other than the first takes the job's hosts from the first host's welcome, never from its own view."""
@@ -268,10 +214,16 @@ class HostAgent(StallWatch):
             return Tick()
         if isinstance(event, LocalExit) and event.attempt == self.attempt:
             local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
-            status = self.judged(local, event.status)
+            status = self.spec.judge(local, event.status) if self.spec.judge else event.status
             if not status.ok:
                 event = LocalExit(event.name, status, event.at, self.failure_of(local, status), event.attempt)
         return event
+
+    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+        """The outcome of a local process that failed, as the runner describes it, else naming this host."""
+        if self.spec.failure is not None:
+            return self.spec.failure(local, status)
+        return described_failure(local, status, None if self.spec.solo else self.host)
 
     def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:
         """Do what the step said; the outcome once it says this host is done."""
@@ -293,7 +245,7 @@ class HostAgent(StallWatch):
             elif isinstance(action, AnnounceRestart):
                 self.membership.restart(action.attempt, action.reason)
             elif isinstance(action, StopPart):
-                _in_thread(self._stop_part, "stop-part", action.attempt)
+                _in_thread(self._stop_part, "stop-part", action.attempt, list(self.locals))
             elif isinstance(action, Rejoin):
                 return self._rejoin(action)
             elif isinstance(action, ReportDone):
@@ -304,8 +256,40 @@ class HostAgent(StallWatch):
                 return action.outcome
         return None
 
-    def _stop_part(self, attempt: int) -> None:
-        self.stop_part()
+    def signal_job(self, signum: int) -> None:
+        """Pass a signal ``train`` received to this host's part of the job.
+
+        By default every local process gets it (stopping signals with the grace
+        period, then SIGKILL), and ``PartStopped`` is posted once all of them
+        are gone: the job hears of this host's stop when its whole part has
+        stopped, not when its first process ends.  A runner with its own stop
+        (``spec.stop``: MPI's ranks are not our children) is asked once, and
+        ``PartStopped`` is posted when it returns.
+        """
+        if signum in STOPPING_SIGNALS and self.spec.stop is not None:
+            if not self._stopping:
+                self._stopping = True
+                _in_thread(self._runner_stop, "stop-ranks", signum, list(self.locals))
+            return
+        _forward(self.locals, signum, self.ctx.grace_s)
+        if signum in STOPPING_SIGNALS and not self.spec.own_end_on_stop:
+            _in_thread(self._part_stopped, "part-stopped", signum, list(self.locals))
+
+    def _runner_stop(self, signum: int, locals_: list[Local]) -> None:
+        assert self.spec.stop is not None
+        self.spec.stop(signum, locals_)
+        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
+
+    def _part_stopped(self, signum: int, locals_: list[Local]) -> None:
+        for local in locals_:
+            local.child.wait()  # each has its grace, and SIGKILL after it (Supervised.stop)
+        self.events.put(PartStopped(signum, time.time()))
+
+    def _stop_part(self, attempt: int, locals_: list[Local]) -> None:
+        """For a restart: stop this host's part of the attempt (the grace period, then kill); PartEnded once it is gone."""
+        if self.spec.stop_for_restart is not None:
+            self.spec.stop_for_restart(locals_)
+        _stop_locals(locals_, self.ctx.grace_s)
         self.events.put(PartEnded(attempt))
 
     def _rejoin(self, action: Rejoin) -> Outcome | None:
@@ -313,17 +297,19 @@ class HostAgent(StallWatch):
         assert self.membership is not None
         try:
             self._say_attempt(action.reason)
+            self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
             self.locals = []
-            self.prepare_attempt()
+            if self.spec.before_restart is not None:
+                self.spec.before_restart(self.seating())
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
             self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s)
-            if self.is_master:
-                self.after_restart_barrier()
-            self.locals = self.start()
+            if self.is_master and self.spec.after_restart_barrier is not None:
+                self.spec.after_restart_barrier(self.seating())
+            self._start()
         except ToolkitError as exc:
             return self._failed_before_start(exc)
         except OSError as exc:
-            return self._failed_before_start(_cannot_start(exc))
+            return self._failed_before_start(self._cannot_start(exc))
         return self._started()
 
     def _on_signal(self, signum: int) -> None:
@@ -333,8 +319,13 @@ class HostAgent(StallWatch):
         self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
 
     def setup_failure(self, exc: ToolkitError) -> str:
-        """A setup failure's reason, naming this host (a job of one host names none, as the reference)."""
-        return str(exc) if isinstance(exc, JobFailed) else named(self.host, exc)
+        """A setup failure's reason, naming this host (a job of one seat names none, as the reference)."""
+        return str(exc) if isinstance(exc, JobFailed) or self.spec.solo else named(self.host, exc)
+
+    def _cannot_start(self, exc: OSError) -> CodeError:
+        if self.spec.solo:  # the user's script, as the reference says it
+            return CodeError(f"cannot run {self.ctx.argv[0]}: {exc.strerror or exc}")
+        return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
         reason = self.setup_failure(exc)
@@ -344,20 +335,28 @@ class HostAgent(StallWatch):
         assert outcome is not None
         return outcome
 
-    def _forward(self, signum: int, grace_s: float) -> None:
-        for local in self.locals:
-            if signum in STOPPING_SIGNALS:
-                local.child.stop(signum, grace_s)
-            else:
-                local.child.send(signum)
 
-    def _stop_locals(self, grace_s: float) -> None:
-        for local in self.locals:
-            if local.child.poll() is None:
-                local.child.stop(signal.SIGTERM, grace_s)
-        for local in self.locals:
-            local.child.wait(grace_s + 5)
-            local.child.finish(linger_s=1.0)
+def _forward(locals_: Sequence[Local], signum: int, grace_s: float) -> None:
+    for local in locals_:
+        if signum in STOPPING_SIGNALS:
+            local.child.stop(signum, grace_s)
+        else:
+            local.child.send(signum)
+
+
+def _stop_locals(locals_: Sequence[Local], grace_s: float) -> None:
+    for local in locals_:
+        if local.child.poll() is None:
+            local.child.stop(signal.SIGTERM, grace_s)
+    for local in locals_:
+        local.child.wait(grace_s + 5)
+        local.child.finish(linger_s=1.0)
+
+
+def _end_leftovers() -> None:
+    ended = end_descendants()
+    if ended:
+        log(f"ended processes the job left behind: {', '.join(ended)}")
 
 
 @contextmanager
@@ -391,9 +390,4 @@ def _in_thread(target: Callable, name: str, *args) -> None:
     threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
 
-def _cannot_start(exc: OSError) -> CodeError:
-    return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
-
-
-__all__ = ["HostAgent", "Local", "LocalExit", "GotSignal", "PartStopped", "Stopped", "ClusterError", "log",
-           "PEER_FINISH_TIMEOUT_S", "REPORT_WAIT_S", "named"]
+__all__ = ["HostAgent", "Local", "Proc", "RunnerSpec", "Stopped", "named", "run"]

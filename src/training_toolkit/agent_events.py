@@ -133,7 +133,7 @@ Event = Union[LocalExit, GotSignal, PartStopped, Started, Joined, SetupFailed, T
 
 @record
 class Forward:
-    """Pass a signal to this host's part of the job (``HostAgent.signal_job``)."""
+    """Pass a signal to this host's part of the job (``HostAgent.signal_job``: ``RunnerSpec.stop``, or each process)."""
 
     signum: int
 

@@ -2,8 +2,9 @@
 
 A mixin of ``HostAgent`` (``agent.py``), kept apart so the template stays
 readable: the progress watch and its directory, the environment every
-process of the job gets (``supervise``, ``job_env``), and reading this
-host's ranks' stacks when the first host asks (``docs/resilience.md``).
+process of the job gets (``supervise``, ``job_env``: a runner gets the latter in its
+``Seating``), and reading this host's ranks' stacks when the first host asks
+(``docs/resilience.md``).
 Everything here loads the stack readers only when a job is watched.
 """
 
@@ -23,21 +24,22 @@ from training_toolkit.watch import ProgressWatch
 if TYPE_CHECKING:
     from training_toolkit import stacks
     from training_toolkit.cluster.membership import Seat
-    from training_toolkit.runners.base import RunContext
+    from training_toolkit.runspec import Local, RunContext, RunnerSpec
     from training_toolkit.stackreport import RankStack
 
 STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
 
 
 class StallWatch:
-    """Needs of its host class: ``ctx``, ``host``, ``hosts``, ``membership``, ``events``, ``locals``, ``attempt``."""
+    """Needs of its host class: ``ctx``, ``spec``, ``host``, ``hosts``, ``membership``, ``events``, ``locals``, ``attempt``."""
 
     ctx: RunContext
+    spec: RunnerSpec
     host: str
     hosts: tuple[str, ...]
     membership: Seat | None
     events: SimpleQueue
-    locals: list
+    locals: list[Local]
     attempt: int  # the host class's current attempt (HostAgent.attempt, from its state)
     watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
     _progress: ProgressWatch | None = None
@@ -56,7 +58,7 @@ class StallWatch:
         return Supervised(argv, {**env, **extra}, cwd=cwd, on_output=on_output, **kw)
 
     def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's)."""
+        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's: ``Seating``)."""
         extra = {RESTART_COUNT_VAR: str(self.attempt)}
         if self.watch_dir is not None:
             from training_toolkit import stacks
@@ -65,7 +67,9 @@ class StallWatch:
         return {**env, **extra}
 
     def watched(self) -> list[stacks.Watched]:
-        """This host's processes whose stacks a stall report shows (by default: every local process)."""
+        """This host's processes whose stacks a stall report shows (the runner's word, else every local process)."""
+        if self.spec.watched is not None:
+            return self.spec.watched(self.locals)
         from training_toolkit import stacks
 
         return [stacks.Watched(local.child.pid, local.rank, local.name) for local in self.locals

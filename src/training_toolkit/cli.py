@@ -174,9 +174,9 @@ def _read_bytes(path: str) -> bytes | None:
 
 def _run(job, first_attempt: int = 0):
     """Fetch the code and hand the job to its runner (the side effects ``plan`` leaves out)."""
-    from training_toolkit import code, contract
+    from training_toolkit import agent, code, contract
     from training_toolkit.process import become_subreaper
-    from training_toolkit.runners.base import RunContext
+    from training_toolkit.runspec import RunContext
 
     spec, launch, config, environ = job.spec, job.launch, job.config, job.environ
     python = code.python_for(config.python)
@@ -202,7 +202,7 @@ def _run(job, first_attempt: int = 0):
         setup_error=setup_error,
         first_attempt=first_attempt,
     )
-    return _runner(launch.runner).run(ctx)
+    return agent.run(ctx, _runner(launch.runner).spec(ctx))
 
 
 def _runner(name: str):
@@ -231,7 +231,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
         log(str(exc))
         return exc.exit_code
     argv = [*entry, *contract.user_args(spec.hyperparameters)]
-    from training_toolkit.runners.base import RunContext
+    from training_toolkit.runspec import RunContext
 
     ctx = RunContext(job=spec, plan=launch, settings=config, environ=environ, script_env=script_env, argv=tuple(argv),
                      code_dir=spec.paths.code_dir, python=python)

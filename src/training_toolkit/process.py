@@ -23,15 +23,15 @@ from typing import NamedTuple
 
 from training_toolkit import procfs, settings
 from training_toolkit.stopping import signal_group, stop_processes
-from training_toolkit.tripwire import Tripwire
+from training_toolkit.supervise.deadman import Deadman
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-DEFAULT_GRACE_S: float = settings.default("grace_s")  # TRAINING_TOOLKIT_GRACE_PERIOD's default: one table
 TAIL_BYTES = 32 * 1024
 _PR_SET_CHILD_SUBREAPER = 36
 # Marks every descendant of a supervised child, so leftovers that left its
-# process group are still found (and processes that are not ours never are).
+# process group are still found (and processes that are not ours never are):
+# the token of the child's dead-man switch (supervise/deadman.py).
 TOKEN_VAR = settings.SUPERVISOR_VAR
 
 
@@ -124,11 +124,11 @@ class Supervised:
         self._stop_lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._killed = False
-        self._token = os.urandom(8).hex()
-        self._tripwire = Tripwire(f"{TOKEN_VAR}={self._token}")  # ends them all, should train be killed
+        self._deadman = Deadman()  # ends the child and all that carries its token, should train be killed
+        self._token = self._deadman.token
         self.proc = subprocess.Popen(
             self.argv,
-            env={**env, TOKEN_VAR: self._token},
+            env={**env, **self._deadman.environment()},
             cwd=cwd,
             stdin=stdin,
             stdout=subprocess.PIPE if relay_stdout else stdout,
@@ -137,6 +137,7 @@ class Supervised:
             close_fds=True,
         )
         self.pid = self.proc.pid
+        self._deadman.watch(self.pid)  # and its descendants, those that cleared their environment too
         self._relay: threading.Thread | None = None
         self._stdout_relay: threading.Thread | None = None
         if relay_stderr:
@@ -168,10 +169,16 @@ class Supervised:
         pipe.close()
 
     def send(self, sig: int) -> None:
-        """Signal the whole group; a group already gone is not an error."""
-        signal_group(self.pid, sig)
+        """Signal the whole group; a group already gone is not an error.
 
-    def stop(self, sig: int = signal.SIGTERM, grace_s: float = DEFAULT_GRACE_S) -> None:
+        Only while the child is not reaped: its pid, the group's id, is then still its own and
+        cannot name another process's group (after that, ``finish`` ends the group's members one
+        by one, through pidfds).
+        """
+        if self.proc.returncode is None:
+            signal_group(self.pid, sig)
+
+    def stop(self, sig: int, grace_s: float) -> None:
         """Ask the group to stop with ``sig``; SIGKILL it if the child is still there after ``grace_s``.
 
         Returns at once: the grace period runs in the background.  A second
@@ -215,7 +222,7 @@ class Supervised:
         if self._stopper is not None:
             self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
         _end_leftovers(self.proc, self._token, linger_s)
-        self._tripwire.disarm()
+        self._deadman.disarm()
         for relay in (self._relay, self._stdout_relay):
             if relay is not None:
                 relay.join(timeout=linger_s)
@@ -229,11 +236,12 @@ def _end_leftovers(main: subprocess.Popen, token: str, linger_s: float) -> None:
     """
     marker = f"{TOKEN_VAR}={token}".encode()
 
-    def leftovers() -> list[int | subprocess.Popen]:
-        return [main if p.pid == main.pid else p.pid for p in procfs.descendants(os.getpid())
+    def leftovers() -> list[procfs.Proc | subprocess.Popen]:
+        return [main if p.pid == main.pid else p for p in procfs.descendants(os.getpid())
                 if p.pgid == main.pid or procfs.has_marker(p.pid, marker)]
 
-    stop_processes(leftovers, linger_s, group=main.pid)
+    # each through its own pidfd, never by the group's id: once the script is reaped, that number is free
+    stop_processes(leftovers, linger_s)
 
 
 def end_descendants(linger_s: float = 1.0) -> list[str]:
@@ -247,10 +255,10 @@ def end_descendants(linger_s: float = 1.0) -> list[str]:
     if not procfs.has_children(os.getpid()):
         return []  # the usual end: nothing below us, known without a scan of every process
 
-    def below() -> list[int]:
-        return [p.pid for p in procfs.descendants(os.getpid())]
+    def below() -> list[procfs.Proc]:
+        return procfs.descendants(os.getpid())  # each with its start time: signalled only if still that process
 
-    names = [procfs.describe(pid) for pid in below() if procfs.alive(pid)]
+    names = [procfs.describe(p.pid) for p in below() if not p.zombie]
     stop_processes(below, linger_s)
     return names
 

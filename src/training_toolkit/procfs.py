@@ -20,11 +20,28 @@ from typing import NamedTuple
 NamespaceId = tuple[int, int]
 
 
+class Seen(int):
+    """A pid as a look found it, with the process's start time then: an int wherever a pid is, and
+    what ``supervise.pidfd.hold`` checks the process at that pid against before it signals it."""
+
+    start: int
+
+    def __new__(cls, pid: int, start: int) -> Seen:
+        seen = super().__new__(cls, pid)
+        seen.start = start
+        return seen
+
+
 class Proc(NamedTuple):
     pid: int
     ppid: int
     pgid: int
     zombie: bool
+    start: int  # clock ticks after boot (field 22 of stat): with the pid, names one process for good
+
+    @property
+    def seen(self) -> Seen:
+        return Seen(self.pid, self.start)
 
 
 def read(pid: int) -> Proc | None:
@@ -33,7 +50,7 @@ def read(pid: int) -> Proc | None:
     if stat is None:
         return None
     _pid, fields = stat
-    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z")
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z", int(fields[19]))
 
 
 def _stat(pid: int | str) -> tuple[int, list[bytes]] | None:
@@ -171,31 +188,40 @@ def _may_be_in_exec(pid: int) -> bool:
     return fields[0] != b"Z" and not int(fields[6]) & _PF_KTHREAD
 
 
-def with_marker(marker: bytes) -> list[int]:
+def with_marker(marker: bytes) -> list[Seen]:
     """Every live process whose environment holds ``marker``, read once each (a process caught in
     the middle of ``execve`` is missed: for finding long-lived processes, not for stopping a tree)."""
     found = []
     for pid in pids():
+        before = read(pid)  # the start time first: the environment read after it is that process's
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read()
         except OSError:
             continue
-        if marker in environ.split(b"\0") and alive(pid):
-            found.append(pid)
+        if before is not None and not before.zombie and marker in environ.split(b"\0"):
+            found.append(before.seen)
     return sorted(found)
 
 
-def marked(marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
+def marked(marker: bytes, exclude: frozenset[int] = frozenset()) -> list[Seen]:
     """Every live process of this PID namespace whose environment holds ``marker`` (one caught in
-    ``execve`` is waited for, as ``has_marker`` does): processes of the job started by another
-    parent than train (Slurm's step daemon)."""
-    return [pid for pid in pids() if pid not in exclude and pid != os.getpid() and has_marker(pid, marker)]
+    ``execve`` is waited for, as ``has_marker`` does), each with its start time: processes of the job
+    started by another parent than train (Slurm's step daemon)."""
+    found = []
+    for pid in pids():
+        if pid in exclude or pid == os.getpid():
+            continue
+        before = read(pid)  # the start time first: the environment read after it is that process's
+        if before is not None and not before.zombie and has_marker(pid, marker):
+            found.append(before.seen)
+    return found
 
 
-def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[int]:
-    """Live descendants of ``root`` whose environment holds ``marker``."""
-    return [p.pid for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]
+def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[Seen]:
+    """Live descendants of ``root`` whose environment holds ``marker`` (each with its start time, so
+    that a stop signals it only if it is still the process found)."""
+    return [p.seen for p in descendants(root) if not p.zombie and p.pid not in exclude and has_marker(p.pid, marker)]
 
 
 def comm(pid: int) -> str:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from training_toolkit import names
 from training_toolkit.errors import ConfigError
+from training_toolkit.paths import Paths
 
 JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
 SECRET_VARIABLES = (JOB_SECRET,)  # never passed to a child: the script, pip, mpirun, ssh
@@ -49,8 +50,9 @@ NETSHIM_ALLOW_VAR = "TRAINING_TOOLKIT_NETSHIM_ALLOW"  # the accept() shim's job 
 NETSHIM_PORTS_VAR = "TRAINING_TOOLKIT_NETSHIM_PORTS"  # the local ports it checks, LOW-HIGH (unset: every port)
 STOP_FLAG_VAR = "TRAINING_TOOLKIT_STOP_FLAG"  # Open MPI's runtime: while this file exists, a stop is on (native/stophold.c)
 RANK_STOP_FLAG_VAR = "TRAINING_TOOLKIT_RANK_STOP_FLAG"  # a rank's: the same file, for its MPI_Abort
+RANK_FILE_VAR = "TRAINING_TOOLKIT_RANK_FILE"  # this host's MPI ranks' file (native/rank_exec.c, runners/rank_env.py)
 INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
-                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, STOP_FLAG_VAR, RANK_STOP_FLAG_VAR)
+                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, STOP_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_FILE_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 
@@ -304,7 +306,7 @@ def parse(environ: Mapping[str, str], read: Callable[[str], bytes | None] | None
     given = {var.field for var in VARIABLES
              if environ.get(var.name) or flags.get(var.field) not in (None, "")}
     if values["job_secret"] is None and read is not None:
-        path = f"{values['base_dir'].rstrip('/')}/input/config/job_secret"
+        path = str(Paths.at(values["base_dir"]).job_secret_file)
         data = read(path)
         if data is not None and data.strip():
             if len(data.strip()) < MIN_SECRET_BYTES:

@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from training_toolkit import procfs
+from training_toolkit.supervise import pidfd
 from training_toolkit.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
 from training_toolkit.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
@@ -54,17 +54,17 @@ def stack_signal() -> int:
 
 
 def watch_dir(job_id: str | None) -> Path:
-    """This host's directory for the ranks' stack files and heartbeats, made private (0700).
+    """This host's directory for the ranks' stack files and heartbeats: new, private (0700), of a random name.
 
-    With a job id (several hosts), its name is the same on every host, so one
-    environment forwarded by mpirun names each rank's own host's directory.
+    Each host's processes learn it from their own host (their environment, or the MPI ranks'
+    file), so its name need not be the same on every host, and must not be: hosts may share
+    the parent (``rundir``: nodes sharing ``/tmp``), where one name would be both hosts' directory.
     """
-    parent = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
-    if job_id is None:
-        path = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))
-    else:
-        path = parent / f"{DIR_PREFIX}{job_id}"
-        path.mkdir(mode=0o700, exist_ok=True)
+    from training_toolkit import rundir
+
+    tag = "".join(ch for ch in (job_id or "")[:16] if ch in "0123456789abcdef")  # a name's part: hex only
+    prefix = f"{DIR_PREFIX}{tag}-" if tag else DIR_PREFIX
+    path = rundir.new_private_dir(prefix)
     for sub in ("stacks", "heartbeats"):
         (path / sub).mkdir(mode=0o700, exist_ok=True)
     return path
@@ -139,10 +139,15 @@ def read_one(pid: int, stacks_dir: Path | None, pyspy: str | None, timeout_s: fl
 
 def _by_faulthandler(pid: int, stack_file: Path, timeout_s: float):
     before = stack_file.stat().st_size
-    try:
-        os.kill(pid, stack_signal())
-    except OSError:
+    # through a pidfd, and only to a process that still catches the signal (its default action ends it)
+    held = pidfd.hold(pid, check=lambda p: procfs.catches(p, stack_signal()))
+    if held is None:
         return ()
+    try:
+        if not held.send(stack_signal()):
+            return ()
+    finally:
+        held.close()
     end = time.monotonic() + timeout_s
     size, stable_since = before, None
     while time.monotonic() < end:

@@ -15,7 +15,10 @@ everywhere:
 - after the grace period, what is left gets SIGKILL, and its end is waited
   for (briefly) so its exit status can be collected;
 - a process found by pid is held through a pidfd from then on, so a pid
-  reused by an unrelated process is never signalled or waited for;
+  reused by an unrelated process is never signalled or waited for; a pid
+  that comes from a look (a ``procfs.Seen`` or ``procfs.Proc``, with its start
+  time) is held only if the process at it is still the one the look saw
+  (``supervise.pidfd``), which closes the window between the look and the pidfd;
 - exit statuses: a handle (``subprocess.Popen``) is reaped through its own
   ``poll()``, so the status stays its owner's; a pid that is our child (an
   orphan re-parented to us as a subreaper) is reaped with ``waitpid``.  Pass
@@ -25,13 +28,13 @@ everywhere:
 from __future__ import annotations
 
 import os
-import select
 import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from training_toolkit import procfs
+from training_toolkit.supervise import pidfd
 
 #: After SIGKILL, how long to wait for the kernel to end what was killed, so it can be reaped.
 KILL_WAIT_S = 1.0
@@ -51,7 +54,8 @@ class Handle(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
-Target = int | Handle
+#: A pid (a ``procfs.Seen`` from a look: checked against it before any signal), a look's ``procfs.Proc``, or a handle.
+Target = int | procfs.Proc | Handle
 
 
 def stop_processes(
@@ -135,20 +139,17 @@ def signal_group(pgid: int, sig: int, *, wake: bool = False) -> None:
 
 
 class _Process:
-    """One target followed until it ends: a handle, or a pid held through a pidfd."""
+    """One target followed until it ends: a handle, or a pid held through a pidfd (``supervise.pidfd``)."""
 
     def __init__(self, target: Target):
-        self.handle = None if isinstance(target, int) else target
-        self.pid = target if isinstance(target, int) else target.pid
-        self.fd: int | None = None
+        self.handle = None if isinstance(target, (int, procfs.Proc)) else target
+        self.pid = _pid_of(target)
+        self.held: pidfd.Held | None = None
         self.ended = False
         if self.handle is None:
-            try:
-                self.fd = os.pidfd_open(self.pid)
-            except ProcessLookupError:
-                self.ended = True
-            except OSError:
-                pass  # no pidfd (a kernel before 5.3): the plain pid it is
+            seen = target.seen if isinstance(target, procfs.Proc) else target
+            self.held = pidfd.hold(seen)  # a pid seen with its start time is held only if still that process
+            self.ended = self.held is None
 
     def running(self) -> bool:
         if not self.ended:
@@ -158,16 +159,13 @@ class _Process:
     def _running(self) -> bool:
         if self.handle is not None:
             return self.handle.poll() is None  # reaps it, through its owner
-        if self.fd is not None and not _readable(self.fd):
-            return True  # a pidfd turns readable once its process has ended (zombie or reaped)
+        assert self.held is not None
+        if not self.held.ended():
+            return True
         proc = procfs.read(self.pid)
-        if proc is None:
-            return False
-        if proc.zombie:
-            if proc.ppid == os.getpid():
-                _reap(self.pid)
-            return False
-        return self.fd is None  # with a pidfd that says ended, this is another process on a reused pid
+        if proc is not None and proc.zombie and proc.start == self.held.start and proc.ppid == os.getpid():
+            _reap(self.pid)
+        return False
 
     def send(self, sig: int, still_ours: Callable[[int], bool] | None) -> None:
         if self.ended:
@@ -178,19 +176,20 @@ class _Process:
                 self.handle.send_signal(sig)  # Popen: a no-op once it has been reaped
                 if wake:
                     self.handle.send_signal(signal.SIGCONT)
-            elif still_ours is None or still_ours(self.pid):
+            elif self.held is not None and (still_ours is None or still_ours(self.pid)):
                 for s in (sig, signal.SIGCONT) if wake else (sig,):
-                    if self.fd is not None:
-                        signal.pidfd_send_signal(self.fd, s)
-                    else:
-                        os.kill(self.pid, s)
+                    self.held.send(s)
         except OSError:
             pass  # it ended meanwhile
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self.held is not None:
+            self.held.close()
+            self.held = None
+
+
+def _pid_of(target: Target) -> int:
+    return int(target) if isinstance(target, int) else target.pid
 
 
 def _fixed(targets: list[Target]) -> Callable[[], list[Target]]:
@@ -201,7 +200,7 @@ def _follow(found: Iterable[Target], followed: dict[int, _Process]) -> list[_Pro
     """Start following the targets not followed yet (a pid seen again after its end is a new process)."""
     new = []
     for target in found:
-        pid = target if isinstance(target, int) else target.pid
+        pid = _pid_of(target)
         known = followed.get(pid)
         if known is None or (known.ended and known.handle is None):
             if known is not None:
@@ -210,12 +209,6 @@ def _follow(found: Iterable[Target], followed: dict[int, _Process]) -> list[_Pro
             if proc.running():
                 new.append(proc)
     return new
-
-
-def _readable(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _pgid(pid: int) -> int | None:

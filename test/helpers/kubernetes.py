@@ -106,13 +106,33 @@ def write_volume(directory: Path, volume: Volume) -> None:
         os.symlink(f"..data/{key}", directory / key)
 
 
-# Run in the pod's mount namespace as `sh -c SCRIPT pod K8S_DIR MOUNT...`: room for the volumes (an
+# Run in the pod's mount namespace as `sh -c SCRIPT pod ETC_MODE K8S_DIR KEEP MOUNT...`: room for the volumes (an
 # overlay over /etc whose upper layer holds the kubelet's hosts and resolv.conf, a tmpfs over /root),
-# then each volume bind-mounted read-only at its path.
+# then each volume bind-mounted read-only at its path.  Inside a container (a CI runner's), /etc is
+# itself on overlayfs, which the kernel refuses as an overlay's lower layer ("wrong fs type"): there
+# the pod gets a private copy of /etc with the same two files, bound in place, which a pod sees the
+# same way.  ETC_MODE "copy" takes the copy everywhere (to test that path where overlay works).
+# KEEP: colon-separated directories under /root that the pod must still see through its fresh /root
+# (the checkout and its venv, where a CI runner's container keeps them in /root: the pods run its train).
 POD_SCRIPT = r"""set -e
-k=$1; shift
-mount -t overlay overlay -o "lowerdir=/etc,upperdir=$k/etc-upper,workdir=$k/etc-work" /etc
+mode=$1; k=$2; keep=$3; shift 3
+if [ "$mode" = copy ] ||
+   ! mount -t overlay overlay -o "lowerdir=/etc,upperdir=$k/etc-upper,workdir=$k/etc-work" /etc 2>/dev/null; then
+  mkdir -p "$k/etc-copy"
+  cp -a /etc/. "$k/etc-copy/"
+  cp -a "$k/etc-upper/." "$k/etc-copy/"
+  mount --bind "$k/etc-copy" /etc
+fi
+mkdir -p "$k/root-below"
+mount --bind /root "$k/root-below"
 mount -t tmpfs -o mode=0700 tmpfs /root
+IFS=:
+for d in $keep; do
+  rel=${d#/root/}
+  mkdir -p "/root/$rel"
+  mount --bind "$k/root-below/$rel" "/root/$rel"
+done
+unset IFS
 i=0
 for target in "$@"; do
   mkdir -p "$target"
@@ -134,11 +154,20 @@ mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 """
 
 
+def kept_under_root() -> list[str]:
+    """What of this machine the pods run that lives under /root (the checkout, the venvs, a pyenv python)."""
+    from helpers.paths import REPO
+
+    found = {os.path.realpath(p) for p in (REPO, sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
+    return sorted(p for p in found if p.startswith("/root/"))
+
+
 class Simulation:
     """The pods of one job on one local cluster, and the DNS records they have while they run."""
 
-    def __init__(self, pods: Sequence[Pod], workdir: Path):
+    def __init__(self, pods: Sequence[Pod], workdir: Path, etc_mode: str = ""):
         self.pods = [p for p in pods if p.scheduled]
+        self.etc_mode = etc_mode  # "copy": a copy of /etc for every pod, as where /etc cannot be an overlay's lower layer
         self.workdir = workdir
         self.records_file = workdir / "kube-dns.json"
         self.records: dict[str, list[str]] = {}
@@ -166,8 +195,8 @@ class Simulation:
             for i, (path, volume) in enumerate(pod.volumes.items()):
                 write_volume(root / f"volume-{i}", volume)
                 targets.append(path)
-            done = cluster.run(pod.name, ["sh", "-c", POD_SCRIPT, "pod", str(root), *targets], timeout=30,
-                               capture_output=True, text=True)
+            done = cluster.run(pod.name, ["sh", "-c", POD_SCRIPT, "pod", self.etc_mode or "overlay", str(root),
+                                          ":".join(kept_under_root()), *targets], timeout=30, capture_output=True, text=True)
             assert done.returncode == 0, f"{pod.name}: {done.stdout}{done.stderr}"
         self._wait_for_dns(cluster)
 
@@ -225,7 +254,7 @@ class Simulation:
 
 def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, object], *, env=None, channels=None,
         timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None,
-        kubelet: Callable[[str, int], float | None] | None = None):
+        kubelet: Callable[[str, int], float | None] | None = None, etc_mode: str = ""):
     """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result.
 
     ``kubelet`` (``helpers.kubelet.Kubelet``): each pod is a container that ends with its ``train`` and
@@ -233,7 +262,7 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
     too (its record is back in DNS by then).  Without it, no container is ever restarted.
     """
     workdir = tmp_path / "cluster"
-    sim = Simulation(pods, workdir)
+    sim = Simulation(pods, workdir, etc_mode)
     hp = json.dumps(dict(hyperparameters)).encode()
     host_env = {}
     for pod in sim.pods:

@@ -1,4 +1,4 @@
-"""HostAgent's shell in a fake job: its seat is a fake (no sockets, no root); its processes are real and short."""
+"""The agent's shell in a fake job: its seat is a fake (no sockets, no root); its runner a spec; its processes real and short."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import procfs, settings
-from training_toolkit.agent import HostAgent, Local
-from training_toolkit.cluster.channel import PeerFailed, Verdict
+from training_toolkit.agent import HostAgent
+from training_toolkit.cluster.events import PeerFailed, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
@@ -19,7 +19,7 @@ from training_toolkit.paths import Paths
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
 from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 
@@ -88,13 +88,13 @@ def context(tmp_path: Path, current: str) -> RunContext:
     return RunContext(job, plan, settings.parse({}), {}, {}, (), tmp_path, sys.executable)
 
 
-class ScriptAgent(HostAgent):
-    """Runs one python snippet as its script."""
+def script(code: str = "pass", **fields) -> RunnerSpec:
+    """A runner that runs one python snippet as its script."""
+    return RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", code), {})], **fields)
 
-    code = "pass"
 
-    def start(self):
-        return [Local("script", Supervised([sys.executable, "-c", self.code], {}))]
+def script_agent(ctx: RunContext, factory, code: str = "pass", **fields) -> HostAgent:
+    return HostAgent(ctx, script(code, **fields), factory)
 
 
 def seat_factory(seats: list, **kw):
@@ -109,9 +109,9 @@ def test_the_first_host_names_an_earlier_failure_that_arrived_later(tmp_path):
     """Its own script fails first in arrival, but algo-3 reports a failure from before it."""
     seats: list[FakeSeat] = []
     earlier = PeerFailed("algo-3", "algo-3: train.py exited with code 7", 7, at=time.time() - 0.2)
-    agent = ScriptAgent(context(tmp_path, "algo-1"), seat_factory(seats))
     exited = tmp_path / "exited"
-    agent.code = f"import os, sys; open({str(exited)!r}, 'w').write(str(os.getpid())); sys.exit(3)"
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats),
+                        f"import os, sys; open({str(exited)!r}, 'w').write(str(os.getpid())); sys.exit(3)")
     events = agent.events
 
     def arrives_late() -> None:
@@ -132,15 +132,15 @@ def test_the_first_host_names_an_earlier_failure_that_arrived_later(tmp_path):
 
 def test_the_first_host_announces_its_own_success(tmp_path):
     seats: list[FakeSeat] = []
-    assert ScriptAgent(context(tmp_path, "algo-1"), seat_factory(seats)).run() == Outcome(0)
+    assert script_agent(context(tmp_path, "algo-1"), seat_factory(seats)).run() == Outcome(0)
     assert seats[0].told == ["open", "barrier", ("verdict", Verdict(0, None, "algo-1")), "close"]
 
 
 def test_another_host_reports_its_failure_with_when_it_happened_and_takes_the_verdict(tmp_path):
     seats: list[FakeSeat] = []
     verdict = Verdict(9, "algo-3: earlier", "algo-1")
-    agent = ScriptAgent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict))
-    agent.code = "import sys; sys.stderr.write('ValueError: boom\\n'); sys.exit(2)"
+    agent = script_agent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict),
+                        "import sys; sys.stderr.write('ValueError: boom\\n'); sys.exit(2)")
     before = time.time()
     assert agent.run() == Outcome(9, "algo-3: earlier")
     (kind, reason, code, at), = [t for t in seats[0].told if isinstance(t, tuple)]
@@ -151,14 +151,14 @@ def test_another_host_reports_its_failure_with_when_it_happened_and_takes_the_ve
 
 def test_another_host_reports_done_then_ends_with_the_verdict(tmp_path):
     seats: list[FakeSeat] = []
-    agent = ScriptAgent(context(tmp_path, "algo-2"), seat_factory(seats, answer=Verdict(0, None, "algo-1")))
+    agent = script_agent(context(tmp_path, "algo-2"), seat_factory(seats, answer=Verdict(0, None, "algo-1")))
     assert agent.run() == Outcome(0)
     assert seats[0].told == ["open", "barrier", ("done", 0), "close"]
 
 
 def test_a_failed_barrier_is_told_to_the_job(tmp_path):
     seats: list[FakeSeat] = []
-    agent = ScriptAgent(context(tmp_path, "algo-2"),
+    agent = script_agent(context(tmp_path, "algo-2"),
                         seat_factory(seats, fail_barrier=ClusterError("the first host algo-1 did not start the job")))
     outcome = agent.run()
     assert outcome == Outcome(69, "algo-2: the first host algo-1 did not start the job")
@@ -175,7 +175,7 @@ def test_a_host_that_cannot_take_part_joins_to_say_so_as_a_setup_failure(tmp_pat
     """Its code did not install: no more fail_job beside the agent, one setup failure inside it."""
     seats: list[FakeSeat] = []
     ctx = context(tmp_path, host)._replace(setup_error=CodeError(f"{host}: cannot install"))
-    outcome = ScriptAgent(ctx, seat_factory(seats)).run()
+    outcome = script_agent(ctx, seat_factory(seats)).run()
     assert outcome == Outcome(66, f"{host}: cannot install")
     assert [t[:3] if isinstance(t, tuple) and t[0] == "failed" else t for t in seats[0].told] == told
 
@@ -186,21 +186,23 @@ def test_a_host_that_cannot_take_part_joins_to_say_so_as_a_setup_failure(tmp_pat
     (None, False, "algo-2: parameter server exited with code 5"),
 ])
 def test_failure_of_names_a_process_by_its_data_not_its_name(tmp_path, rank, program, reason):
-    agent = HostAgent(context(tmp_path, "algo-2"), seat_factory([]))
+    agent = HostAgent(context(tmp_path, "algo-2"), RunnerSpec(lambda seat: []), seat_factory([]))
     child = Supervised(["/bin/sh", "-c", "exit 5"], {})
     status = child.wait()
     local = Local("parameter server" if not program else "anything", child, rank=rank, program=program)
     assert agent.failure_of(local, status).reason == reason
 
 
-class SeenAgent(ScriptAgent):
-    """Records the hosts everything after the join reads: the plan's, the script's contract, /opt/ml's file."""
-
-    def prepare(self):
+def seen_by(seen: list):
+    """A runner's prepare that records the hosts everything after the join reads: the plan's, the script's contract,
+    /opt/ml's file."""
+    def prepare(seat):
         import json
 
-        self.seen = (self.ctx.plan.hosts, json.loads(self.ctx.script_env["SM_HOSTS"]),
-                     json.loads(self.ctx.job.paths.resource_config_file.read_text())["hosts"])
+        ctx = seat.ctx
+        seen.append((ctx.plan.hosts, json.loads(ctx.script_env["SM_HOSTS"]),
+                     json.loads(ctx.job.paths.resource_config_file.read_text())["hosts"]))
+    return prepare
 
 
 def test_a_host_other_than_the_first_takes_the_jobs_hosts_from_the_first_host(tmp_path):
@@ -218,16 +220,97 @@ def test_a_host_other_than_the_first_takes_the_jobs_hosts_from_the_first_host(tm
     ctx = RunContext(spec, plan.make_plan(spec), settings.parse({}), {}, contract.script_environment(spec, {}), (),
                      tmp_path, sys.executable)
     seats: list[FakeSeat] = []
-    agent = SeenAgent(ctx, seat_factory(seats, answer=Verdict(0, None, "algo-1"), welcomed=HOSTS))
+    seen: list = []
+    agent = script_agent(ctx, seat_factory(seats, answer=Verdict(0, None, "algo-1"), welcomed=HOSTS),
+                        prepare=seen_by(seen))
     assert agent.run() == Outcome(0)
-    assert agent.seen == (HOSTS, list(HOSTS), list(HOSTS))
+    assert seen == [(HOSTS, list(HOSTS), list(HOSTS))]
     assert agent.ctx.job.resource.current_host == "algo-3" and agent.hosts == HOSTS
 
 
 def test_a_welcome_that_does_not_list_this_host_is_a_setup_failure(tmp_path):
     seats: list[FakeSeat] = []
     ctx = context(tmp_path, "algo-2")
-    agent = ScriptAgent(ctx, seat_factory(seats, welcomed=("algo-1", "algo-3")))
+    agent = script_agent(ctx, seat_factory(seats, welcomed=("algo-1", "algo-3")))
     outcome = agent.run()
     assert outcome.exit_code == 78 and "algo-2" in outcome.reason and "current_host" in outcome.reason
     assert seats[0].told[0] == "open" and "barrier" not in seats[0].told
+
+
+def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_seat_closes(tmp_path):
+    """The job's stack, reversed: the attempt's processes, then the runner's hold, then the seat."""
+    from contextlib import contextmanager
+
+    seats: list[FakeSeat] = []
+    order: list = []
+
+    @contextmanager
+    def hold(seat):
+        order.append(("held", seat.job_id, seat.first, seat.attempt))
+        yield
+        order.append(("let go", [local.child.poll() is not None for local in agent.locals], list(seats[0].told)))
+
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), hold=hold,
+                         prepare=lambda seat: order.append("prepared"),
+                         after_barrier=lambda seat: order.append(("after barrier", seats[0].told[-1])))
+    assert agent.run() == Outcome(0)
+    verdict = ("verdict", Verdict(0, None, "algo-1"))
+    assert order == [("held", "fake-job", True, 0), "prepared", ("after barrier", "barrier"),
+                     ("let go", [True], ["open", "barrier", verdict])]
+    assert seats[0].told[-1] == "close"
+
+
+def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_returns(tmp_path):
+    """MPI's ranks are not the agent's children: a second signal does not stop them twice; its processes are not signalled."""
+    import signal
+
+    seats: list[FakeSeat] = []
+    asked: list = []
+    started = tmp_path / "started"
+
+    def stop(signum, locals_):
+        asked.append((signum, [local.name for local in locals_]))
+        time.sleep(0.2)  # its ranks' grace
+        for local in locals_:
+            local.child.stop(signal.SIGKILL, 0)
+
+    verdict = Verdict(128 + signal.SIGTERM, "algo-2: stopped by SIGTERM", "algo-1")
+    agent = script_agent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict),
+                         f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)", stop=stop)
+
+    def signals() -> None:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
+        agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
+
+    threading.Thread(target=signals, daemon=True).start()
+    outcome = agent.run()
+    assert asked == [(signal.SIGTERM, ["script"])]
+    assert outcome.exit_code == 128 + signal.SIGTERM
+    (kind, _, code, _), = [t for t in seats[0].told if isinstance(t, tuple)]
+    assert (kind, code) == ("failed", 128 + signal.SIGTERM)
+
+
+def decisions_event(name: str, *args):
+    from training_toolkit import decisions
+
+    return getattr(decisions, name)(*args)
+
+
+def test_a_runner_judges_its_exits_and_describes_its_failures(tmp_path):
+    """mpirun's exit 0 after a lost daemon is a failure, described by the runner (mpi.judged, MpiHost.failure_of)."""
+    from training_toolkit.process import ExitStatus
+
+    seats: list[FakeSeat] = []
+    judged: list = []
+
+    def judge(local, status):
+        judged.append((local.name, status.exit_code))
+        return ExitStatus(14)
+
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), judge=judge,
+                         failure=lambda local, status: Outcome(status.exit_code, f"{local.name}: lost a daemon"))
+    assert agent.run() == Outcome(14, "script: lost a daemon")
+    assert judged == [("script", 0)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from training_toolkit.records import replace
 
-from training_toolkit.cluster.channel import PeerFailed, PeerLost, Verdict
+from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
 from training_toolkit.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart,
                                         Finish, Forward, GatherStacks, GotSignal, Interrupt, LocalExit, PartEnded,

@@ -71,7 +71,7 @@ def test_every_runner_name_is_in_the_runner_table_with_its_interface(name):
     assert tuple(runners.RUNNERS) == names.RUNNERS
     module = runners.runner(name)
     assert module.__name__ == f"training_toolkit.runners.{name}"
-    assert callable(module.run) and callable(module.describe)
+    assert callable(module.spec) and callable(module.describe)
     assert {d.runner for d in names.DISTRIBUTIONS} - {None} <= set(names.RUNNERS)
 
 

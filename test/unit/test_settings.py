@@ -183,8 +183,10 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
     # the stop hold's file (native/stophold.c), given to Open MPI's runtime and to the ranks
     given_to_the_stophold = {settings.STOP_FLAG_VAR, settings.RANK_STOP_FLAG_VAR}
+    from training_toolkit.runners.rank_env import RANK_FILE_VAR
+
     assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks,
-                                                *given_to_the_shim, *given_to_the_stophold}
+                                                *given_to_the_shim, *given_to_the_stophold, RANK_FILE_VAR}
 
 
 def test_readme_settings_table_is_the_table_in_code():
@@ -221,12 +223,12 @@ def test_nothing_but_settings_reads_the_variables():
 def test_defaults_used_outside_settings_are_its_own():
     """Code that falls back on a default without Settings reads the table's, never a copy of it."""
     from training_toolkit import process
-    from training_toolkit.cluster import channel, secret
+    from training_toolkit.cluster import secret, timing
     from training_toolkit.mpi_options import CustomMpiOptions
     from training_toolkit.runners import rank_env
 
-    assert (channel.HEARTBEAT_S, channel.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
-    assert process.DEFAULT_GRACE_S == DEFAULTS.grace_s
+    assert (timing.HEARTBEAT_S, timing.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
+    assert not hasattr(process, "DEFAULT_GRACE_S")  # a stop's grace is always the caller's (Settings.grace_s)
     assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
     secret_env = {name: "x" for name in settings.SECRET_VARIABLES}

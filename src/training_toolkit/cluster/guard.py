@@ -105,7 +105,7 @@ def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, 
 
 @dataclass(frozen=True)
 class GuardSpec:
-    """Which listeners of a job's processes a runner has guarded (``HostAgent.guard_spec``)."""
+    """Which listeners of a job's processes a runner has guarded (``RunnerSpec.guard``)."""
 
     ports: Container[int] = ()  # on any process below train
     every_port_of: frozenset[str] = frozenset()  # every listener of processes with these names

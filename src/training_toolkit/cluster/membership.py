@@ -7,7 +7,6 @@ can set them without flags.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import Protocol
@@ -20,7 +19,8 @@ from training_toolkit.records import record
 from training_toolkit.settings import Settings
 
 if TYPE_CHECKING:
-    from training_toolkit.cluster.channel import ControlClient, ControlServer
+    from training_toolkit.cluster.client import ControlClient
+    from training_toolkit.cluster.server import ControlServer
 
 VERDICT_LINGER_S = 10.0
 
@@ -93,7 +93,10 @@ class Membership:
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
                  events: SimpleQueue, introduction: Mapping[str, str] | None = None):
-        from training_toolkit.cluster.channel import ControlClient, ControlServer  # a job of one seat has none
+        import secrets  # with the channel: a job of one seat imports neither (secrets: hmac, hashlib, random)
+
+        from training_toolkit.cluster.client import ControlClient  # a job of one seat has none
+        from training_toolkit.cluster.server import ControlServer
 
         self.hosts = tuple(hosts)
         self.current = current

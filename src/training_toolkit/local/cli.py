@@ -17,6 +17,7 @@ from training_toolkit.local.run_loop import DEFAULT_STOP_GRACE_S, DEFAULT_TIMEOU
 from training_toolkit.log import log
 
 NONE = "none"
+TEMP_PREFIX = "training-toolkit-local-"  # the default workdir: a new directory under the temp dir
 # What `train` can run: the distributions with a runner, by the names of names.DISTRIBUTIONS.
 DISTRIBUTIONS = {d.name: d for d in names.DISTRIBUTIONS if d.runner}
 
@@ -40,6 +41,36 @@ def job_hyperparameters(entry_point: str, source: Path | PurePosixPath, distribu
             raise ValueError(f"--processes-per-host does not apply to {distribution} (one process per host)")
         hps[chosen.processes_per_host] = str(processes_per_host)
     return hps
+
+
+def _within(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def overlap(source: Path, workdir: Path, channels: dict[str, Path], hosts: Sequence[str]) -> str | None:
+    """Why ``--workdir`` cannot be used with these directories (pure; every path absolute, resolved), or None.
+
+    Each host copies the code into its tree under the workdir (``HOST/opt/ml/code``), and ``local``
+    each channel (``HOST/opt/ml/input/data/NAME``): a copy whose target is inside its source (a
+    workdir inside the code) would copy itself, deeper on every pass, until Python gives up with
+    RecursionError; a source inside its target would be copied onto itself.  The code or a
+    channel elsewhere in the workdir is fine.
+    """
+    copies = [("--source", source, ("code",)),
+              *((f"--channel {name}", path, ("input", "data", name)) for name, path in channels.items())]
+    for flag, path, where in copies:
+        if _within(workdir, path):
+            return (f"--workdir {workdir} is inside {flag} {path}: each host copies {flag} into its tree there, "
+                    f"which would copy it into itself; give a --workdir outside {path}")
+        for host in hosts:
+            target = workdir.joinpath(host, "opt", "ml", *where)
+            if _within(path, target):
+                return (f"{flag} {path} is in host {host}'s copy of it, {target}, under --workdir {workdir}: "
+                        "it would be copied onto itself; give another --workdir")
+            if _within(target, path):
+                return (f"{flag} {path} holds {target}, where host {host} copies it, under --workdir {workdir}: it "
+                        "would copy it into itself; give a --workdir outside it")
+    return None
 
 
 def _distributions_help() -> str:
@@ -133,9 +164,15 @@ def main(argv: Sequence[str]) -> int:
         if not path.is_dir():
             log(f"local: channel {name}: {path} is not a directory")
             return EXIT_USAGE
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="training-toolkit-local-"))
-    job = LocalJob(hosts=host_names(args.hosts, args.host_suffix), hyperparameters=hps,
-                   channels=channels, env=_pairs(args.env, "--env"))
+    hosts = host_names(args.hosts, args.host_suffix)
+    # checked before anything is made: the default workdir is a new directory under the temp dir
+    planned = args.workdir.resolve() if args.workdir else Path(tempfile.gettempdir()).resolve() / f"{TEMP_PREFIX}XXXXXX"
+    why = overlap(source, planned, channels, hosts)
+    if why:
+        log(f"local: {why}" if args.workdir else f"local: {why} (the default --workdir is a new directory there)")
+        return EXIT_USAGE
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+    job = LocalJob(hosts=hosts, hyperparameters=hps, channels=channels, env=_pairs(args.env, "--env"))
     try:
         if args.image:
             results = _run_in_containers(job, workdir, args, source)

@@ -9,15 +9,15 @@ launcher, so results are read the same way.
 On every end (the job's, an error, SIGINT/SIGTERM to the caller, the timeout) the
 containers still running get SIGTERM and the grace period (``train`` inside
 passes it on to every rank), then every container and the network labelled with
-the job are removed.  When the launcher itself dies (SIGKILL), its reaper
-(``reaper.py``) removes them; should the reaper die too, the next launcher on this
-machine does, before it starts its own job.
+the job are removed.  When the launcher itself dies (SIGKILL), its dead-man switch
+(``supervise/deadman.py``) runs the reaper (``reaper.py``), which removes them; should
+the switch be killed too, the next launcher on this machine does, before it starts its own job.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
-import subprocess
 import sys
 import threading
 import time
@@ -29,10 +29,12 @@ from typing import Any, BinaryIO
 
 from training_toolkit import procfs
 from training_toolkit.local import artifacts, engine, reaper, run_loop
-from training_toolkit.local.containers import ContainerJob, container_job, host_opt_ml, new_job_id
+from training_toolkit.local.containers import ContainerJob, container_job, new_job_id
+from training_toolkit.local.layout import host_opt_ml
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix
 from training_toolkit.log import log
+from training_toolkit.supervise.deadman import Deadman
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,9 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
     spec = container_job(job, image=image, workdir=workdir.resolve(), source=source.resolve(), job_id=job_id,
                          secret=secrets.token_hex(32) if job.platform_secret else None,
                          grace_s=stop_grace_s, gpus=gpus, launcher=procfs.identity())
-    # Its own session: what kills the caller's process group (a CI job's timeout) must not reach it.
-    reaping = subprocess.Popen([sys.executable, "-m", "training_toolkit.local.reaper", job_id],
-                               stdin=subprocess.PIPE, start_new_session=True)
+    # Removes the job should this launcher die (the switch has a session of its own: what kills the
+    # caller's process group, a CI job's timeout, does not reach it)
+    reaping = Deadman(then=reaper.command(job_id), env=os.environ)
     streams = engine.connect(pool_size=2 * len(job.hosts) + 4, timeout_s=None)
     watch = _Watch(client, streams, spec, out)
     started_at = None
@@ -95,7 +97,7 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
         finally:
             watch.join_pumps(2.0 if watch.all_ended.is_set() else 0.2)  # the last lines, before the logs go
             problems = engine.remove_job(client, job_id)
-            _dismiss(reaping)
+            reaping.disarm()  # the job is removed: let the switch go
     watch.join_pumps(1.0)
     streams.close()
     if problems:
@@ -115,19 +117,6 @@ def remove_abandoned(client: Any) -> None:
         pid = launcher.split(":")[-2]  # procfs.identity: BOOT:PIDNS:PID:START
         log(f"local: removed job {job_id}, left by a launcher that died (pid {pid})"
             + (f"; could not remove: {'; '.join(problems)}" if problems else ""))
-
-
-def _dismiss(reaping: subprocess.Popen[bytes]) -> None:
-    """Tell the reaper the job is removed, and let it go."""
-    try:
-        assert reaping.stdin is not None
-        reaping.stdin.write(reaper.DONE)
-        reaping.stdin.close()
-        reaping.wait(timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log(f"local: the job's reaper: {exc!r}")
-        reaping.kill()
-        reaping.wait()
 
 
 def _all_at_once(calls: list[Callable[[], Any]], specs: list) -> list:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from training_toolkit.local import run_loop
 from training_toolkit.local.job import LocalJob
+from training_toolkit.local.layout import host_opt_ml
 from training_toolkit.settings import JOB_SECRET
 
 #: Labels on everything made for a job: what the launcher removes, and what tests look for.
@@ -115,11 +116,6 @@ class ContainerJob:
     def network_kwargs(self) -> dict:
         """Keyword arguments of ``DockerClient.networks.create`` (pure)."""
         return {"name": self.network, "driver": "bridge", "labels": dict(self.labels), "check_duplicate": True}
-
-
-def host_opt_ml(workdir: Path, host: str) -> Path:
-    """Where host ``host``'s ``/opt/ml`` lives on this machine (as with the namespace launcher)."""
-    return workdir / host / "opt" / "ml"
 
 
 def container_job(job: LocalJob, *, image: str, workdir: Path, source: Path, job_id: str,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import selectors
-import signal
 import subprocess
 import time
 import weakref
@@ -36,7 +35,9 @@ from typing import Any
 
 from training_toolkit import procfs
 from training_toolkit.errors import ClusterError
+from training_toolkit.local import layout
 from training_toolkit.local.network import SYSTEM_ENV
+from training_toolkit.supervise import pidfd
 
 #: Every holder's environment carries ``MARKER=<cluster tag>``, so the processes that hold a cluster
 #: can be found from its tag alone (leftovers, a tag in use), even by another process.
@@ -106,7 +107,7 @@ class Host:
     @property
     def opt_ml(self) -> Path:
         """Where the host's ``/opt/ml`` lives on the real filesystem."""
-        return self.root / "opt" / "ml"
+        return layout.host_opt_ml(self.root.parent, self.root.name)
 
 
 def prepare_files(workdir: Path, names: Sequence[str], hosts_file: Path, hosts_text: str) -> None:
@@ -115,7 +116,7 @@ def prepare_files(workdir: Path, names: Sequence[str], hosts_file: Path, hosts_t
     # The mount point for the per-host bind mounts; harmless on a machine without it.
     Path("/opt/ml").mkdir(parents=True, exist_ok=True)
     for name in names:
-        opt_ml = workdir / name / "opt" / "ml"
+        opt_ml = layout.host_opt_ml(workdir, name)
         if not opt_ml.is_dir():
             opt_ml.mkdir(parents=True)
             # 0755 whatever the umask: sshd's StrictModes rejects key files below a
@@ -217,25 +218,25 @@ class EnteredProcess(subprocess.Popen):  # type: ignore[type-arg]
     did (by the same signal too), so ``pid`` (nsenter's, in the host's network namespace),
     ``poll()``, ``wait()`` and ``returncode`` already stand for the command.  But nsenter
     passes no signal on: ``send_signal`` (``terminate``, ``kill``) goes to the command
-    itself, through a pidfd taken once nsenter has forked, so a reused pid is never hit.
+    itself, through a pidfd taken once nsenter has forked and checked to be nsenter's child
+    after it was opened (``supervise/pidfd.py``), so a reused pid is never hit.
     ``command_pid`` is the command's pid as the launcher sees it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.command_pid: int | None = None
-        self._pidfd: int | None = None
+        self._held: pidfd.Held | None = None
         deadline = time.monotonic() + FORK_TIMEOUT_S
         delay = 0.0002
         while self.poll() is None and time.monotonic() < deadline:
             children = _children(self.pid)
             if children:
                 self.command_pid = children[0]
-                try:
-                    self._pidfd = os.pidfd_open(children[0])
-                    weakref.finalize(self, os.close, self._pidfd)
-                except ProcessLookupError:
-                    pass  # already gone: nsenter is about to exit as it did
+                # None: already gone (nsenter is about to exit as it did)
+                self._held = pidfd.hold(children[0], check=lambda pid: _parent(pid) == self.pid)
+                if self._held is not None:
+                    weakref.finalize(self, self._held.close)
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
@@ -243,13 +244,15 @@ class EnteredProcess(subprocess.Popen):  # type: ignore[type-arg]
     def send_signal(self, sig: int) -> None:
         if self.poll() is not None:
             return
-        if self._pidfd is None:
+        if self._held is None:
             super().send_signal(sig)  # no command (yet, or at all): nsenter itself
             return
-        try:
-            signal.pidfd_send_signal(self._pidfd, sig)
-        except ProcessLookupError:
-            pass
+        self._held.send(sig)
+
+
+def _parent(pid: int) -> int | None:
+    proc = procfs.read(pid)
+    return proc.ppid if proc is not None else None
 
 
 def _children(pid: int) -> list[int]:

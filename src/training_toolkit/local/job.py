@@ -49,7 +49,7 @@ class HostResult:
 
     @property
     def model_dir(self) -> Path:
-        return self.opt_ml / "model"
+        return Paths(self.opt_ml).model_dir
 
 
 def view(job: LocalJob, host: str, interface: str | None = INTERFACE) -> JobView:
@@ -78,7 +78,7 @@ def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = T
     """
     write_view(Paths(opt_ml), view(job, host, interface))
     for name, source in job.channels.items():
-        target = opt_ml / "input" / "data" / name
+        target = Paths(opt_ml).channel_dir(name)
         if copy_channels:
             shutil.copytree(source, target, dirs_exist_ok=True)
         else:
@@ -88,11 +88,12 @@ def host_tree(opt_ml: Path, job: LocalJob, host: str, *, copy_channels: bool = T
 def read_result(host: str, opt_ml: Path, exit_code: int | None, ended_at: float | None,
                 survivors: Sequence[str] = ()) -> HostResult:
     """A host's result from its exit and the verdict files its ``train`` left in ``opt_ml``."""
-    failure_file = opt_ml / "output" / "failure"
+    paths = Paths(opt_ml)
+    failure_file = paths.failure_file
     return HostResult(
         host=host,
         exit_code=exit_code,
-        success=(opt_ml / "output" / "success").exists(),
+        success=paths.success_file.exists(),
         failure=failure_file.read_text(errors="replace") if failure_file.exists() else None,
         opt_ml=opt_ml,
         ended_at=ended_at,

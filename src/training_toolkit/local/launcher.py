@@ -23,11 +23,12 @@ from typing import BinaryIO
 
 from training_toolkit import procfs
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
-from training_toolkit.local import run_loop
+from training_toolkit.local import layout, run_loop
 from training_toolkit.local.netns import EnteredProcess, NamespaceCluster
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.settings import JOB_SECRET
 from training_toolkit.stopping import stop_processes
+from training_toolkit.supervise import pidfd
 
 __all__ = ["INTERFACE", "HostResult", "LocalJob", "default_train", "host_tree", "run_local"]
 
@@ -101,8 +102,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
         pump.thread.join(timeout=2)
     results = []
     for host in job.hosts:
-        # NamespaceCluster keeps each host's tree under workdir/HOST/opt/ml
-        results.append(read_result(host, workdir / host / "opt" / "ml", codes.get(host) if host in ended else None,
+        results.append(read_result(host, layout.host_opt_ml(workdir, host), codes.get(host) if host in ended else None,
                                    ended.get(host), survivors.get(host, ())))
     return results
 
@@ -152,14 +152,19 @@ class _Trains:
 
 
 def _end_remains(cluster: NamespaceCluster, name: str, before: set[int]) -> list[str]:
-    """SIGKILL what is left in a host whose train ended (as a container's end does); what was left."""
+    """SIGKILL what is left in a host whose train ended (as a container's end does); what was left.
+
+    Each is held through a pidfd first and signalled only if the host still holds its pid after that
+    (``supervise/pidfd.py``): a pid reused outside the host is never hit.
+    """
+    held = [(h, pid, line) for pid, line in _new_in_host(cluster.pids().get(name, []), before)
+            if (h := pidfd.hold(pid)) is not None]
+    inside = set(cluster.pids().get(name, []))  # looked again, after the pidfds were opened
     left = []
-    for pid, line in _new_in_host(cluster.pids().get(name, []), before):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-        left.append(f"{pid} {line}")
+    for h, pid, line in held:
+        if pid in inside and h.send(signal.SIGKILL):
+            left.append(f"{pid} {line}")
+        h.close()
     return left
 
 

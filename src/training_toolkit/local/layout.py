@@ -18,6 +18,7 @@ import ipaddress
 import re
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 from training_toolkit.errors import ConfigError
 
@@ -28,6 +29,11 @@ DOCUMENTATION_NETWORKS = tuple(
     ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
 )
 DEFAULT_SUBNET = "192.0.2.0/24"
+
+
+def host_opt_ml(workdir: Path, host: str) -> Path:
+    """Where host ``host``'s ``/opt/ml`` lives on this machine: ``WORKDIR/HOST/opt/ml``, for every local launcher."""
+    return workdir / host / "opt" / "ml"
 
 #: Host addresses start at this offset in the subnet (192.0.2.11, .12, ... for a /24), which
 #: keeps them recognisable and away from the network and low gateway-like addresses.

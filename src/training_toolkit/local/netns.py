@@ -154,7 +154,7 @@ class NamespaceCluster:
     def _holder_argv(self, index: int) -> list[str]:
         """The command that becomes host ``index``'s holder (a seam for failure tests)."""
         name = self._names[index]
-        return holders.holder_argv(self._tools, name, self._workdir / name / "opt" / "ml", self.hosts_file,
+        return holders.holder_argv(self._tools, name, layout.host_opt_ml(self._workdir, name), self.hosts_file,
                                    sys.executable)
 
     def _start_holders(self) -> list[int]:

@@ -1,22 +1,19 @@
-"""``python -m training_toolkit.local.reaper JOB_ID``: removes a container job once its launcher is gone.
+"""``python -m training_toolkit.local.reaper JOB_ID``: removes a container job whose launcher died.
 
 A container job's containers belong to the engine, not to the launcher: nothing in the
-kernel ends them when ``training-toolkit local --image`` dies.  So the launcher starts this
-reaper, in a session of its own, with a pipe on its standard input, and writes ``done``
-there once it has removed the job itself.  The end of the input without ``done`` means the
-launcher died (SIGKILL included): the reaper kills and removes every container and network
-labelled with the job, says so in one line, and exits.  It outlives the launcher only for
-that.  Should the reaper be killed too, the next launcher removes the job (its launcher label
-names a process that is gone).
+kernel ends them when ``training-toolkit local --image`` dies.  So the launcher arms a
+dead-man switch (``supervise/deadman.py``, the same one ``train`` arms for its processes)
+that runs this once the launcher is gone without having said ``done`` (SIGKILL included):
+it kills and removes every container and network labelled with the job, says so in one
+line, and exits.  Until then only the switch waits (no Python).  Should the switch be
+killed too, the next launcher removes the job (its launcher label names a process that is
+gone).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-
-#: What the launcher writes once it has removed the job itself.
-DONE = b"done"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,9 +22,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("usage: python -m training_toolkit.local.reaper JOB_ID\n")
         return 64
     job_id = args[0]
-    said = sys.stdin.buffer.read()  # until the launcher closes the pipe, or dies
-    if said.strip() == DONE:
-        return 0
     from training_toolkit.errors import ToolkitError
     from training_toolkit.local import engine
     from training_toolkit.log import log
@@ -43,6 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"local: the launcher of job {job_id} died: removed {', '.join(left)}"
             + (f"; could not remove: {'; '.join(problems)}" if problems else ""))
     return 1 if problems else 0
+
+
+def command(job_id: str) -> list[str]:
+    """What the launcher's dead-man switch runs should the launcher die."""
+    return [sys.executable, "-m", "training_toolkit.local.reaper", job_id]
 
 
 if __name__ == "__main__":

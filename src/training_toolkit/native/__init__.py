@@ -14,6 +14,7 @@ HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"  # preloaded into every MPI 
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"  # preloaded into Open MPI's runtime and ranks: outsiders' connections closed
 STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"  # preloaded into Open MPI's runtime: its kills held during a stop
 RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
+DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,5 +1,10 @@
 /*
- * training-toolkit-rank FILE: what every MPI rank runs, instead of the user's command.
+ * training-toolkit-rank [FILE]: what every MPI rank runs, instead of the user's command.
+ *
+ * Without FILE, the file is the one TRAINING_TOOLKIT_RANK_FILE names: that variable is set on each
+ * host by its own train, for the process that starts its ranks there (mpirun's environment on the
+ * first host, the worker's own sshd's SetEnv for orted/prted), so every host's ranks read their own
+ * host's file, at a path only that host chose (unique even where hosts share /tmp).
  *
  * mpirun carries nothing of the job to a rank (Open MPI's launch messages travel in
  * clear): each host's train writes FILE once, on its own host, with the rank's working
@@ -23,6 +28,7 @@
 
 #define MAGIC "training-toolkit-rank-1"
 #define LIBPATH "LD_LIBRARY_PATH="
+#define RANK_FILE_VAR "TRAINING_TOOLKIT_RANK_FILE"
 
 extern char **environ;
 
@@ -116,11 +122,40 @@ static char *read_file(const char *path, size_t *size)
     return buf;
 }
 
+/* A path with "%n" in it (Slurm's launch of the daemons: every daemon gets mpirun's one environment, and each
+   host's directory is named after its node): "%n" becomes this node's SLURMD_NODENAME, which slurmstepd sets
+   for every daemon and train gives mpirun (runners/mpi.py, slurm_paths).  Any other path is returned as it is;
+   NULL where "%n" is there but no node name is. */
+static const char *node_path(const char *path)
+{
+    const char *at = path ? strstr(path, "%n") : NULL;
+    if (!at)
+        return path;
+    const char *node = getenv("SLURMD_NODENAME");
+    if (!node || !*node || strchr(node, '/'))
+        return NULL;
+    size_t head = (size_t)(at - path), len = strlen(path) - 2 + strlen(node);
+    char *out = malloc(len + 1);
+    if (!out)
+        return NULL;
+    snprintf(out, len + 1, "%.*s%s%s", (int)head, path, node, at + 2);
+    return out;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: training-toolkit-rank FILE (written by train; see runners/rank_env.py)\n");
+    const char *named = argc == 1 ? node_path(getenv(RANK_FILE_VAR)) : NULL;
+    if (argc > 2 || (argc == 1 && (!named || !*named))) {
+        fprintf(stderr, "usage: training-toolkit-rank [FILE] (FILE, else $" RANK_FILE_VAR ": written by train; "
+                        "see runners/rank_env.py)\n");
         return 64;
+    }
+    if (argc == 1) {
+        /* the file's path stands in argv[1] from here on, as if it had been given (messages name it) */
+        static char *given[3];
+        given[0] = argv[0];
+        given[1] = (char *)named;
+        argv = given;
     }
     size_t size = 0;
     char *data = read_file(argv[1], &size);

@@ -18,7 +18,7 @@ mpirun.  A worker finds the launcher from its own FQDN (same job, same subdomain
 namespace) and knows itself, and nothing names the other workers: its view lists those two hosts,
 enough to wait for their names and join the launcher's control channel.  The job's hosts then
 come from the launcher's welcome, and the worker's job is rebuilt from them before anything is
-prepared (``membership.job_hosts``, ``runners.base.with_hosts``): its ranks, its shim's allow list
+prepared (``membership.job_hosts``, ``runspec.with_hosts``): its ranks, its shim's allow list
 and its sshd's ``from=`` name every pod, never the two it could see.  The job's
 client key is the mounted one, read under the operator's names; each pod makes its own host key
 (the channel's introductions pin it); the channel's secret is derived from the mounted key,

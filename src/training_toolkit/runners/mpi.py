@@ -1,4 +1,4 @@
-"""MPI: passwordless SSH between the hosts (or Slurm's own launch), ``mpirun`` from the first host (Horovod, mpi4py).
+"""MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
 
 Every host joins the channel, fetches the code, writes the job's ssh directory
 and starts its own sshd; the first host waits until all are ready, checks it
@@ -22,34 +22,41 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from training_toolkit import names, native, procfs, settings, stacks
-from training_toolkit.agent import HostAgent, Local, PartStopped
+from training_toolkit import names, native, procfs, rundir, settings, stacks
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
 from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus
+from training_toolkit.process import ExitStatus
 from training_toolkit.redact import redact
 from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
 from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR, without_secrets
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM, MpiJob, mpirun_command
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.stopping import stop_processes
-from training_toolkit.tripwire import Tripwire
+from training_toolkit.supervise.deadman import Deadman
 
 
-def run(ctx: RunContext) -> Outcome:
-    return MpiAgent(ctx).run()
+def spec(ctx: RunContext) -> RunnerSpec:
+    """This host's part (``MpiHost``'s hooks); guarded: every listener of Open MPI's runtime, the ranks' BTL port range."""
+    host = MpiHost(ctx)
+    # through Slurm, a worker's daemon and ranks are not below its train: found by the stop flag's variable,
+    # which mpirun's environment gives every daemon of this job (and so every rank)
+    roots = host.daemons if host.via_slurm else None
+    return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
+                      introduction=host.introduction, hold=host.held, prepare=host.prepare,
+                      after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
+                      after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
+                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched)
 
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
@@ -58,8 +65,10 @@ INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public 
 STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
-class MpiAgent(HostAgent):
-    """Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
+class MpiHost:
+    """This host's part of an MPI job: what it holds, and its hooks (``spec``).
+
+    Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
 
     Keys: the first host makes the job's client key, every other host its own
     host key, each from the OS's random generator (or all read from mounted
@@ -78,24 +87,25 @@ class MpiAgent(HostAgent):
     """
 
     def __init__(self, ctx: RunContext):
-        super().__init__(ctx)
+        self.ctx = ctx  # the job's hosts the first host's from ``prepare`` on (``Seating.ctx``)
+        self.host = ctx.plan.current_host
+        self.is_master = ctx.plan.hosts[0] == self.host
         self.layout: ssh.SshLayout | None = None
         self.sshd: ssh.Sshd | None = None
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
-        self._stopping = False
         self.ssh_port = ctx.settings.ssh_port
         self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
         self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
         self._shim: Shim | None = None  # the accept() shim, with the job's addresses resolved once (prepare)
-        self._tripwire: Tripwire | None = None  # removes it, and ends sshd, should train be killed
+        self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
-        self._rank_tripwire: Tripwire | None = None  # removes it, and ends this host's ranks, should train be killed
+        self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
-        self._tripwire = Tripwire(directory=self._ssh_dir)
+        self._tripwire = Deadman(directories=[self._ssh_dir])  # sshd and ssh's shared connections: watch_for, environment_for
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
@@ -109,22 +119,34 @@ class MpiAgent(HostAgent):
         self._keys = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
         return {INTRO_HOST_KEY: self._keys.public}
 
-    def prepare(self) -> None:
-        assert self.membership is not None and (self._keys is not None or self.via_slurm)
-        self.rank_tag = self.membership.job_id
+    @contextmanager
+    def held(self, seat: Seating):
+        """What this host makes for the job (ssh directory, sshd, rank file, their tripwires): gone when it ends."""
+        try:
+            yield self
+        finally:
+            self.cleanup()
+
+    def prepare(self, seat: Seating) -> None:
+        assert self._keys is not None or self.via_slurm
+        self.ctx = seat.ctx
+        self.rank_tag = seat.job_id
         # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
         # restart), sshd's sessions and mpirun all take this shim
         addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
         self._shim = netshim(self.ctx, addresses)
-        self._write_rank_file()
+        self._write_rank_file(seat)
         if self.is_master or self.via_slurm:
             return
         assert addresses is not None
         master = self.ctx.plan.hosts[0]
-        client_public = _introduced(self.membership.introductions, master, INTRO_CLIENT_KEY)
+        client_public = _introduced(seat.introductions, master, INTRO_CLIENT_KEY)
         shim = self._shim
-        # the daemons mpirun starts through this sshd: the shim, set by this host (sshd's sessions get nothing else)
-        session_env = {PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
+        # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
+        # this host (sshd's sessions get nothing else)
+        assert self._rank_file is not None
+        session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
+                       PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
                        **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
         self.layout = ssh.write_server_side(
             self._new_ssh_dir(), host_key=self._keys, client_public=client_public, port=self.ssh_port,
@@ -134,22 +156,22 @@ class MpiAgent(HostAgent):
         self.sshd = ssh.Sshd(self.layout, sshd_path=self.ctx.settings.sshd)
         self.sshd.start()
 
-    def after_barrier(self) -> None:
+    def after_barrier(self, seat: Seating) -> None:
         if self.via_slurm:
             return
-        assert self.membership is not None and self._keys is not None
+        assert self._keys is not None
         workers = self.ctx.plan.hosts[1:]
-        self._pinned = self._host_keys()
+        self._pinned = self._host_keys(seat)
         self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=self._pinned,
                                             port=self.ssh_port)
-        ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, self.settings.join_timeout_s))
+        ssh.wait_for_ssh(self.layout, workers, deadline_s=min(60.0, seat.join_timeout_s))
 
-    def after_restart_barrier(self) -> None:
+    def after_restart_barrier(self, seat: Seating) -> None:
         """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
         if self.via_slurm:
             return
         assert self.layout is not None and self._keys is not None
-        host_keys = self._host_keys()
+        host_keys = self._host_keys(seat)
         if host_keys == self._pinned:
             return
         changed = sorted(host for host in host_keys if host_keys[host] != self._pinned.get(host))
@@ -157,42 +179,33 @@ class MpiAgent(HostAgent):
         ssh.end_connections(self.layout)  # shared connections to an sshd that is gone
         self._pinned = host_keys
         ssh.repin_host_keys(self.layout, host_keys, port=self.ssh_port)
-        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, self.settings.join_timeout_s))
+        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, seat.join_timeout_s))
 
-    def _host_keys(self) -> dict[str, str]:
-        assert self.membership is not None
-        introductions = self.membership.introductions
+    def _host_keys(self, seat: Seating) -> dict[str, str]:
+        introductions = seat.introductions or {}
         return {host: _introduced(introductions, host, INTRO_HOST_KEY) for host in self.ctx.plan.hosts[1:]}
 
-    def guard_spec(self) -> GuardSpec:
-        """Every listener of Open MPI's runtime, and the ranks' BTL (its port range).
+    def _write_rank_file(self, seat: Seating) -> None:
+        """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
+        # through Slurm every daemon gets mpirun's one environment: each host's directory is named after its node,
+        # and the daemons find theirs from a path they complete with their own node's name (slurm_paths)
+        path = self._rank_file = (rank_env.node_rank_file_path(self.rank_tag, self.host) if self.via_slurm
+                                  else rank_env.new_rank_file_path(self.rank_tag))
+        self._rank_tripwire = Deadman([f"{RANK_TAG_VAR}={self.rank_tag}"], [path.parent])
+        rank_env.write_rank_file(path, self._rank_file_data(seat))
 
-        Through Slurm, a worker's daemon and ranks are not below its train: they are found by the stop
-        flag's variable, which mpirun's environment gives every daemon (and so every rank) of this job.
-        """
-        if self.via_slurm and self._rank_file is not None:
-            marker = f"{STOP_FLAG_VAR}={self._stop_flag()}".encode()
-            return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=lambda: procfs.marked(marker))
-        return GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME)
-
-    def _write_rank_file(self) -> None:
-        """This host's ranks' command and environment, written before any rank can start."""
-        path = self._rank_file = rank_env.rank_file_path(self.rank_tag, rank_env.default_parent())
-        self._rank_tripwire = Tripwire(marker=f"{RANK_TAG_VAR}={self.rank_tag}", directory=path.parent)
-        rank_env.write_rank_file(path, self._rank_file_data())
-
-    def _rank_file_data(self) -> bytes:
-        # the attempt and the stall watch's variables (agent_watch.job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, self.job_env(self.ctx.script_env), self._shim,
+    def _rank_file_data(self, seat: Seating) -> bytes:
+        # the attempt and the stall watch's variables (the agent's job_env) are this host's too
+        env = rank_environment(self.ctx, self.rank_tag, seat.job_env(self.ctx.script_env), self._shim,
                                stop_flag=str(self._stop_flag()))
         return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python)),
                                          env)
 
-    def prepare_attempt(self) -> None:
+    def prepare_attempt(self, seat: Seating) -> None:
         """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
         if self._rank_file is not None:
             self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
-            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data())
+            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat))
 
     def _stop_flag(self) -> Path:
         """While this file exists, Open MPI's runtime on this host sees no rank end and kills none (native/stophold.c)."""
@@ -212,70 +225,63 @@ class MpiAgent(HostAgent):
         if self._rank_file is not None:
             self._stop_flag().touch(mode=0o600, exist_ok=True)
 
-    def start(self) -> list[Local]:
+    def start(self, seat: Seating) -> list[Proc]:
         if not self.is_master:
             return []
         assert (self.layout is not None or self.via_slurm) and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
-        command = build_command(self.ctx, self.layout, flavor, self._rank_file)
+        command = build_command(self.ctx, self.layout, flavor)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(self.ctx, self._shim)
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
+        extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         if self.via_slurm:
             extra.update(slurm_environment(self.ctx))
+            extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))
             if not self.ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
                 extra["HOME"] = _home()
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
-        return [Local("mpirun", self.supervise(command, env, cwd=str(self.ctx.code_dir)), program=False)]
+        return [Proc("mpirun", tuple(command), env, str(self.ctx.code_dir), program=False)]
 
-    def watched(self) -> list[stacks.Watched]:
+    def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
         """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
         found = []
-        for pid in self._ranks():
+        for pid in self._ranks(locals_):
             rank = stacks.rank_of(pid)
             found.append(stacks.Watched(pid, rank, f"rank {rank}" if rank is not None else f"process {pid}"))
         return found
 
-    def stop_part(self) -> None:
-        """For a restart: this host's ranks get the stopping signal and the grace period; mpirun then ends.
+    def stop_part(self, locals_: Sequence[Local]) -> None:
+        """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.
 
         No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
         stop has no verdict after which train would end it.
         """
-        stop_processes(self._ranks, self.ctx.grace_s, signal.SIGTERM)
-        super().stop_part()
+        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signal.SIGTERM)
 
-    def signal_job(self, signum: int) -> None:
-        if signum not in STOPPING_SIGNALS:
-            if self.locals:
-                self._forward(signum, self.ctx.grace_s)  # mpirun passes SIGUSR1/2 to every rank
-            return
-        if self._stopping:
-            return
-        self._stopping = True
-        threading.Thread(target=self._stop_ranks, args=(signum,), name="stop-ranks", daemon=True).start()
+    def stop(self, signum: int, locals_: Sequence[Local]) -> None:
+        """A stopping signal: this host's ranks get it (not through mpirun), the grace period, then SIGKILL.
 
-    def _ranks(self) -> list[int]:
-        mpirun = frozenset(local.child.pid for local in self.locals)
+        Other signals the agent passes to mpirun, which passes SIGUSR1/2 to every rank.
+        """
+        self._hold_kills()
+        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum)
+
+    def _ranks(self, locals_: Sequence[Local]) -> list[int]:
+        mpirun = frozenset(local.child.pid for local in locals_)
         marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
         if self.via_slurm and not self.is_master:  # under Slurm's step daemon, in this host's PID namespace
             return procfs.marked(marker, mpirun)
         return procfs.marked_descendants(os.getpid(), marker, mpirun)
 
-    def _stop_ranks(self, signum: int) -> None:
-        """Signal this host's ranks, give them the grace period, then kill what is left."""
-        self._hold_kills()
-        stop_processes(self._ranks, self.ctx.grace_s, signum)
-        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
-
-    def judged(self, local: Local, status: ExitStatus) -> ExitStatus:
-        if status.ok:
-            local.child.drain()
-            if lost_a_daemon(tuple(local.child.tail.lines(100))):
-                return ExitStatus(LOST_DAEMON_EXIT)
-        return status
+    def daemons(self) -> list[int]:
+        """Through Slurm: this host's Open MPI daemon (what mpirun's environment marks), for the listener guard."""
+        if self._rank_file is None:
+            return []
+        flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
+        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_master else []
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
@@ -299,6 +305,15 @@ class MpiAgent(HostAgent):
             self._rank_tripwire.disarm()
 
 
+def judged(local: Local, status: ExitStatus) -> ExitStatus:
+    """mpirun's exit 0 after losing a daemon is a failure (``mpi_failure``)."""
+    if status.ok:
+        local.child.drain()
+        if lost_a_daemon(tuple(local.child.tail.lines(100))):
+            return ExitStatus(LOST_DAEMON_EXIT)
+    return status
+
+
 def mpi_options(ctx: RunContext) -> MpiOptions:
     options = ctx.plan.options
     assert isinstance(options, MpiOptions), options
@@ -310,15 +325,17 @@ def describe(ctx: RunContext) -> dict:
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
+    parent = rundir.parent()
     via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM
-    layout = None if via_slurm else ssh.SshLayout(Path("/run") / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
-    rank_file = rank_env.default_parent() / f"{rank_env.DIR_PREFIX}JOBID" / rank_env.FILE_NAME
+    layout = None if via_slurm else ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
+    rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
-    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",)))
+    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True))
     return {"mpi_flavor": shown, "mpi_launcher": ctx.settings.mpi_launcher,
-            "mpirun": build_command(ctx, layout, flavor or OPENMPI4, rank_file),
+            "mpirun": build_command(ctx, layout, flavor or OPENMPI4),
             **({"mpirun_slurm_environment": slurm_environment(ctx)} if via_slurm else {}),
+            "rank_file": f"{rank_env.RANK_FILE_VAR}={rank_file} (each host's own)",
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
@@ -346,15 +363,6 @@ def _user() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
-
-
-def _home() -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_dir or "/"
-    except KeyError:
-        return "/"
 
 
 def mpi_flavor(configured: str | None, environ) -> str:
@@ -417,11 +425,15 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
 
 
-def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None) -> Shim | None:
+def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None, shown_only: bool = False) -> Shim | None:
     """The accept() shim with the job's addresses (``job_addresses``, as sshd's ``from=``, unless given), unless off."""
     if not ctx.settings.netshim:
         return None
-    return Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)))
+    shim = Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)),
+                shown_only)
+    if shim.left_out:
+        log(f"accept() shim: left out {', '.join(shim.left_out)}: not an address it parses here")
+    return shim
 
 
 def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[str, str]]:
@@ -486,15 +498,41 @@ def slurm_environment(ctx: RunContext) -> dict[str, str]:
     return env
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str, rank_file: Path) -> list[str]:
-    """mpirun's line: every rank runs ``training-toolkit-rank FILE``; nothing of the job is on it."""
+SLURMD_NODE_VAR = "SLURMD_NODENAME"  # what slurmstepd sets for every task: the node's name
+NODE_PLACEHOLDER = "%n"  # in the daemons' paths: native/rank_exec.c and stophold.c put the node's name there
+
+
+def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
+    """The rank file's and the stop flag's paths for every daemon through Slurm: this host's name in them is
+    ``%n``, which each daemon and rank completes with its node's ``SLURMD_NODENAME`` (slurmstepd sets it for
+    the daemons; mpirun, this host's daemon, gets this host's).  Every host names its directory alike
+    (``rank_env.node_rank_file_path``) under the same parent (docs/slurm.md)."""
+    def template(path: Path) -> str:
+        text = str(path)
+        assert text.count(host) >= 1, (text, host)
+        head, _, tail = text.rpartition(host)
+        return f"{head}{NODE_PLACEHOLDER}{tail}"
+    return {rank_env.RANK_FILE_VAR: template(rank_file), STOP_FLAG_VAR: template(stop_flag), SLURMD_NODE_VAR: host}
+
+
+def _home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
+def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str) -> list[str]:
+    """mpirun's line: every rank runs ``training-toolkit-rank``, which reads the file its host names; nothing of the job."""
     options = mpi_options(ctx)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options.processes_per_host,
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=(str(native.path_of(native.RANK_PROGRAM)), str(rank_file)),
+        rank_command=(str(native.path_of(native.RANK_PROGRAM)),),
         rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import json
 
-from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import MultiWorkerMirroredOptions
-from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.tf_config import mwms_config
 from training_toolkit.runners.ports import check_free
-
-
-def run(ctx: RunContext) -> Outcome:
-    return MultiWorkerMirroredAgent(ctx).run()
+from training_toolkit.runners.tf_config import mwms_config
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 
 
 def port_of(ctx: RunContext) -> int:
@@ -31,17 +25,16 @@ def describe(ctx: RunContext) -> dict:
     return {"TF_CONFIG": mwms_config(ctx.plan.hosts, ctx.plan.current_host, port_of(ctx))}
 
 
-class MultiWorkerMirroredAgent(HostAgent):
-    wait_for_peers = True
+def spec(ctx: RunContext) -> RunnerSpec:
+    # each worker's TensorFlow gRPC server: anyone who reaches it can run graphs on it
+    return RunnerSpec(processes, wait_for_peers=True, guard=GuardSpec(ports=frozenset({port_of(ctx)})), prepare=prepare)
 
-    def guard_spec(self) -> GuardSpec:
-        """Each worker's TensorFlow gRPC server: anyone who reaches it can run graphs on it."""
-        return GuardSpec(ports=frozenset({port_of(self.ctx)}))
 
-    def prepare(self) -> None:
-        check_free(port_of(self.ctx), "TensorFlow worker", self.host)
+def prepare(seat: Seating) -> None:
+    check_free(port_of(seat.ctx), "TensorFlow worker", seat.host)
 
-    def start(self) -> list[Local]:
-        config = mwms_config(self.ctx.plan.hosts, self.host, port_of(self.ctx))
-        env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(config)}
-        return [Local("script", self.supervise(self.ctx.argv, env, cwd=str(self.ctx.code_dir)))]
+
+def processes(seat: Seating) -> list[Proc]:
+    ctx = seat.ctx
+    env = {**ctx.script_env, "TF_CONFIG": json.dumps(mwms_config(ctx.plan.hosts, seat.host, port_of(ctx)))}
+    return [Proc("script", ctx.argv, env, str(ctx.code_dir))]

@@ -13,17 +13,11 @@ from __future__ import annotations
 import json
 
 from training_toolkit import ps_server
-from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import ParameterServerOptions
-from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
-from training_toolkit.runners.tf_config import PsLayout
 from training_toolkit.runners.ports import check_free
-
-
-def run(ctx: RunContext) -> Outcome:
-    return ParameterServerAgent(ctx).run()
+from training_toolkit.runners.tf_config import PsLayout
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 
 
 def layout_of(ctx: RunContext) -> PsLayout:
@@ -39,28 +33,30 @@ def describe(ctx: RunContext) -> dict:
             "parameter server TF_CONFIG": layout.ps_config(ctx.plan.current_host)}
 
 
-class ParameterServerAgent(HostAgent):
-    def guard_spec(self) -> GuardSpec:
-        """TensorFlow's gRPC servers (workers' and ps'): anyone who reaches one can run graphs on it."""
-        layout = layout_of(self.ctx)
-        return GuardSpec(ports=frozenset({layout.worker_port, layout.ps_port}))
+def spec(ctx: RunContext) -> RunnerSpec:
+    # TensorFlow's gRPC servers (workers' and ps'): anyone who reaches one can run graphs on it
+    layout = layout_of(ctx)
+    return RunnerSpec(processes, guard=GuardSpec(ports=frozenset({layout.worker_port, layout.ps_port})),
+                      prepare=prepare)
 
-    def prepare(self) -> None:
-        layout = layout_of(self.ctx)
-        check_free(layout.worker_port, "TensorFlow worker", self.host)
-        if layout.ps_config(self.host) is not None:
-            check_free(layout.ps_port, "parameter server", self.host)
 
-    def start(self) -> list[Local]:
-        layout = layout_of(self.ctx)
-        started = []
-        ps = layout.ps_config(self.host)
-        if ps is not None:
-            env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
-            server = self.supervise([self.ctx.python, ps_server.__file__], env, cwd=str(self.ctx.code_dir))
-            started.append(Local("parameter server", server, primary=False, program=False))
-        env = {**self.ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(self.host))}
-        # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
-        # until stopped (TF2) or finish its own loop (estimator era): both are fine.
-        started.append(Local("script", self.supervise(self.ctx.argv, env, cwd=str(self.ctx.code_dir))))
-        return started
+def prepare(seat: Seating) -> None:
+    layout = layout_of(seat.ctx)
+    check_free(layout.worker_port, "TensorFlow worker", seat.host)
+    if layout.ps_config(seat.host) is not None:
+        check_free(layout.ps_port, "parameter server", seat.host)
+
+
+def processes(seat: Seating) -> list[Proc]:
+    ctx, layout = seat.ctx, layout_of(seat.ctx)
+    started = []
+    ps = layout.ps_config(seat.host)
+    if ps is not None:
+        env = {**ctx.script_env, "TF_CONFIG": json.dumps(ps), "CUDA_VISIBLE_DEVICES": ""}
+        started.append(Proc("parameter server", (ctx.python, ps_server.__file__), env, str(ctx.code_dir),
+                            primary=False, program=False))
+    env = {**ctx.script_env, "TF_CONFIG": json.dumps(layout.script_config(seat.host))}
+    # The chief's end is the job's end (wait_for_peers is off); a worker's script may serve
+    # until stopped (TF2) or finish its own loop (estimator era): both are fine.
+    started.append(Proc("script", ctx.argv, env, str(ctx.code_dir)))
+    return started

@@ -5,10 +5,14 @@ variable passed with ``-x`` and the ranks' whole command line, hyperparameters i
 could be read by anyone on that network.  So each host's ``train`` writes, once, a
 *rank file* on its own host: the working directory, the command and the environment
 of its ranks, the contract of that host (its own ``SM_CURRENT_HOST``...).  mpirun
-starts every rank as ``training-toolkit-rank FILE`` (a C program: about a millisecond,
-where a Python wrapper took ~50 ms); the file's path is the same on every host and
-holds nothing secret.  The program keeps only Open MPI's runtime variables of what it
-inherits (native/rank_exec.c), so a rank sees the same on every host.
+starts every rank as ``training-toolkit-rank`` (a C program: about a millisecond,
+where a Python wrapper took ~50 ms), which reads the file ``TRAINING_TOOLKIT_RANK_FILE``
+names: each host sets it for whatever starts its ranks there (mpirun's environment on the
+first host, its own sshd's ``SetEnv`` for the daemons elsewhere), so each host's file is at
+a path of that host's own choosing, in a new private directory of a random name
+(``rundir``): unique even where hosts share ``/tmp``, and where an ordinary user may write.
+The program keeps only Open MPI's runtime variables of what it inherits
+(native/rank_exec.c), so a rank sees the same on every host.
 
 Builders are pure; ``write_rank_file`` is the one writer.
 """
@@ -20,6 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from training_toolkit import rundir, settings
 from training_toolkit.errors import ClusterError
 from training_toolkit.mpi_options import CustomMpiOptions
 from training_toolkit.runners.netshim import PRELOAD, preload_list
@@ -37,6 +42,7 @@ HOST_VARIABLE = "SM_CURRENT_HOST"  # what native/hostname.c answers gethostname(
 FILE_MAGIC = "training-toolkit-rank-1"  # native/rank_exec.c reads this version only
 DIR_PREFIX = "training-toolkit-ranks-"
 FILE_NAME = "rank.env"
+RANK_FILE_VAR = settings.RANK_FILE_VAR  # native/rank_exec.c reads the file it names when given none
 _JOB_ID = re.compile(r"^[0-9a-f]{1,64}$")
 
 
@@ -103,16 +109,39 @@ def encode_rank_file(cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> b
     return b"".join(r + b"\0" for r in data)
 
 
-def rank_file_path(job_id: str, parent: Path) -> Path:
-    """Where every host keeps its ranks' file: the same path on each, from the job's id (not a secret)."""
+def rank_dir_prefix(job_id: str) -> str:
+    """The name of this host's ranks' directory, before its random part: the job's id (not a secret), checked."""
     if not _JOB_ID.match(job_id):
         raise ClusterError(f"the job id {job_id!r} from the first host is not a hex string")
-    return parent / f"{DIR_PREFIX}{job_id}" / FILE_NAME
+    return f"{DIR_PREFIX}{job_id}-"
 
 
-def default_parent() -> Path:
-    """/run (tmpfs, root's) when we may write there, else /tmp: the same on every host of one image."""
-    return Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
+def new_rank_file_path(job_id: str, parent: Path | None = None) -> Path:
+    """Where this host keeps its ranks' file: in a new private directory of a random name (``rundir``)."""
+    prefix = rank_dir_prefix(job_id)
+    where = parent if parent is not None else rundir.parent()
+    try:
+        return rundir.new_private_dir(prefix, where) / FILE_NAME
+    except OSError as exc:
+        raise ClusterError(f"{where}: cannot make the ranks' directory: {exc.strerror or exc}") from None
+
+
+def node_rank_file_path(job_id: str, node: str, parent: Path | None = None) -> Path:
+    """Through Slurm's launch: this host's ranks' file in a new private directory named after the job and the node.
+
+    Every daemon gets mpirun's one environment there, so the name is one each host computes alike but for its
+    node's name (runners/mpi.py: ``slurm_paths``), not a random one; made as ``mkdir`` makes it (0700, an
+    existing one refused: the job fails naming it rather than use a directory it did not make).
+    """
+    if not node or "/" in node or node.startswith("."):
+        raise ClusterError(f"the node name {node!r} cannot name a directory")
+    where = parent if parent is not None else rundir.parent()
+    path = where / f"{rank_dir_prefix(job_id)}{node}"
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as exc:
+        raise ClusterError(f"{path}: cannot make the ranks' directory: {exc.strerror or exc}") from None
+    return path / FILE_NAME
 
 
 def rewrite_rank_file(path: Path, data: bytes) -> None:
@@ -128,9 +157,8 @@ def rewrite_rank_file(path: Path, data: bytes) -> None:
 
 
 def write_rank_file(path: Path, data: bytes) -> None:
-    """Write it readable by its owner only, in a new directory of its own (an existing one is refused)."""
+    """Write it readable by its owner only, as a new file (an existing one is refused) in its new directory."""
     try:
-        path.parent.mkdir(mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)

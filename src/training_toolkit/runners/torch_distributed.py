@@ -9,17 +9,11 @@ library) go through the MPI runner instead.
 
 from __future__ import annotations
 
-from training_toolkit.agent import HostAgent, Local
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.plan import TorchDistributedOptions
-from training_toolkit.report import Outcome
-from training_toolkit.runners.base import RunContext
 from training_toolkit.runners.ports import check_free
-
-
-def run(ctx: RunContext) -> Outcome:
-    return TorchDistributedAgent(ctx).run()
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 
 
 def process_env(hosts: tuple[str, ...], host: str, per_host: int, local_rank: int, master_port: int) -> dict[str, str]:
@@ -61,26 +55,27 @@ def describe(ctx: RunContext) -> dict:
                                       options.master_port) for i in range(options.processes_per_host)]}
 
 
-class TorchDistributedAgent(HostAgent):
-    wait_for_peers = True
+def spec(ctx: RunContext) -> RunnerSpec:
+    # torch's TCPStore on the first host: anyone who reaches it can read and write the rendezvous
+    return RunnerSpec(processes, wait_for_peers=True, guard=GuardSpec(ports=frozenset({torch_options(ctx).master_port})),
+                      prepare=prepare)
 
-    def guard_spec(self) -> GuardSpec:
-        """torch's TCPStore on the first host: anyone who reaches it can read and write the rendezvous."""
-        return GuardSpec(ports=frozenset({torch_options(self.ctx).master_port}))
 
-    def prepare(self) -> None:
-        if self.is_master:
-            check_free(torch_options(self.ctx).master_port, "torch.distributed store", self.host)
+def prepare(seat: Seating) -> None:
+    if seat.first:
+        check_free(torch_options(seat.ctx).master_port, "torch.distributed store", seat.host)
 
-    def start(self) -> list[Local]:
-        options = torch_options(self.ctx)
-        per_host = options.processes_per_host
-        interface = self.ctx.job.resource.network_interface_name
-        bind = interface_env(self.ctx.script_env, interface, netaddr.interface_ipv4(interface) is not None)
-        started = []
-        for local_rank in range(per_host):
-            extra = process_env(self.ctx.plan.hosts, self.host, per_host, local_rank, options.master_port)
-            extra["TORCHELASTIC_RESTART_COUNT"] = str(self.attempt)  # as torchrun gives it
-            child = self.supervise(self.ctx.argv, {**self.ctx.script_env, **bind, **extra}, cwd=str(self.ctx.code_dir))
-            started.append(Local(f"rank {extra['RANK']}", child, rank=int(extra["RANK"])))
-        return started
+
+def processes(seat: Seating) -> list[Proc]:
+    ctx = seat.ctx
+    options = torch_options(ctx)
+    per_host = options.processes_per_host
+    interface = ctx.job.resource.network_interface_name
+    bind = interface_env(ctx.script_env, interface, netaddr.interface_ipv4(interface) is not None)
+    started = []
+    for local_rank in range(per_host):
+        extra = process_env(ctx.plan.hosts, seat.host, per_host, local_rank, options.master_port)
+        extra["TORCHELASTIC_RESTART_COUNT"] = str(seat.attempt)  # as torchrun gives it
+        rank = int(extra["RANK"])
+        started.append(Proc(f"rank {rank}", ctx.argv, {**ctx.script_env, **bind, **extra}, str(ctx.code_dir), rank))
+    return started

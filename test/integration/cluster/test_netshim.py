@@ -261,3 +261,56 @@ def test_accept_and_accept4_skip_an_outsiders_connection_blocking_or_not():
         c = cluster.host("c").address
         assert errors == f"training-toolkit netshim: closed a connection from {c} to port 7001 (not a host of the " \
                          "job; further ones are not logged)\n", errors
+
+
+LINK_SERVER = """
+import socket
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", 7001))
+s.listen(8)
+s.settimeout(10)  # the host refused too (the shim voided its list): the test fails, it does not hang
+print("ready", flush=True)
+conn, peer = s.accept()
+print(peer[0], peer[3] == socket.if_nametoindex("eth0"), conn.recv(10).decode(), flush=True)  # address, scope
+"""
+
+
+def link_local(cluster, host: str) -> str:
+    """The host's IPv6 link-local address on eth0, once the kernel's duplicate check has passed."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        out = cluster.popen(host, ["ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"],
+                            env={"PATH": os.environ["PATH"]}, stdout=subprocess.PIPE, text=True).communicate(timeout=10)[0]
+        match = re.search(r"inet6 (fe80::[0-9a-f:]+)/64 scope link(?! tentative)", out)
+        if match:
+            return match.group(1)
+        time.sleep(0.2)
+    pytest.skip(f"{host} has no IPv6 link-local address on eth0")
+
+
+def test_a_scoped_link_local_address_admits_its_host_and_an_odd_entry_voids_nothing():
+    """As getaddrinfo gives a link-local host: fe80::...%eth0; once, such an entry made every port loopback-only."""
+    with tempfile.TemporaryDirectory(prefix="netshim-") as tmp, NamespaceCluster(["a", "b", "c"], Path(tmp)) as cluster:
+        a, b = link_local(cluster, "a"), link_local(cluster, "b")
+        link_local(cluster, "c")
+        env = {"PATH": os.environ["PATH"], "LD_PRELOAD": str(native.path_of(native.NETSHIM_LIBRARY)),
+               "TRAINING_TOOLKIT_NETSHIM_ALLOW": f"{b}%eth0,not-an-address", "TRAINING_TOOLKIT_NETSHIM_PORTS": "7001-7001"}
+        server = cluster.popen("a", [sys.executable, "-c", LINK_SERVER], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        clients = []
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            for host, word in (("c", "evil"), ("b", "hi")):  # the outsider first: it waits in the queue
+                clients.append(cluster.popen(host, [sys.executable, "-c", CLIENT, f"{a}%eth0", "7001", word],
+                                             env={"PATH": os.environ["PATH"]}, stdout=subprocess.PIPE, text=True))
+                time.sleep(0.3)
+            assert server.stdout.readline().strip() == f"{b} True hi"
+            assert clients[0].communicate(timeout=10)[0].startswith("closed")
+        finally:
+            for proc in [server, *clients]:
+                proc.kill()
+                proc.wait()
+        errors = server.stderr.read()
+        assert "entries that are no address of this host: left out" in errors
+        assert "closed a connection from fe80::" in errors

@@ -24,7 +24,8 @@ from helpers.paths import FIXTURES, IMAGE
 from training_toolkit import names
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
-from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names, host_opt_ml, new_job_id
+from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names, new_job_id
+from training_toolkit.local.layout import host_opt_ml
 from training_toolkit.local.job import LocalJob
 
 pytestmark = [pytest.mark.containers]

@@ -130,11 +130,13 @@ def test_mpijob_with_two_workers_runs_every_rank_with_the_launchers_membership(t
     assert all(log(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
 
 
-def test_pytorchjob_ddp_across_master_and_worker(tmp_path):
+@pytest.mark.parametrize("etc_mode", ["overlay", "copy"])
+def test_pytorchjob_ddp_across_master_and_worker(etc_mode, tmp_path):
+    """``copy``: each pod's /etc a copy bound in place, as the simulation does inside a container (no overlay there)."""
     src = source_dir(tmp_path, "torch_ddp_train.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=1, nproc=2)
     assert pods[0].env["WORLD_SIZE"] == "4"  # pods x nprocPerNode, as the operator sets it
-    results = run_pods(pods, tmp_path, hps("torch_ddp_train.py", src), timeout_s=240)
+    results = run_pods(pods, tmp_path, hps("torch_ddp_train.py", src), timeout_s=240, etc_mode=etc_mode)
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]

@@ -84,6 +84,37 @@ def test_the_script_and_what_it_started_die_with_train(tmp_path):
         _kill_tree(train)  # a failed assertion above must not leave the job for the next tests
 
 
+def test_a_child_that_cleared_its_environment_dies_with_train_and_an_unrelated_process_naming_the_job_does_not(tmp_path):
+    """The script's own tree is held by its deadman (supervise/deadman.py), token or not; a process is never
+    matched by its command line, so one that merely names the job's directory is left alone."""
+    job = tmp_path / "job"
+    write_job(job, script=(
+        "import os, subprocess, time\n"
+        "subprocess.Popen(['env', '-i', '/bin/sleep', '302'])\n"  # no token: still the script's child
+        "open(os.path.join(os.environ['SM_MODEL_DIR'], 'started'), 'w').close()\n"
+        "time.sleep(300)\n"))
+    (job / "model").mkdir()
+    unrelated = subprocess.Popen(["sh", "-c", "sleep 305; :", str(job)], start_new_session=True)
+    train = subprocess.Popen(train_cmd() + ["--base-dir", str(job)], env=clean_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait_for_files([job / "model" / "started"])
+        deadline = time.monotonic() + 30
+        while not any(procfs.cmdline(p.pid) == "/bin/sleep 302" for p in procfs.descendants(train.pid)):
+            assert time.monotonic() < deadline, "the script's child never started"
+            time.sleep(0.02)
+        assert procfs.environ_value(unrelated.pid, "TRAINING_TOOLKIT_SUPERVISOR") is None
+        held = pidfds(train.pid)
+        train.kill()
+        train.wait()
+        print(f"\nlast process gone {wait_all_gone(held, 'cleared'):.3f} s after train")
+        assert unrelated.poll() is None and str(job) in (procfs.cmdline(unrelated.pid) or "")
+    finally:
+        _kill_tree(train)
+        os.killpg(unrelated.pid, signal.SIGKILL)
+        unrelated.wait()
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     for child in procfs.descendants(proc.pid):
         try:

@@ -10,7 +10,9 @@ from queue import SimpleQueue
 import pytest
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.channel import ControlClient, ControlServer, PeerFailed
+from training_toolkit.cluster.client import ControlClient
+from training_toolkit.cluster.events import PeerFailed
+from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
 from training_toolkit.errors import ClusterError
 SECRET = b"s" * 32

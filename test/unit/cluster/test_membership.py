@@ -5,7 +5,8 @@ from queue import SimpleQueue
 
 import pytest
 
-from training_toolkit.cluster.channel import ControlClient, ControlServer
+from training_toolkit.cluster.client import ControlClient
+from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.membership import ChannelSettings, Membership, job_hosts
 from training_toolkit.errors import ClusterError
 

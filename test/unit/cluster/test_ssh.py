@@ -109,6 +109,7 @@ def test_render_sshd_config_exact():
         "PerSourceMaxStartups 4\n"
         "MaxStartups 64:30:128\n"
         "LogLevel ERROR\n"
+        "SetEnv SHLVL=1 ZDOTDIR=/run/tt\n"
     )
 
 

@@ -3,7 +3,7 @@ from training_toolkit.process import ExitStatus
 from training_toolkit.runners.mpi import describe_mpi_failure
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 
-RANK = ("/venv/native/training-toolkit-rank", "/run/training-toolkit-ranks-ab12/rank.env")
+RANK = ("/venv/native/training-toolkit-rank",)
 JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
              rank_command=RANK, rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
              custom_options=("--mca", "btl_tcp_eager_limit", "1024"), as_root=True)

@@ -65,18 +65,38 @@ def test_the_file_exactly_and_what_it_refuses():
             rank_env.encode_rank_file("/c", argv, env)
 
 
-def test_the_files_path_is_the_jobs_and_checked(tmp_path):
-    assert rank_env.rank_file_path("0a1b", tmp_path) == tmp_path / "training-toolkit-ranks-0a1b" / "rank.env"
+def test_each_host_gets_a_new_private_directory_of_its_own_even_in_a_shared_parent(tmp_path):
+    """Two hosts of one job sharing the parent (nodes sharing /tmp) each make and write their own file."""
+    first, second = rank_env.new_rank_file_path("0a1b", tmp_path), rank_env.new_rank_file_path("0a1b", tmp_path)
+    assert first != second and first.parent.parent == second.parent.parent == tmp_path
+    for path, data in ((first, b"x"), (second, b"y")):
+        assert path.name == "rank.env" and path.parent.name.startswith("training-toolkit-ranks-0a1b-")
+        rank_env.write_rank_file(path, data)
+    assert (first.read_bytes(), second.read_bytes()) == (b"x", b"y")
     with pytest.raises(ClusterError, match="not a hex string"):
-        rank_env.rank_file_path("../../etc", tmp_path)
+        rank_env.new_rank_file_path("../../etc", tmp_path)
+    with pytest.raises(ClusterError, match="cannot make the ranks' directory"):
+        rank_env.new_rank_file_path("ab", tmp_path / "missing")
 
 
-def test_the_file_is_private_and_never_written_into_an_existing_directory(tmp_path):
-    path = rank_env.rank_file_path("ab", tmp_path)
+def test_the_file_is_private_and_never_written_over(tmp_path):
+    path = rank_env.new_rank_file_path("ab", tmp_path)
     rank_env.write_rank_file(path, b"x")
     assert (oct(path.parent.stat().st_mode & 0o777), oct(path.stat().st_mode & 0o777)) == ("0o700", "0o600")
     with pytest.raises(ClusterError, match="cannot write the ranks' file"):
         rank_env.write_rank_file(path, b"y")
+
+
+def test_the_rank_program_reads_the_file_its_host_names_when_given_none(tmp_path):
+    path = tmp_path / "rank.env"
+    path.write_bytes(rank_env.encode_rank_file(str(tmp_path), ["sh", "-c", 'echo "$A"'], {"A": "mine", "PATH": "/usr/bin:/bin"}))
+    program = str(native.path_of(native.RANK_PROGRAM))
+    proc = subprocess.run([program], env={rank_env.RANK_FILE_VAR: str(path)}, capture_output=True, timeout=30)
+    assert (proc.returncode, proc.stdout) == (0, b"mine\n"), proc.stderr
+    proc = subprocess.run([program], env={}, capture_output=True, timeout=30)
+    assert proc.returncode == 64 and b"TRAINING_TOOLKIT_RANK_FILE" in proc.stderr
+    proc = subprocess.run([program], env={rank_env.RANK_FILE_VAR: str(tmp_path / "gone")}, capture_output=True, timeout=30)
+    assert proc.returncode == 127 and str(tmp_path / "gone").encode() in proc.stderr
 
 
 def run_rank(tmp_path, argv, env, inherited, cwd=None):

@@ -39,7 +39,8 @@ def render_sshd_config(
     ``listen_addresses`` are this host's addresses on the job's network; with
     none, sshd listens on every address (only where the interface is unknown).
     ``session_env``: variables every session gets (``SetEnv``: the Open MPI daemons'
-    preload, runners/mpi.py), set by this host, never by the client.
+    preload, runners/mpi.py), set by this host, never by the client; with them always
+    ``no_startup_files``, so that a launch never waits on, or fails by, the user's shell start-up files.
     """
     check_port(port)
     lines = [f"HostKey {host_key}", f"Port {port}"]
@@ -74,17 +75,27 @@ def render_sshd_config(
         "MaxStartups 64:30:128",
         "LogLevel ERROR",
     ]
-    pairs = []
-    for name, value in (session_env or {}).items():
+    # One SetEnv line: sshd keeps the first SetEnv directive's variables and ignores every later line.
+    env = {**no_startup_files(authorized_keys.parent), **(session_env or {})}
+    for name, value in env.items():
         if not name.replace("_", "").isalnum() or not name.isascii() or any(ch in _UNSAFE_ENV for ch in value):
             raise SshLayoutError(f"{name}={value!r} cannot be set for sshd's sessions (a space, quote, # or control "
                                  "character, or a name that is not a variable's)")
-        pairs.append(f"{name}={value}")
-    if pairs:
-        # one line: sshd takes the first line of a keyword and ignores the others (SetEnv included), so
-        # one line per variable gave the sessions the first variable alone
-        lines.append("SetEnv " + " ".join(pairs))
+    lines.append("SetEnv " + " ".join(f"{name}={value}" for name, value in env.items()))
     return "\n".join(lines) + "\n"
+
+
+def no_startup_files(directory: Path) -> dict[str, str]:
+    """What every session's shell gets so that it reads none of the user's start-up files (docs/multihost.md).
+
+    sshd runs each command as ``SHELL -c COMMAND`` with the account's login shell.  bash reads
+    ``/etc/bash.bashrc`` and ``~/.bashrc`` when it sees it was started by sshd, but only as a
+    top-level shell: ``SHLVL=1`` makes it a nested one (bash adds one), so it reads nothing.
+    zsh reads ``$ZDOTDIR/.zshenv`` (``~/.zshenv`` by default) for every shell: ``ZDOTDIR`` is the
+    job's own private ssh directory, which holds no such file.  dash and other ``sh`` read
+    nothing for ``-c``.
+    """
+    return {"SHLVL": "1", "ZDOTDIR": str(directory)}
 
 
 _UNSAFE_ENV = frozenset(" \t\r\n\"'#\\")

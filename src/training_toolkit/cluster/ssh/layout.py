@@ -85,9 +85,11 @@ class SshLayout:
 
 
 def new_ssh_dir(parent: Path | None = None) -> Path:
-    """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there."""
+    """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there (``rundir``)."""
     if parent is None:
-        parent = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+        from training_toolkit import rundir
+
+        parent = rundir.parent()
     try:
         return Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))
     except OSError as exc:
@@ -142,16 +144,19 @@ def repin_host_keys(layout: SshLayout, host_keys: Mapping[str, str], *, port: in
 
 
 def end_connections(layout: SshLayout, grace_s: float = 1.0) -> list[int]:
-    """End the shared connections (``ControlMaster``) this host opened to its peers; their pids."""
+    """End the shared connections (``ControlMaster``) this host opened to its peers; their pids.
+
+    Each detaches from the ssh that opened it and keeps that ssh's environment, which carries the
+    token of the job's ssh directory (``probe.wait_for_ssh`` gives it; ``supervise/deadman.py``).
+    """
     from training_toolkit import procfs
     from training_toolkit.stopping import stop_processes
+    from training_toolkit.supervise import deadman
 
-    # Each detaches from the ssh that opened it; its title names its socket, in our job's own directory.
-    mark = str(layout.directory / "cm-")
-    masters = [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
+    masters = procfs.with_marker(deadman.marker_for(layout.directory))  # with start times: never a reused pid
     if masters:
         stop_processes(masters, grace_s)
-    return masters
+    return [int(pid) for pid in masters]
 
 
 def ssh_command(layout: SshLayout, *, ssh: str = "ssh") -> list[str]:

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from training_toolkit.cluster.ssh.errors import SshUnreachable
 from training_toolkit.cluster.ssh.layout import SshLayout, ssh_command
 from training_toolkit.settings import without_secrets
+from training_toolkit.supervise import deadman
 
 def wait_for_ssh(
     layout: SshLayout,
@@ -38,9 +39,12 @@ def wait_for_ssh(
 
     deadline = time.monotonic() + deadline_s
     prefix = ssh_command(layout, ssh=ssh)
+    # the shared connection a probe leaves (ControlPersist) keeps this environment: the ssh directory's
+    # token, by which end_connections finds it and the directory's deadman ends it should train be killed
+    env = {**without_secrets(os.environ), **deadman.environment_for(layout.directory)}
     workers = max(1, min(len(hosts), max_parallel))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh-probe") as pool:
-        errors = list(pool.map(lambda host: _probe_until(prefix, probe_target(layout, host), deadline, per_try_timeout_s),
+        errors = list(pool.map(lambda host: _probe_until(prefix, probe_target(layout, host), deadline, per_try_timeout_s, env),
                                hosts))
     failures = {host: error for host, error in zip(hosts, errors) if error is not None}
     if failures:
@@ -63,7 +67,8 @@ def probe_target(layout: SshLayout, host: str) -> list[str]:
     return ["-S", layout.control_path, "-N", host]
 
 
-def _probe_until(prefix: Sequence[str], target: Sequence[str], deadline: float, per_try_timeout_s: float) -> str | None:
+def _probe_until(prefix: Sequence[str], target: Sequence[str], deadline: float, per_try_timeout_s: float,
+                 env: Mapping[str, str]) -> str | None:
     """Probe one host (``target``'s host) until it answers (None) or the deadline passes (its last error)."""
     last_error: str | None = None
     backoff = 0.1
@@ -72,7 +77,7 @@ def _probe_until(prefix: Sequence[str], target: Sequence[str], deadline: float, 
         if remaining <= 0:
             return last_error or "not tried before the deadline"
         timeout = min(per_try_timeout_s, remaining)
-        error, timed_out = _probe_once(prefix, target, timeout)
+        error, timed_out = _probe_once(prefix, target, timeout, env)
         if error is None:
             return None
         # A try the deadline cut short says less than a real error seen before it.
@@ -85,7 +90,8 @@ def _probe_until(prefix: Sequence[str], target: Sequence[str], deadline: float, 
         backoff = min(backoff * 2, 1.0)
 
 
-def _probe_once(prefix: Sequence[str], target: Sequence[str], timeout_s: float) -> tuple[str | None, bool]:
+def _probe_once(prefix: Sequence[str], target: Sequence[str], timeout_s: float,
+                env: Mapping[str, str]) -> tuple[str | None, bool]:
     """One login: (None, False) on success, else (last error line, whether it timed out)."""
     connect_timeout = max(1, math.ceil(timeout_s))
     argv = [*prefix, "-o", f"ConnectTimeout={connect_timeout}", *target]
@@ -96,7 +102,7 @@ def _probe_once(prefix: Sequence[str], target: Sequence[str], timeout_s: float) 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            env=without_secrets(os.environ),
+            env=dict(env),
         )
     except OSError as exc:
         return f"cannot run {argv[0]}: {exc.strerror or exc}", False

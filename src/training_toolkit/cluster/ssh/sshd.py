@@ -15,6 +15,7 @@ from training_toolkit import procfs
 from training_toolkit.cluster.ssh.errors import SshdError
 from training_toolkit.cluster.ssh.layout import SshLayout
 from training_toolkit.stopping import stop_processes
+from training_toolkit.supervise import deadman
 
 DEFAULT_SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -81,6 +82,8 @@ class Sshd:
                     start_new_session=True,
                     close_fds=True,
                 )
+            # its title overwrites its environment, so it carries no token: the deadman of its directory holds it
+            deadman.watch_for(self.layout.directory, self._proc.pid)
         try:
             self._wait_listening(offset)
         except BaseException:
@@ -148,13 +151,13 @@ class Sshd:
             proc = self._proc
             if proc is None or proc.returncode is not None:
                 return
-            sessions: list[int] = []
+            sessions: list[procfs.Proc] = []
             if proc.poll() is None:
                 try:
                     os.kill(proc.pid, signal.SIGSTOP)  # no new session while they are listed
                 except ProcessLookupError:
                     pass
-                sessions = [p.pid for p in procfs.descendants(proc.pid) if not p.zombie]
+                sessions = [p for p in procfs.descendants(proc.pid) if not p.zombie]
             stop_processes([*sessions, proc], self.stop_grace_s)
 
     def __enter__(self) -> Sshd:

@@ -1,0 +1,182 @@
+"""The seam between the agent and the runners: what a runner is given, and the value it gives back.
+
+A runner (``runners/``, one module each) imports nothing of the agent, and the
+agent nothing of a runner: ``cli`` looks the runner up (``runners.runner``),
+asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
+
+- ``RunContext``: the job as this host sees it (``with_hosts``: as the first host gave it).
+- ``Seating``: the attempt's membership as a runner sees it: the job, this host's
+  seat, the attempt, the channel's introductions, what every process of the attempt gets.
+- ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
+  host's part, whether it runs the user's program); ``Local``: one the agent started.
+- ``RunnerSpec``: the processes of an attempt (``processes``), what the runner holds for
+  the job (``hold``: a context manager the agent enters on its per-job ``ExitStack``), the
+  listeners the guard covers, how its exits are judged and its failures described, and the
+  few hooks a runner needs, as plain callables.  Every hook may be left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from training_toolkit.errors import ToolkitError
+from training_toolkit.job import JobSpec
+from training_toolkit.plan import LaunchPlan
+from training_toolkit.process import ExitStatus, Supervised
+from training_toolkit.records import record
+from training_toolkit.report import Outcome, summary_line
+from training_toolkit.settings import Settings
+
+if TYPE_CHECKING:  # the guard is imported only where a runner names listeners to guard
+    from contextlib import AbstractContextManager
+
+    from training_toolkit.cluster.guard import GuardSpec
+
+
+class RunContext(NamedTuple):
+    job: JobSpec
+    plan: LaunchPlan
+    settings: Settings  # parsed once at the start: runners read settings here, never from ``environ``
+    environ: Mapping[str, str]  # the toolkit's own environment, as read at start (for its children)
+    script_env: Mapping[str, str]  # the user script's environment (contract applied)
+    argv: tuple[str, ...]  # the user's command with its arguments
+    code_dir: Path
+    python: str
+    setup_error: ToolkitError | None = None  # this host cannot take part (its code did not install): the
+    #                                          agent joins the job to say so, as a failure of its setup
+    first_attempt: int = 0  # the platform's word on restarts (JobSet's restart-attempt): the job's attempts start there
+
+
+    @property
+    def grace_s(self) -> float:
+        return self.settings.grace_s
+
+
+@record
+class Seating:
+    """The attempt's membership as a runner sees it; the agent makes a new one for each hook it calls.
+
+    ``ctx``'s hosts are the first host's (``with_hosts``): a runner reads peers from here only.
+    ``job_env(env)``: ``env`` with what every process of the attempt gets (the attempt, the stall
+    watch's hook), for processes the agent does not start itself (MPI's ranks, from the rank file).
+    """
+
+    ctx: RunContext
+    attempt: int
+    first: bool  # this host is the job's first host
+    job_id: str = ""  # the same on every host (empty: a job of one seat)
+    introductions: Mapping[str, Mapping[str, str]] | None = None  # what each host told when it joined
+    job_env: Callable[[Mapping[str, str]], dict[str, str]] = dict
+    join_timeout_s: float = 0.0
+
+    @property
+    def host(self) -> str:
+        return self.ctx.plan.current_host
+
+
+@record
+class Proc:
+    """A process of the attempt on this host, as the runner asks for it; the agent starts and watches it."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None = None
+    rank: int | None = None  # the job-wide rank it is (its failure names it)
+    primary: bool = True  # this host's part ends when its primaries end
+    program: bool = True  # it runs the user's command (a failure names the program), else one of the toolkit's (``name``)
+
+
+@record
+class Local:
+    """A process this host runs for the job (a started ``Proc``): its name, its child, and the ``Proc``'s flags."""
+
+    name: str
+    child: Supervised
+    primary: bool = True
+    rank: int | None = None
+    program: bool = True
+
+
+@record
+class RunnerSpec:
+    """What a runner is on one host: a value, built by the runner module's ``spec(ctx)`` before the job is joined.
+
+    Only ``processes`` is needed; every other field has the default every runner had before it
+    needed otherwise.  Hooks that take a ``Seating`` see the attempt's membership at that point.
+    """
+
+    processes: Callable[[Seating], Sequence[Proc]]  # this attempt's processes on this host (may be none)
+    wait_for_peers: bool = False  # on success, does the first host wait for every host's own success?
+    own_end_on_stop: bool = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
+    solo: bool = False  # a job of one seat (no channel, no port); its reasons name no host, as the reference's
+    guard: GuardSpec | Callable[[Seating], GuardSpec | None] | None = None  # the listeners only the job's hosts may
+    #   reach (cluster/guard.py); a callable is asked after barrier 0, for a spec that depends on what ``prepare`` made
+    introduction: Callable[[], Mapping[str, str]] | None = None  # told the others on joining; public facts only
+    hold: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining (every host): what the runner
+    #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
+    prepare: Callable[[Seating], None] | None = None  # then, before barrier 0 (every host): e.g. a port free, sshd started
+    after_barrier: Callable[[Seating], None] | None = None  # first host: after barrier 0, before anything starts
+    before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
+    after_restart_barrier: Callable[[Seating], None] | None = None  # first host: after a restart's barrier
+    judge: Callable[[Local, ExitStatus], ExitStatus] | None = None  # how an exit counts (default: its status)
+    failure: Callable[[Local, ExitStatus], Outcome] | None = None  # a failed exit's outcome (default: ``failure_of``)
+    stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace
+    #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
+    stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
+    watched: Callable[[Sequence[Local]], list] | None = None  # processes a stall report shows (default: the locals)
+
+
+def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:
+    """The outcome of a local process that failed, its reason naming ``host`` (None: a job of one seat names none)."""
+    if host is None:
+        return outcome_of(local.child, status)
+    if local.rank is not None:
+        return outcome_of(local.child, status, label=f"{host} rank {local.rank}")
+    return outcome_of(local.child, status, label=host, what=None if local.program else local.name)
+
+
+def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
+    """``ctx`` for the job's hosts as the first host gave them, its resource config in ``/opt/ml`` rewritten to match.
+
+    Everything a rank sees (``SM_HOSTS``, ``SM_TRAINING_ENV``, ``SM_RESOURCE_CONFIG``, the file) and
+    everything that admits or addresses peers (the plan's hosts: the shim, sshd's ``from=``, the guard)
+    then follows the first host's membership.
+    """
+    from training_toolkit import contract, job, plan
+
+    spec = job.with_hosts(ctx.job, hosts)
+    if spec is ctx.job:
+        return ctx
+    _write_json(spec.paths.resource_config_file, dict(spec.resource.raw))
+    return ctx._replace(job=spec, plan=plan.make_plan(spec), script_env=contract.script_environment(spec, ctx.environ))
+
+
+def _write_json(path: Path, value: Mapping) -> None:
+    import json
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def outcome_of(child: Supervised, status: ExitStatus, label: str = "", what: str | None = None) -> Outcome:
+    """A failed process's outcome names how it ended and its last stderr line."""
+    if status.ok:
+        return Outcome(0)
+    child.drain()  # the exit can be seen before the relay has read the last stderr lines
+    tail = tuple(child.tail.lines(100))
+    prefix = f"{label}: " if label else ""
+    description = f"{prefix}{what or _program(child.argv)} {status.describe()}"
+    return Outcome(status.exit_code, summary_line(description, tail), tuple(child.argv), tail)
+
+
+def _program(argv: list[str]) -> str:
+    if len(argv) >= 3 and argv[1] == "-m":
+        return f"python -m {argv[2]}"
+    if len(argv) >= 2 and Path(argv[0]).name.startswith("python"):
+        return Path(argv[1]).name
+    return Path(argv[0]).name if argv else "script"
