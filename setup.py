@@ -59,7 +59,11 @@ class BuildNative(build_ext):
         super().copy_extensions_to_source()
         package_dir = self.get_finalized_command("build_py").get_package_dir(NATIVE)
         for program in PROGRAMS:
-            shutil.copy2(os.path.join(self._native_dir(self.build_lib), program), os.path.join(package_dir, program))
+            # a copy beside it, then a rename: a program still running from the old file (a job's dead-man
+            # switch) keeps it, where writing over it fails with "Text file busy"
+            target = os.path.join(package_dir, program)
+            shutil.copy2(os.path.join(self._native_dir(self.build_lib), program), target + ".new")
+            os.replace(target + ".new", target)
 
     @staticmethod
     def _native_dir(root):

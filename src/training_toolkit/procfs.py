@@ -204,6 +204,20 @@ def with_marker(marker: bytes) -> list[Seen]:
     return sorted(found)
 
 
+def marked(marker: bytes, exclude: frozenset[int] = frozenset()) -> list[Seen]:
+    """Every live process of this PID namespace whose environment holds ``marker`` (one caught in
+    ``execve`` is waited for, as ``has_marker`` does), each with its start time: processes of the job
+    started by another parent than train (Slurm's step daemon)."""
+    found = []
+    for pid in pids():
+        if pid in exclude or pid == os.getpid():
+            continue
+        before = read(pid)  # the start time first: the environment read after it is that process's
+        if before is not None and not before.zombie and has_marker(pid, marker):
+            found.append(before.seen)
+    return found
+
+
 def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = frozenset()) -> list[Seen]:
     """Live descendants of ``root`` whose environment holds ``marker`` (each with its start time, so
     that a stop signals it only if it is still the process found)."""

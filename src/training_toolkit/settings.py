@@ -165,6 +165,12 @@ def _hosts(raw: str) -> int:
     return int(raw)
 
 
+def _mpi_launcher(raw: str) -> str:
+    if raw not in names.MPI_LAUNCHERS:
+        raise ValueError(f"expected {' or '.join(names.MPI_LAUNCHERS)}")
+    return raw
+
+
 def _mpi_flavor(raw: str) -> str:
     if raw not in names.MPI_FLAVORS:
         raise ValueError(f"expected {' or '.join(names.MPI_FLAVORS)}")
@@ -239,6 +245,10 @@ VARIABLES = (
     Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", _on_off, True, "on",
              "`off`: Open MPI's runtime and ranks are not preloaded with the accept() shim that closes connections "
              "from outside the job before Open MPI reads them (docs/security.md)"),
+    Variable("TRAINING_TOOLKIT_MPI_LAUNCHER", "mpi_launcher", _mpi_launcher, names.LAUNCH_SSH, "ssh",
+             "how mpirun starts Open MPI's daemons on the other hosts: `ssh` (the toolkit's own sshd and keys) or "
+             "`slurm` (`srun --overlap` inside the job's step: no sshd, no keys; the default under Slurm; "
+             "docs/slurm.md)"),
 )
 
 
@@ -272,6 +282,7 @@ class Settings(NamedTuple):
     max_hosts: int | None = None  # None: every host the platform gave
     min_hosts: int | None = None  # None: the max
     netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
+    mpi_launcher: str = names.LAUNCH_SSH  # how mpirun starts its daemons: ssh, or srun under Slurm
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
@@ -290,6 +301,7 @@ class Overrides(NamedTuple):
     ssh_keys: KeyFiles | None = None
     job_secret: bytes | None = None
     num_gpus: int | None = None  # Slurm: the GPUs allocated on this node (SLURM_GPUS_ON_NODE), not all it has
+    mpi_launcher: str | None = None  # Slurm: mpirun starts its daemons with srun, not over ssh
 
 
 NO_OVERRIDES = Overrides()

@@ -28,6 +28,9 @@ def test_a_process_tree_its_group_and_its_environment():
         assert set(procfs.marked_descendants(os.getpid(), marker.encode())) == {tree.pid} | {p.pid for p in below}
         assert set(procfs.marked_descendants(os.getpid(), marker.encode(), exclude=frozenset({tree.pid}))) == \
             {p.pid for p in below}
+        # anywhere in the PID namespace (a job's processes under another parent: Slurm's step daemon)
+        assert set(procfs.marked(marker.encode())) == {tree.pid} | {p.pid for p in below}
+        assert set(procfs.marked(marker.encode(), exclude=frozenset({tree.pid}))) == {p.pid for p in below}
         # the same tree through the children files, parents first
         assert sorted(procfs.tree(tree.pid)) == sorted(p.pid for p in below)
         mine = procfs.tree(os.getpid())

@@ -38,7 +38,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Container, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from training_toolkit import procfs
@@ -109,6 +109,9 @@ class GuardSpec:
 
     ports: Container[int] = ()  # on any process below train
     every_port_of: frozenset[str] = frozenset()  # every listener of processes with these names
+    # the job's processes that are not below train (MPI through Slurm: a worker's daemon, under Slurm's step
+    # daemon), each with everything below it
+    roots: Callable[[], Iterable[int]] | None = None
 
 
 @dataclass
@@ -172,7 +175,7 @@ class ListenerGuard:
         if not new:
             return False
         table = listeners.tcp_sockets(nl)
-        for pid in procfs.tree(self.root):
+        for pid in self._pids():
             fds = listeners.socket_fds(pid)
             if new.isdisjoint(fds):
                 continue
@@ -183,6 +186,14 @@ class ListenerGuard:
                     return True
         self._seen |= new
         return True
+
+    def _pids(self) -> list[int]:
+        """The processes below train, and below the spec's other roots (in order, once each)."""
+        found = procfs.tree(self.root)
+        if self.spec.roots is not None:
+            for root in self.spec.roots():
+                found += [root, *procfs.tree(root)]
+        return list(dict.fromkeys(found))
 
     def _carry_out(self, action: Attach | Cut) -> None:
         try:

@@ -21,6 +21,15 @@
  *                                    the calling process with the error code, as if the job had
  *                                    been aborted, without telling the runtime
  *
+ * A SIGTERM waiting in the runtime counts as the flag too (Open MPI 4's mpirun and orted start with
+ * SIGTERM blocked: runners/mpi_command.py), for the runtime and for its ranks' MPI_Abort (the
+ * parent's, read from /proc): where the platform signals every process of the job at once (Slurm's
+ * scancel and --time), a rank whose handler ends at once may end before its host's train has made
+ * the file, and under Slurm's own launch of the daemons (docs/slurm.md) a worker's ranks are in
+ * another step than its train, signalled by another step daemon, in either order.  The runtime's
+ * blocked SIGTERM is there before any rank can act on its own (a step daemon signals its processes in
+ * one pass, microseconds apart), and nothing but a stop leaves it there.
+ *
  * Unset or empty: the library passes everything through.  train creates the file before it
  * signals its ranks and removes it before the next attempt starts (runners/mpi.py); the processes
  * of a stopped job are ended by train, as every stop's are.  Plain C, no Python.
@@ -32,6 +41,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,9 +58,27 @@ static const char *path_of(const char *name)
     return value && *value ? value : NULL;
 }
 
+/* "%n" in the runtime's flag path (Slurm's launch: every daemon gets mpirun's one environment) becomes this
+   node's SLURMD_NODENAME, as in native/rank_exec.c; NULL (no hold) where no node name is there. */
+static const char *node_path(const char *path)
+{
+    const char *at = path ? strstr(path, "%n") : NULL;
+    if (!at)
+        return path;
+    const char *node = getenv("SLURMD_NODENAME");
+    if (!node || !*node || strchr(node, '/'))
+        return NULL;
+    size_t head = (size_t)(at - path), len = strlen(path) - 2 + strlen(node);
+    char *out = malloc(len + 1);
+    if (!out)
+        return NULL;
+    snprintf(out, len + 1, "%.*s%s%s", (int)head, path, node, at + 2);
+    return out;
+}
+
 __attribute__((constructor)) static void init(void)
 {
-    flag = path_of(FLAG_VAR);
+    flag = node_path(path_of(FLAG_VAR));
     rank_flag = path_of(RANK_FLAG_VAR);
 }
 
@@ -59,10 +87,40 @@ static int stopping(const char *path)
     return path != NULL && access(path, F_OK) == 0;
 }
 
+/* Whether this process (the runtime) has a SIGTERM waiting: blocked, so the platform's stop is on. */
+static int term_waiting(void)
+{
+    sigset_t set;
+    return sigpending(&set) == 0 && sigismember(&set, SIGTERM) == 1;
+}
+
+/* Whether process `pid` has a SIGTERM waiting (its /proc status's ShdPnd), read without stdio. */
+static int term_waiting_in(pid_t pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *line = strstr(buf, "\nShdPnd:");
+    if (!line)
+        return 0;
+    unsigned long long pending = strtoull(line + 8, NULL, 16);
+    return (pending >> (SIGTERM - 1)) & 1;
+}
+
+static int runtime_stopping(void)
+{
+    return flag != NULL && (stopping(flag) || term_waiting());
+}
+
 /* Whether a signal to `pid` (kill()'s meaning: -N is a group, 0 our own group) is held now. */
 int training_toolkit_stophold_holds(pid_t pid, int sig)
 {
-    return sig != 0 && pid != getpid() && stopping(flag);
+    return sig != 0 && pid != getpid() && runtime_stopping();
 }
 
 int kill(pid_t pid, int sig)
@@ -88,7 +146,7 @@ int killpg(pid_t group, int sig)
 pid_t waitpid(pid_t pid, int *status, int options)
 {
     static pid_t (*real_waitpid)(pid_t, int *, int);
-    while (stopping(flag)) {
+    while (runtime_stopping()) {
         if (options & WNOHANG)
             return 0; /* "no child has changed state": the zombie stays until train ends the runtime */
         usleep(50000);
@@ -102,7 +160,7 @@ pid_t waitpid(pid_t pid, int *status, int options)
 int MPI_Abort(uintptr_t comm, int code)
 {
     static int (*real_abort)(uintptr_t, int);
-    if (stopping(rank_flag)) {
+    if (rank_flag != NULL && (stopping(rank_flag) || term_waiting_in(getppid()))) {
         fflush(NULL);
         _exit(code & 0xff ? code & 0xff : 1);
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 from training_toolkit.errors import ConfigError
+from training_toolkit.names import LAUNCH_SLURM
 from training_toolkit.platforms.kubernetes import channels, hyperparameters
 from training_toolkit.platforms.view import EMPTY, Facts, JobView, integer
 from training_toolkit.settings import Overrides, Settings
@@ -181,7 +182,7 @@ class Slurm:
         notes = [f"slurm: job {job} step {env.get(STEP_ID, 'batch')}: host {current} of {', '.join(step_hosts)}"
                  f"; interface {interface or 'unknown'}" + (f"; {gpus} GPU(s) on this node" if gpus is not None else "")]
         return JobView(self.name, step_hosts, current, interface, hyperparameters(facts, EMPTY), channels(facts),
-                       Overrides(grace_s=GRACE_S, num_gpus=gpus), notes=tuple(notes), unset=task_variables(env))
+                       Overrides(grace_s=GRACE_S, num_gpus=gpus, mpi_launcher=LAUNCH_SLURM), notes=tuple(notes), unset=task_variables(env))
 
     @staticmethod
     def _check_step(env, hosts: tuple[str, ...], current: str) -> None:

@@ -6,6 +6,11 @@ can log in to each, and runs mpirun.  mpirun's end is the job's end: its
 verdict goes to every host at once.  Every host writes its own ranks' command and
 environment to a file first (``rank_env``): each rank sees its own host's contract,
 and mpirun carries nothing of the job across the network.
+
+Under Slurm (``TRAINING_TOOLKIT_MPI_LAUNCHER=slurm``, the Slurm platform's default) there is no
+ssh at all: no keys, no sshd; mpirun starts its daemons with ``srun --overlap`` inside the job's
+step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, not under its
+``train``, which finds them by their mark in the environment (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
-from training_toolkit.names import OPENMPI4, OPENMPI5
+from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
 from training_toolkit.plan import MpiOptions
 from training_toolkit.process import ExitStatus
 from training_toolkit.redact import redact
@@ -44,7 +49,10 @@ from training_toolkit.supervise.deadman import Deadman
 def spec(ctx: RunContext) -> RunnerSpec:
     """This host's part (``MpiHost``'s hooks); guarded: every listener of Open MPI's runtime, the ranks' BTL port range."""
     host = MpiHost(ctx)
-    return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME),
+    # through Slurm, a worker's daemon and ranks are not below its train: found by the stop flag's variable,
+    # which mpirun's environment gives every daemon of this job (and so every rank)
+    roots = host.daemons if host.via_slurm else None
+    return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
                       after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
                       after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
@@ -94,6 +102,7 @@ class MpiHost:
         self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
+        self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
 
     def _new_ssh_dir(self) -> Path:
         self._ssh_dir = ssh.new_ssh_dir()
@@ -101,6 +110,8 @@ class MpiHost:
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
+        if self.via_slurm:
+            return {}
         keys_dir = self.ctx.settings.ssh_keys
         mounted = ssh.load_keys(keys_dir) if keys_dir else None
         if self.is_master:
@@ -118,7 +129,7 @@ class MpiHost:
             self.cleanup()
 
     def prepare(self, seat: Seating) -> None:
-        assert self._keys is not None
+        assert self._keys is not None or self.via_slurm
         self.ctx = seat.ctx
         self.rank_tag = seat.job_id
         # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
@@ -126,7 +137,7 @@ class MpiHost:
         addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file(seat)
-        if self.is_master:
+        if self.is_master or self.via_slurm:
             return
         assert addresses is not None
         master = self.ctx.plan.hosts[0]
@@ -147,6 +158,8 @@ class MpiHost:
         self.sshd.start()
 
     def after_barrier(self, seat: Seating) -> None:
+        if self.via_slurm:
+            return
         assert self._keys is not None
         workers = self.ctx.plan.hosts[1:]
         self._pinned = self._host_keys(seat)
@@ -156,6 +169,8 @@ class MpiHost:
 
     def after_restart_barrier(self, seat: Seating) -> None:
         """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
+        if self.via_slurm:
+            return
         assert self.layout is not None and self._keys is not None
         host_keys = self._host_keys(seat)
         if host_keys == self._pinned:
@@ -173,7 +188,10 @@ class MpiHost:
 
     def _write_rank_file(self, seat: Seating) -> None:
         """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
-        path = self._rank_file = rank_env.new_rank_file_path(self.rank_tag)
+        # through Slurm every daemon gets mpirun's one environment: each host's directory is named after its node,
+        # and the daemons find theirs from a path they complete with their own node's name (slurm_paths)
+        path = self._rank_file = (rank_env.node_rank_file_path(self.rank_tag, self.host) if self.via_slurm
+                                  else rank_env.new_rank_file_path(self.rank_tag))
         self._rank_tripwire = Deadman([f"{RANK_TAG_VAR}={self.rank_tag}"], [path.parent])
         rank_env.write_rank_file(path, self._rank_file_data(seat))
 
@@ -211,7 +229,7 @@ class MpiHost:
     def start(self, seat: Seating) -> list[Proc]:
         if not self.is_master:
             return []
-        assert self.layout is not None and self._rank_file is not None
+        assert (self.layout is not None or self.via_slurm) and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
         command = build_command(self.ctx, self.layout, flavor)
         if flavor == OPENMPI4:
@@ -220,6 +238,11 @@ class MpiHost:
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
+        if self.via_slurm:
+            extra.update(slurm_environment(self.ctx))
+            extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))
+            if not self.ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
+                extra["HOME"] = _home()
         env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
         return [Proc("mpirun", tuple(command), env, str(self.ctx.code_dir), program=False)]
 
@@ -249,7 +272,17 @@ class MpiHost:
 
     def _ranks(self, locals_: Sequence[Local]) -> list[int]:
         mpirun = frozenset(local.child.pid for local in locals_)
-        return procfs.marked_descendants(os.getpid(), f"{RANK_TAG_VAR}={self.rank_tag}".encode(), mpirun)
+        marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
+        if self.via_slurm and not self.is_master:  # under Slurm's step daemon, in this host's PID namespace
+            return procfs.marked(marker, mpirun)
+        return procfs.marked_descendants(os.getpid(), marker, mpirun)
+
+    def daemons(self) -> list[int]:
+        """Through Slurm: this host's Open MPI daemon (what mpirun's environment marks), for the listener guard."""
+        if self._rank_file is None:
+            return []
+        flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
+        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_master else []
 
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
@@ -294,12 +327,15 @@ def describe(ctx: RunContext) -> dict:
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
     parent = rundir.parent()
-    layout = ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
+    via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM
+    layout = None if via_slurm else ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
     rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
     ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True))
-    return {"mpi_flavor": shown, "mpirun": build_command(ctx, layout, flavor or OPENMPI4),
+    return {"mpi_flavor": shown, "mpi_launcher": ctx.settings.mpi_launcher,
+            "mpirun": build_command(ctx, layout, flavor or OPENMPI4),
+            **({"mpirun_slurm_environment": slurm_environment(ctx)} if via_slurm else {}),
             "rank_file": f"{rank_env.RANK_FILE_VAR}={rank_file} (each host's own)",
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
@@ -442,7 +478,54 @@ def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
     return (smddprun, *argv) if smddprun else tuple(argv)
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[str]:
+def slurm_environment(ctx: RunContext) -> dict[str, str]:
+    """What mpirun needs of Slurm to start its daemons with srun, and nothing of train's own task.
+
+    Open MPI's Slurm launcher is chosen when ``SLURM_JOBID`` is set; its allocation reader then takes
+    the hosts from ``SLURM_NODELIST`` and their slots from ``SLURM_TASKS_PER_NODE`` (``N(xM)``): the
+    job's hosts and ranks per host, not the step's one task per node.  srun itself needs the job's id
+    (``SLURM_JOB_ID``) and, where the cluster has one, ``SLURM_CONF``; every other ``SLURM_*`` of train's
+    task is left out (the platform unsets them), so srun's own input variables (``SLURM_NTASKS``,
+    ``SLURM_DISTRIBUTION``...) cannot reshape the daemons' step.
+    """
+    job = ctx.environ.get("SLURM_JOB_ID") or ctx.environ.get("SLURM_JOBID")
+    if not job:
+        raise ClusterError(f"TRAINING_TOOLKIT_MPI_LAUNCHER={LAUNCH_SLURM} outside a Slurm job: SLURM_JOB_ID is not set")
+    hosts = ctx.plan.hosts
+    env = {"SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_NODELIST": ",".join(hosts),
+           "SLURM_TASKS_PER_NODE": f"{mpi_options(ctx).processes_per_host}(x{len(hosts)})"}
+    if ctx.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = ctx.environ["SLURM_CONF"]
+    return env
+
+
+SLURMD_NODE_VAR = "SLURMD_NODENAME"  # what slurmstepd sets for every task: the node's name
+NODE_PLACEHOLDER = "%n"  # in the daemons' paths: native/rank_exec.c and stophold.c put the node's name there
+
+
+def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
+    """The rank file's and the stop flag's paths for every daemon through Slurm: this host's name in them is
+    ``%n``, which each daemon and rank completes with its node's ``SLURMD_NODENAME`` (slurmstepd sets it for
+    the daemons; mpirun, this host's daemon, gets this host's).  Every host names its directory alike
+    (``rank_env.node_rank_file_path``) under the same parent (docs/slurm.md)."""
+    def template(path: Path) -> str:
+        text = str(path)
+        assert text.count(host) >= 1, (text, host)
+        head, _, tail = text.rpartition(host)
+        return f"{head}{NODE_PLACEHOLDER}{tail}"
+    return {rank_env.RANK_FILE_VAR: template(rank_file), STOP_FLAG_VAR: template(stop_flag), SLURMD_NODE_VAR: host}
+
+
+def _home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
+def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str) -> list[str]:
     """mpirun's line: every rank runs ``training-toolkit-rank``, which reads the file its host names; nothing of the job."""
     options = mpi_options(ctx)
     job = MpiJob(
@@ -451,8 +534,9 @@ def build_command(ctx: RunContext, layout: ssh.SshLayout, flavor: str) -> list[s
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
         rank_command=(str(native.path_of(native.RANK_PROGRAM)),),
-        rsh_agent=tuple(ssh.ssh_command(layout)),
+        rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,
+        via_slurm=layout is None,
     )
     return mpirun_command(job, flavor)

@@ -25,14 +25,35 @@ class MpiJob:
     rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
     custom_options: tuple[str, ...] = ()  # mpirun's part of the custom options (mpi_options: no --NCCL_DEBUG, no -x)
     as_root: bool = False
+    via_slurm: bool = False  # the daemons start through Slurm (plm slurm: ``srun --overlap``), not over rsh_agent
 
+
+#: What Open MPI's Slurm launcher (plm slurm) adds to its ``srun`` line: inside a step that already runs one
+#: task per node (``srun train``), a step for the daemons waits for CPUs the first step holds unless it may
+#: share them (Slurm 20.11 and later).  Both flavours take it from ``plm_slurm_args`` (docs/slurm.md).
+SLURM_SRUN_ARGS = "--overlap"
 
 #: A stop signal goes to the ranks alone, with their grace (runners/mpi.py); where the platform sends it to
 #: every process of the job itself (Slurm's scancel and --time), Open MPI 4's mpirun and orted took it as an
 #: abort and killed the ranks at once (mpirun even crashed).  Both start with SIGTERM blocked (coreutils'
 #: env); Open MPI unblocks every signal in the ranks it starts, so they alone take it
-#: (test/integration/platforms/test_slurm.py).  Open MPI 5 under Slurm was not tried.
+#: (test/integration/platforms/test_slurm.py).  Open MPI 5's prted is not blocked: under Slurm its ranks kept
+#: their saves all the same (the stop hold; test_slurm.py's Open MPI 5 scancel test).
 BLOCK_SIGTERM = ("env", "--block-signal=TERM")
+
+
+#: Open MPI 4's libfabric BTL (``ofi``) costs about 1 s in every rank's ``MPI_Finalize`` where libfabric has
+#: no fabric but its TCP and shared-memory providers (measured: 1.01 s against 0.05 s without it, Debian's
+#: 4.1.4), and about 2.7 s of a 2 x 2 Slurm job's 4.9 (bench/slurm_mpi.py).  Under Slurm it is left out
+#: (``^openib,ofi``): with ``pml ob1`` the toolkit never used libfabric for two-sided traffic anyway (that is
+#: the ofi MTL's, with ``pml cm``), and custom options naming a BTL list bring it back (docs/slurm.md).
+#: Elsewhere the line stays the reference's (``^openib``).
+
+
+def _sets_mca(options: tuple[str, ...], name: str) -> bool:
+    """Whether mpirun options set the MCA parameter ``name`` (``--mca NAME VALUE`` or ``-mca NAME VALUE``)."""
+    return any(word in ("--mca", "-mca") and i + 1 < len(options) and options[i + 1] == name
+               for i, word in enumerate(options))
 
 
 def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
@@ -51,11 +72,18 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         cmd.append("--allow-run-as-root")
     cmd += ["--tag-output"] if flavor == OPENMPI4 else ["--output", "tag"]
     cmd += ["--mca", "btl_tcp_if_include", job.interface,
-            "--mca", "oob_tcp_if_include", job.interface,
-            "--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
-            "--mca", f"{rsh}_no_tree_spawn", "1",
-            "--bind-to", "none", "--map-by", "slot",
-            "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else "^openib"]
+            "--mca", "oob_tcp_if_include", job.interface]
+    if job.via_slurm:
+        # plm slurm runs `srun ... orted` (Open MPI 4) or `srun ... prted` (5) on the other hosts; it is chosen
+        # when SLURM_JOBID is in mpirun's environment, named here so that nothing else is tried
+        cmd += (["--mca", "plm", "slurm", "--mca", "plm_slurm_args", SLURM_SRUN_ARGS] if flavor == OPENMPI4
+                else ["--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", SLURM_SRUN_ARGS])
+    else:
+        cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
+                "--mca", f"{rsh}_no_tree_spawn", "1"]
+    cmd += ["--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
+    if not _sets_mca(job.custom_options, "btl"):  # the custom options' own BTL list wins (mpirun refuses two)
+        cmd += ["--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else ("^openib,ofi" if job.via_slurm else "^openib")]
     # the BTL binds every address whatever btl_tcp_if_include says: its ports in a known range, so that
     # the listener guard (cluster/guard.py) filters them and nothing else the script opens
     for family in ("v4", "v6"):

@@ -126,6 +126,24 @@ def new_rank_file_path(job_id: str, parent: Path | None = None) -> Path:
         raise ClusterError(f"{where}: cannot make the ranks' directory: {exc.strerror or exc}") from None
 
 
+def node_rank_file_path(job_id: str, node: str, parent: Path | None = None) -> Path:
+    """Through Slurm's launch: this host's ranks' file in a new private directory named after the job and the node.
+
+    Every daemon gets mpirun's one environment there, so the name is one each host computes alike but for its
+    node's name (runners/mpi.py: ``slurm_paths``), not a random one; made as ``mkdir`` makes it (0700, an
+    existing one refused: the job fails naming it rather than use a directory it did not make).
+    """
+    if not node or "/" in node or node.startswith("."):
+        raise ClusterError(f"the node name {node!r} cannot name a directory")
+    where = parent if parent is not None else rundir.parent()
+    path = where / f"{rank_dir_prefix(job_id)}{node}"
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as exc:
+        raise ClusterError(f"{path}: cannot make the ranks' directory: {exc.strerror or exc}") from None
+    return path / FILE_NAME
+
+
 def rewrite_rank_file(path: Path, data: bytes) -> None:
     """Replace an existing rank file whole (a restart's attempt): written aside, then renamed over it."""
     aside = path.with_name(path.name + ".next")

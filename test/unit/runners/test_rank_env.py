@@ -165,3 +165,44 @@ def test_gethostname_is_told_the_host_only_where_the_kernel_does_not_say_it_alre
     assert not rank_env.needs_hostname_preload("algo-2", "algo-2")  # a local host, a Slurm node
     assert not rank_env.needs_hostname_preload("js-workers-0-1", "js-workers-0-1.js")  # a JobSet pod by its FQDN
     assert rank_env.needs_hostname_preload("js-workers-0-1", "js-workers-0-2.js")
+
+
+def test_through_slurm_each_host_names_its_ranks_directory_after_its_node(tmp_path):
+    """Every daemon gets mpirun's one environment: the path is the same but for the node's name (%n)."""
+    import pytest
+
+    from training_toolkit.errors import ClusterError
+    from training_toolkit.runners import rank_env
+    from training_toolkit.runners.mpi import slurm_paths
+
+    one = rank_env.node_rank_file_path("ab12", "node1", tmp_path)
+    two = rank_env.node_rank_file_path("ab12", "node2", tmp_path)  # a parent the nodes share: apart by name
+    assert one == tmp_path / "training-toolkit-ranks-ab12-node1" / "rank.env" and one.parent.stat().st_mode & 0o777 == 0o700
+    assert two.parent.name == "training-toolkit-ranks-ab12-node2"
+    with pytest.raises(ClusterError, match="cannot make the ranks' directory"):  # one it did not make: refused
+        rank_env.node_rank_file_path("ab12", "node1", tmp_path)
+    with pytest.raises(ClusterError, match="cannot name a directory"):
+        rank_env.node_rank_file_path("ab12", "../x", tmp_path)
+    paths = slurm_paths(one, one.parent / "stopping", "node1")
+    assert paths == {"TRAINING_TOOLKIT_RANK_FILE": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "rank.env"),
+                     "TRAINING_TOOLKIT_STOP_FLAG": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "stopping"),
+                     "SLURMD_NODENAME": "node1"}
+
+
+def test_the_rank_program_completes_a_slurm_path_with_its_nodes_name(tmp_path):
+    """native/rank_exec.c: ``%n`` in TRAINING_TOOLKIT_RANK_FILE is the node's SLURMD_NODENAME; without one, refused."""
+    import subprocess
+
+    from training_toolkit import native
+    from training_toolkit.runners import rank_env
+
+    path = rank_env.node_rank_file_path("cd34", "node2", tmp_path)
+    rank_env.write_rank_file(path, rank_env.encode_rank_file(str(tmp_path), ["/bin/sh", "-c", "echo ran in $PWD"], {}))
+    program = str(native.path_of(native.RANK_PROGRAM))
+    template = str(tmp_path / "training-toolkit-ranks-cd34-%n" / "rank.env")
+    ran = subprocess.run([program], env={"TRAINING_TOOLKIT_RANK_FILE": template, "SLURMD_NODENAME": "node2"},
+                         capture_output=True, text=True, timeout=30)
+    assert (ran.returncode, ran.stdout) == (0, f"ran in {tmp_path}\n"), ran.stderr
+    bare = subprocess.run([program], env={"TRAINING_TOOLKIT_RANK_FILE": template}, capture_output=True, text=True,
+                          timeout=30)
+    assert bare.returncode != 0 and "usage" in bare.stderr  # a %n path and no node name: nothing is guessed
