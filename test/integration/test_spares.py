@@ -191,3 +191,18 @@ def test_a_host_whose_ranks_fail_twice_in_a_row_is_retired_for_the_spare(tmp_pat
     assert [seen(shared, a)[1]["host"] for a in (0, 1, 2)] == ["algo-2", "algo-2", "algo-3"]
     assert not list(shared.glob("seen-3-*")), "retired after two failures: the third attempt completes"
     assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1"]
+
+
+@pytest.mark.torch
+def test_a_spare_killed_whole_is_said_and_the_job_goes_on_without_a_restart(tmp_path, capfd):
+    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
+                                           **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-3")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-2"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
+    assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
