@@ -46,7 +46,7 @@ from training_toolkit.errors import ClusterError, CodeError, ConfigError, JobFai
 from training_toolkit.log import log
 from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, end_descendants
 from training_toolkit.report import Outcome
-from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, _write_json, with_hosts
+from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, with_hosts, write_resource_config
 from training_toolkit.runspec import failure_of as described_failure
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
@@ -204,7 +204,8 @@ class HostAgent(StallWatch):
     # Who takes part ---------------------------------------------------------------------------
 
     def _take_limits(self) -> None:
-        """The job's maximum and minimum of active hosts; the first host checks them (a ConfigError: exit 78)."""
+        """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
+        host's list, taken already) before anything starts: a ConfigError, exit 78, that the first host announces."""
         config = self.ctx.settings
         if self.spec.solo or (config.max_hosts is None and config.min_hosts is None):
             return
@@ -257,8 +258,7 @@ class HostAgent(StallWatch):
             log(f"{self.host}: seated in attempt {self.attempt + 1} (rank order: {', '.join(active)})")
         if active == self.hosts:  # every host of the job (a job of one seat: its own)
             if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
-                job = self.ctx.job
-                _write_json(job.paths.resource_config_file, dict(job.resource.raw))
+                write_resource_config(self.ctx.job)
             self.attempt_ctx = self.ctx
         else:
             self.attempt_ctx = with_hosts(self.ctx, active)

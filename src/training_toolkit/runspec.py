@@ -152,8 +152,13 @@ def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
     spec = job.with_hosts(ctx.job, hosts)
     if spec is ctx.job:
         return ctx
-    _write_json(spec.paths.resource_config_file, dict(spec.resource.raw))
+    write_resource_config(spec)
     return ctx._replace(job=spec, plan=plan.make_plan(spec), script_env=contract.script_environment(spec, ctx.environ))
+
+
+def write_resource_config(spec: JobSpec) -> None:
+    """``/opt/ml``'s resource config as ``spec`` has it (its hosts: the job's, or an attempt's active hosts)."""
+    _write_json(spec.paths.resource_config_file, dict(spec.resource.raw))
 
 
 def _write_json(path: Path, value: Mapping) -> None:
