@@ -71,10 +71,11 @@ def wait_for_output(proc: subprocess.Popen[str], wanted: str, timeout: float) ->
     raise AssertionError(f"no {wanted!r} within {timeout} s; output:\n{''.join(seen)}")
 
 
-def wait_for_process(local: subprocess.Popen[str], name: str, timeout: float) -> None:
+def wait_for_process(local: subprocess.Popen[str], name: str, timeout: float, count: int = 1) -> None:
+    """Until ``count`` processes below ``local`` run ``name`` (every host's ``train``, say)."""
     deadline = time.monotonic() + timeout
-    while not any(name in (procfs.cmdline(p.pid) or "") for p in procfs.descendants(local.pid)):
-        assert time.monotonic() < deadline, f"no {name} below local within {timeout} s"
+    while sum(name in (procfs.cmdline(p.pid) or "") for p in procfs.descendants(local.pid)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} {name} below local within {timeout} s"
         time.sleep(0.005)
 
 
@@ -123,8 +124,10 @@ def _root_links() -> list[str]:
 def kill_and_check(local: subprocess.Popen[str], tmp_path: Path, links_before: list[str], *, hosts: int) -> None:
     job = Job(local)
     try:
-        assert len(job.tags) == 1 and len(job.namespaces) >= hosts, (job.tags, job.namespaces)
-        os.killpg(local.pid, signal.SIGKILL)
+        try:
+            assert len(job.tags) == 1 and len(job.namespaces) >= hosts, (job.tags, job.namespaces)
+        finally:
+            os.killpg(local.pid, signal.SIGKILL)  # the job never outlives the test, even when the look was short
         local.wait(timeout=10)
         began = time.monotonic()
         while left := job.running():
@@ -144,23 +147,35 @@ def kill_and_check(local: subprocess.Popen[str], tmp_path: Path, links_before: l
 
 def test_killed_during_the_join(tmp_path: Path) -> None:
     links = _root_links()
-    local = start_local(tmp_path)
-    wait_for_process(local, "/train", 60)  # every host's train has just started: joining, keys, sshd
-    kill_and_check(local, tmp_path, links, hosts=2)
+    with_local(tmp_path, links, lambda local: wait_for_process(local, "/train", 60, count=2))  # every host's train
+    #                                                                   has just started: joining, keys, sshd
 
 
 def test_killed_while_the_ranks_run(tmp_path: Path) -> None:
     links = _root_links()
+    with_local(tmp_path, links, lambda local: wait_for_output(local, "step 2", 120))  # rank 3 hangs from step 3 on;
+    #                                                                                  the others spin in allreduce
+
+
+def with_local(tmp_path: Path, links: list[str], until) -> None:
+    """``local`` started, ``until(local)`` waited for, then killed and checked; killed in any case."""
     local = start_local(tmp_path)
-    wait_for_output(local, "step 2", 120)  # rank 3 hangs from step 3 on; the others spin in allreduce
+    try:
+        until(local)
+    except BaseException:
+        os.killpg(local.pid, signal.SIGKILL)
+        local.wait(timeout=30)
+        raise
     kill_and_check(local, tmp_path, links, hosts=2)
 
 
 def test_killed_while_it_stops_the_job(tmp_path: Path) -> None:
     links = _root_links()
-    local = start_local(tmp_path)
-    wait_for_output(local, "step 2", 120)
-    local.send_signal(signal.SIGTERM)  # local passes it to every host's train: the stop has begun,
-    time.sleep(1)  # and the ranks, which ignore SIGTERM, hold it (local gives the hosts 10 s)
-    assert local.poll() is None
-    kill_and_check(local, tmp_path, links, hosts=2)
+
+    def stopping(local: subprocess.Popen[str]) -> None:
+        wait_for_output(local, "step 2", 120)
+        local.send_signal(signal.SIGTERM)  # local passes it to every host's train: the stop has begun,
+        time.sleep(1)  # and the ranks, which ignore SIGTERM, hold it (local gives the hosts 10 s)
+        assert local.poll() is None
+
+    with_local(tmp_path, links, stopping)
