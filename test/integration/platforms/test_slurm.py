@@ -324,7 +324,10 @@ def test_a_failing_rank_fails_every_node_and_the_job(tmp_path):
         while True:
             acct = slurm.run(["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"], timeout=60)
             steps = dict((line.split("|")[0], line.split("|")[1:]) for line in acct.stdout.split())
-            final = (steps.get(job, ["RUNNING"])[0] not in ("PENDING", "RUNNING", "COMPLETING")
+            # final: no record still running (the batch step's came after the job's once), and the job's
+            # and its step's exit codes written (the job was seen FAILED 0:0 with its batch step RUNNING)
+            final = (all(state[0] not in ("PENDING", "RUNNING", "COMPLETING") for state in steps.values())
+                     and job in steps and steps[job][1] != "0:0"
                      and steps.get(f"{job}.0", ["", "0:0"])[1] != "0:0")
             if acct.returncode != 0 or final or time.monotonic() > deadline:
                 break
