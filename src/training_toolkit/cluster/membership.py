@@ -29,6 +29,10 @@ VERDICT_LINGER_S = 10.0
 Chooser = Callable[[frozenset, Mapping[str, str]], tuple]
 
 
+#: A host other than the first waits this much longer than the barrier's deadline for the first host's word.
+FIRST_HOST_MARGIN_S = 5.0
+
+
 @record
 class ChannelSettings:
     port: int
@@ -159,7 +163,9 @@ class Membership:
             return active
         assert self._client is not None
         self._client.ready(attempt)
-        return self._client.wait_go(deadline_s, attempt) or self.hosts
+        # the first host decides the barrier and names who is missing; this host's own deadline, a
+        # margin later, is for a first host that went silent (its verdict would otherwise race ours)
+        return self._client.wait_go(deadline_s + FIRST_HOST_MARGIN_S, attempt) or self.hosts
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
