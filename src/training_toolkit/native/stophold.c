@@ -58,23 +58,7 @@ static const char *path_of(const char *name)
     return value && *value ? value : NULL;
 }
 
-/* "%n" in the runtime's flag path (Slurm's launch: every daemon gets mpirun's one environment) becomes this
-   node's SLURMD_NODENAME, as in native/rank_exec.c; NULL (no hold) where no node name is there. */
-static const char *node_path(const char *path)
-{
-    const char *at = path ? strstr(path, "%n") : NULL;
-    if (!at)
-        return path;
-    const char *node = getenv("SLURMD_NODENAME");
-    if (!node || !*node || strchr(node, '/'))
-        return NULL;
-    size_t head = (size_t)(at - path), len = strlen(path) - 2 + strlen(node);
-    char *out = malloc(len + 1);
-    if (!out)
-        return NULL;
-    snprintf(out, len + 1, "%.*s%s%s", (int)head, path, node, at + 2);
-    return out;
-}
+#include "nodepath.h"
 
 __attribute__((constructor)) static void init(void)
 {
