@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import procfs, settings
-from training_toolkit.agent import HostAgent
-from training_toolkit.cluster.events import PeerFailed, Verdict
+from training_toolkit.agent.loop import HostAgent
+from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerReady, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
@@ -28,7 +28,7 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None, welcomed=None, active=None):
+                 fail_barrier=None, welcomed=None, active=None, ready=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
@@ -39,19 +39,28 @@ class FakeSeat:
         self._answer = answer  # what the first host answers a report with
         self._fail_barrier = fail_barrier
         self._active = active  # the attempt's active hosts, as the first host's go names them (None: not said)
+        self._ready = ready  # first host: the other hosts its channel says joined and are ready (None: every one)
+        self._releases = 0
 
     def open(self):
         self.told.append("open")
         if self._welcomed is not None:
             self.hosts = tuple(self._welcomed)
+        if self.is_master:  # what the first host's channel would post: the others joined and said ready
+            for host in self.hosts[1:] if self._ready is None else self._ready:
+                self.events.put(PeerJoined(host))
+                self.events.put(PeerReady(host, 0))
 
-    def barrier(self, attempt=0, deadline_s=None, choose=None, alive_only=False):
+    def barrier(self, attempt=0, deadline_s=None):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         if self._fail_barrier:
             raise self._fail_barrier
-        if choose is not None:  # the first host chooses: every host here is alive and ready
-            return choose(frozenset(self.hosts), {})
         return self._active
+
+    def release(self, active):
+        """The first host's barrier passed (the agent decided it): the go, with the attempt's active hosts."""
+        self.told.append("barrier" if not self._releases else ("barrier", self._releases))
+        self._releases += 1
 
     def report_failure(self, reason, exit_code, at=None, attempt=0, stopped=False):
         self.told.append(("failed", reason, exit_code, at))
@@ -298,7 +307,7 @@ def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_ret
 
 
 def decisions_event(name: str, *args):
-    from training_toolkit import decisions
+    from training_toolkit.agent import decisions
 
     return getattr(decisions, name)(*args)
 

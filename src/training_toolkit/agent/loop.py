@@ -1,59 +1,55 @@
-"""The agent: the one shell every runner runs in on every host, the single one included (a job of one seat).
+"""The agent's loop: the one shell every runner runs in on every host, the single one included (a job of one seat).
 
     join the channel -> the runner's hold (e.g. sshd) -> barrier 0 -> start the attempt's processes
     -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
                  `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
 
-A runner is a value (``runspec.RunnerSpec``), not a subclass: the processes of
-each attempt, what it holds for the job, the listeners the guard covers, how
-its exits are judged, and its few hooks.  The order is here, once; what each
+A runner is a value (``runspec.RunnerSpec``), not a subclass.  The order is here, once; what each
 event means and what every host is told is decided in ``decisions`` (a pure
-step, tested without processes); the agent is the shell around it: it turns
-exits, peers' messages, signals and the passing of time into events, and
-carries out the step's actions.  The first host decides the verdict and sends
-it to the others; the others report their failures to it.
+step, tested without processes); the loop turns exits, peers' messages (the
+channel's server only posts them), signals and the passing of time (``Tick``)
+into events, and carries out the step's actions (``actions``).  The first host's
+barrier is one more run of the loop (``_barrier``): the step says when every host is ready (``Release``) or why not.
 
 What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
 leftover scan, the seat, the runner's hold, the guard, and the attempt's own
-stack (its processes), left in that order reversed.  Nothing is left running:
-every local process is stopped and reaped before ``run`` returns.
-
-The seat in the job (``Membership``) comes from ``membership_factory``, so a
-test can seat an agent in a fake job; a job of one (``spec.solo``) sits in a
-``SoloSeat`` (no channel, no port).  While stalls are watched
-(``TRAINING_TOOLKIT_STALL_TIMEOUT``), every process gets the heartbeat directory
-and the faulthandler hook (``agent_watch``), and its output marks progress.
+stack (its processes), left in that order reversed.  Nothing is left running.
+The seat (``Membership``) comes from ``membership_factory`` (a test's fake); a
+job of one (``spec.solo``) sits in a ``SoloSeat``, importing no membership code.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
 
-from training_toolkit import decisions, roster
-from training_toolkit.agent_watch import StallWatch
-from training_toolkit.agent_events import (AnnounceRestart, GatherStacks, PartEnded, Phase, Rejoin, SendStacks,
-                                           ShareProgress, StopPart)
-from training_toolkit.cluster.membership import ChannelSettings, Membership, Seat, SoloSeat
+from training_toolkit.agent import actions as carry, decisions
+from training_toolkit.agent.actions import Ended, Stopped
+from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, LocalExit, Phase, Release, SetupFailed,
+                                           Started, Tick)
+from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
+from training_toolkit.agent.seats import Seats
+from training_toolkit.agent.stall import StallWatch
 from training_toolkit.cluster.secret import job_secret
-from training_toolkit.decisions import (Announce, Finish, Forward, GotSignal, Interrupt, Joined, LocalExit, PartStopped,
-                                        Report, ReportDone, Say, SetupFailed, Started, Tick)
-from training_toolkit.errors import ClusterError, CodeError, ConfigError, JobFailed, ToolkitError
+from training_toolkit.cluster.timing import ChannelSettings
+from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
-from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, ExitStatus, SignalForwarder, end_descendants
+from training_toolkit.process import ExitStatus, SignalForwarder, Supervised
 from training_toolkit.report import Outcome
-from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating, with_hosts, write_resource_config
+from training_toolkit.runspec import Local, RunContext, RunnerSpec, Seating
 from training_toolkit.runspec import failure_of as described_failure
+
+if TYPE_CHECKING:
+    from training_toolkit.cluster.membership import Seat
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
 # (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat
 MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings, SimpleQueue,
-                              Mapping[str, str] | None], Seat]
+                              Mapping[str, str] | None], "Seat"]
 
 
 def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
@@ -61,45 +57,45 @@ def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
     return HostAgent(ctx, spec).run()
 
 
-class Stopped(ToolkitError):
-    """A stopping signal arrived before the job started."""
+def _membership(*args) -> Seat:
+    from training_toolkit.cluster.membership import Membership  # a job of one seat imports no membership code
 
-    def __init__(self, signum: int):
-        self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} before the job started")
+    return Membership(*args)
 
 
-class HostAgent(StallWatch):
+class HostAgent:
     def __init__(self, ctx: RunContext, spec: RunnerSpec, membership_factory: MembershipFactory | None = None,
                  hosts: Sequence[str] | None = None):
-        self.ctx = ctx
         self.spec = spec
-        self.host = ctx.plan.current_host
-        self.hosts = tuple(hosts or ((self.host,) if spec.solo else ctx.plan.hosts))  # the job's hosts as seen here
-        self.is_master = self.hosts[0] == self.host
+        host = ctx.plan.current_host
+        self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)))
+        self.host, self.is_master = host, self.seats.is_master
         self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
-        self._membership_factory = membership_factory or (SoloSeat if spec.solo else Membership)
+        if membership_factory is None:
+            from training_toolkit.agent.solo import SoloSeat
+
+            membership_factory = SoloSeat if spec.solo else _membership
+        self._membership_factory = membership_factory
         self.events: SimpleQueue = SimpleQueue()
         self.settings = ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
-        self.locals: list[Local] = []
+        self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
-        self._stopping = False  # a runner's own stop (``spec.stop``) has begun
+        self._in_barrier = False  # the first host's barrier runs the loop: a signal is an event there
         config = ctx.settings
+        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched)
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         stop_wait_s = decisions.stop_wait(ctx.grace_s)
-        self.state = (decisions.first_host(self.host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
+        self.state = (decisions.first_host(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
                                            spec.own_end_on_stop, ctx.first_attempt, stop_wait_s) if self.is_master
-                      else decisions.other_host(self.host, config.max_restarts, ctx.first_attempt, stop_wait_s))
-        self.watch_dir = None
-        self._progress = None
-        # who takes part (roster.py): the first host chooses each attempt's active hosts, every host takes them
-        self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``with_hosts``)
-        self.active: tuple[str, ...] = self.hosts
-        self.roster = roster.Roster(self.hosts)
-        self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
-        self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
-        self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
+                      else decisions.other_host(host, config.max_restarts, ctx.first_attempt, stop_wait_s))
+
+    # What the seats and the part hold, as the runner's hooks and tests read it
+    ctx = property(lambda self: self.seats.ctx)
+    hosts = property(lambda self: self.seats.hosts)
+    active = property(lambda self: self.seats.active)
+    elastic = property(lambda self: self.seats.elastic)
+    locals = property(lambda self: self.part.locals)
 
     @property
     def attempt(self) -> int:
@@ -112,8 +108,17 @@ class HostAgent(StallWatch):
         else the job's every host (what the runner holds, the guard: a spare may be seated later).
         """
         seat = self.membership
-        return Seating(self.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master, seat.job_id if seat else "",
-                       seat.introductions if seat else {}, self.job_env, self.settings.join_timeout_s)
+        return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master,
+                       seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
+                       self.settings.join_timeout_s)
+
+    def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
+        """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
+        return Supervised(argv, self.job_env(env), cwd=cwd, on_output=self.stall.on_output(self.attempt), **kw)
+
+    def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's: ``Seating``)."""
+        return self.stall.process_env(env, self.attempt)
 
     # The template -----------------------------------------------------------------------------
 
@@ -130,25 +135,23 @@ class HostAgent(StallWatch):
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
         with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, the hold, the seat, ...
-            job.callback(self._end_watch)
-            job.callback(_end_leftovers)
+            job.callback(self.stall.close)
+            job.callback(end_leftovers)
             job.callback(membership.close)
             with SignalForwarder(self._on_signal):
                 try:
                     membership.open()
-                    with _signals_held():
-                        self._step(Joined(*membership.job_attempt))
+                    self._step_held(Joined(*membership.job_attempt))
                     if unusable is not None:
                         raise unusable
-                    self._take_hosts(membership.hosts)
-                    self._take_limits()
-                    self._start_watch()
+                    self.seats.take_hosts(membership.hosts)
+                    self.seats.take_limits(spec)
+                    self.stall.start(membership.job_id)
                     if spec.hold is not None:
                         job.enter_context(spec.hold(self.seating()))
                     if spec.prepare is not None:
                         spec.prepare(self.seating())
-                    self._seat(membership.barrier(self.attempt, self._barrier_deadline(),
-                                                  choose=self._first_choice if self.is_master else None))
+                    self._seat(self._barrier(self._barrier_deadline()))
                     if self.is_master and spec.after_barrier is not None:
                         spec.after_barrier(self.seating())
                     guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
@@ -162,13 +165,15 @@ class HostAgent(StallWatch):
                     if self.host in self.active:  # a spare said it waits
                         self._say_attempt(self._why_this_attempt())
                     self._start()
+                except Ended as ended:
+                    return ended.outcome
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
                     return self._failed_before_start(self._cannot_start(exc))
                 outcome = self._started()
                 while outcome is None:
-                    outcome = self._carry_out(self._step(self._next_event()))
+                    outcome = carry.carry_out(self, self._step(self._next_event()))
         return outcome
 
     def _start(self) -> None:
@@ -177,91 +182,51 @@ class HostAgent(StallWatch):
         A spare (not among the attempt's active hosts) starts none: it stays joined, and waits.
         """
         procs = self.spec.processes(self.seating(attempt=True)) if self.host in self.active else ()
-        self.locals = started = []
-        self._attempt.callback(_stop_locals, started, FAILURE_GRACE_S)
+        self.part.locals = started = []
+        self._attempt.callback(stop_locals, started, FAILURE_GRACE_S)
         for proc in procs:
             child = self.supervise(proc.argv, proc.env, cwd=proc.cwd)
             started.append(Local(proc.name, child, proc.primary, proc.rank, proc.program))
 
-    def _take_hosts(self, hosts: Sequence[str]) -> None:
-        """A host other than the first takes the job's hosts from the first host's welcome, never from its own view."""
-        hosts = tuple(hosts)
-        if self.is_master or hosts == self.ctx.plan.hosts:
-            return
-        log(f"{self.host}: host of {', '.join(hosts)} (from the first host)")
-        self.ctx = with_hosts(self.ctx, hosts)
-        self.hosts = hosts
-
     def _started(self) -> Outcome | None:
-        if self._progress is not None:
-            self._progress.attempt = self.attempt
-        for local in self.locals:
-            _watch(local, self.events, self.attempt)
-        with _signals_held():  # the handler steps too while setting up: never both at once
-            actions = self._step(Started(tuple(local.name for local in self.locals if local.primary), self.active))
-        return self._carry_out(actions)
+        self.stall.attempt_started(self.attempt)
+        self.part.watch(self.attempt)
+        actions = self._step_held(Started(tuple(local.name for local in self.locals if local.primary), self.active))
+        return carry.carry_out(self, actions)
 
-    # Who takes part ---------------------------------------------------------------------------
+    def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> tuple[str, ...]:
+        """Every host ready for this attempt: its active hosts, in rank order, on every host.
 
-    def _take_limits(self) -> None:
-        """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
-        host's list, taken already) before anything starts: a ConfigError, exit 78, that the first host announces."""
-        config = self.ctx.settings
-        if self.spec.solo or (config.max_hosts is None and config.min_hosts is None):
-            return
+        A host other than the first says it is ready and waits for the go.  The first host runs the
+        loop: the channel's events and Ticks go to the step until it says every host is ready
+        (``Release``: the first host chooses the active hosts and sends the go), or the job ends (``Ended``).
+        """
+        assert self.membership is not None
+        if not self.is_master:
+            return tuple(self.membership.barrier(self.attempt, deadline_s) or self.hosts)
+        deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
+        self._in_barrier = True
         try:
-            self.max_hosts, self.min_hosts = roster.limits(len(self.hosts), config.max_hosts, config.min_hosts)
-        except ValueError as exc:
-            raise ConfigError("settings", None, f"{exc}: the job's hosts are {', '.join(self.hosts)}") from None
-        self.elastic = roster.elastic(len(self.hosts), self.max_hosts, self.min_hosts)
-        if self.elastic and not self.spec.follows_active_hosts:
-            raise ConfigError("settings", None, f"TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS are not "
-                              f"supported by the {self.ctx.plan.runner} runner yet (its processes do not follow an "
-                              f"attempt's hosts): unset them")
-        if self.elastic and self.ctx.job.resource.instance_groups:
-            raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
-                              "job without instance groups (a group names its hosts)")
-        self.roster = roster.first_roster(self.hosts, self.max_hosts)
-
-    def _first_choice(self, alive: frozenset, why: Mapping[str, str]) -> tuple[str, ...]:
-        """Barrier 0: the first roster (every host joined and ready)."""
-        self._turn = roster.Turn(self.roster)
-        return self.roster.active
-
-    def _next_choice(self, alive: frozenset, why: Mapping[str, str]) -> tuple[str, ...]:
-        """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
-        last = self.roster
-        for host in self.hosts:  # a host that left and came back waits as a spare
-            if host in alive and host not in (*last.active, *last.spares, *last.retired):
-                last = roster.joined(last, host)
-        retire = roster.to_retire(self.state.cause_hosts) if self.elastic else frozenset()
-        turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, retire=retire,
-                                  why=why)
-        if isinstance(turn, roster.Shortfall):
-            raise ClusterError(turn.reason())
-        self.roster, self._turn = turn.roster, turn
-        return turn.roster.active
+            actions = self._step_held(BarrierOpened(self.hosts[1:], deadline_s, alive_only))
+            while not any(isinstance(action, Release) for action in actions):
+                outcome = carry.carry_out(self, actions)
+                if outcome is not None:
+                    raise Ended(outcome)
+                actions = self._step_held(self._next_event())
+        finally:
+            self._in_barrier = False
+        release = next(action for action in actions if isinstance(action, Release))
+        if self.spec.solo:
+            active = self.hosts
+        elif self.attempt == self.state.first_attempt:
+            active = self.seats.first_choice()
+        else:
+            active = self.seats.next_choice(release.ready, dict(release.why), self.state.cause_hosts)
+        self.membership.release(active)
+        return active
 
     def _seat(self, active: Sequence[str] | None) -> None:
-        """Take the attempt's active hosts: an active host's processes see only them; a spare waits."""
-        active = tuple(active or self.hosts)
-        was_spare = self.host not in self.active
-        self.active = active
-        if self.is_master and self.elastic and self._turn is not None:
-            total = self.state.first_attempt + self.ctx.settings.max_restarts + 1
-            log(f"{self.host}: {roster.attempt_line(self.attempt + 1, total, self._turn)}")
-        if self.host not in active:
-            if not was_spare:  # once, when it starts waiting (at the first attempt, or retired)
-                log(f"{self.host}: a spare: waiting (attempt {self.attempt + 1} runs on {', '.join(active)})")
-            return
-        if was_spare:
-            log(f"{self.host}: seated in attempt {self.attempt + 1} (rank order: {', '.join(active)})")
-        if active == self.hosts:  # every host of the job (a job of one seat: its own)
-            if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
-                write_resource_config(self.ctx.job)
-            self.attempt_ctx = self.ctx
-        else:
-            self.attempt_ctx = with_hosts(self.ctx, active)
+        self.seats.seat(active, self.attempt, self.state.first_attempt + self.ctx.settings.max_restarts + 1)
 
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
@@ -285,6 +250,10 @@ class HostAgent(StallWatch):
         self.state, actions = decisions.step(self.state, event, time.monotonic())
         return actions
 
+    def _step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+        with signals_held():  # the handler steps too while setting up: never both at once
+            return self._step(event)
+
     def _next_event(self) -> decisions.Event:
         deadline = decisions.next_deadline(self.state)
         try:
@@ -304,91 +273,21 @@ class HostAgent(StallWatch):
             return self.spec.failure(local, status)
         return described_failure(local, status, None if self.spec.solo else self.host)
 
-    def _carry_out(self, actions: tuple[decisions.Action, ...]) -> Outcome | None:
-        """Do what the step said; the outcome once it says this host is done."""
-        assert self.membership is not None
-        for action in actions:
-            if isinstance(action, Forward):
-                self.signal_job(action.signum)
-            elif isinstance(action, Announce):
-                self.membership.announce(action.verdict)
-            elif isinstance(action, Report):
-                self.membership.report_failure(action.reason, action.exit_code, action.at, action.attempt,
-                                               action.stopped)
-            elif isinstance(action, ShareProgress):
-                self.membership.progress(action.heartbeat)
-            elif isinstance(action, GatherStacks):
-                _in_thread(self._gather_stacks, "gather-stacks")
-            elif isinstance(action, SendStacks):
-                _in_thread(self._send_stacks, "send-stacks")
-            elif isinstance(action, AnnounceRestart):
-                self.membership.restart(action.attempt, action.reason)
-            elif isinstance(action, StopPart):
-                _in_thread(self._stop_part, "stop-part", action.attempt, list(self.locals))
-            elif isinstance(action, Say):
-                log(action.line)
-            elif isinstance(action, Rejoin):
-                return self._rejoin(action)
-            elif isinstance(action, ReportDone):
-                self.membership.report_done(action.exit_code)
-            elif isinstance(action, Interrupt):
-                raise Stopped(action.signum)
-            elif isinstance(action, Finish):
-                return action.outcome
-        return None
-
-    def signal_job(self, signum: int) -> None:
-        """Pass a signal ``train`` received to this host's part of the job.
-
-        By default every local process gets it (stopping signals with the grace
-        period, then SIGKILL), and ``PartStopped`` is posted once all of them
-        are gone: the job hears of this host's stop when its whole part has
-        stopped, not when its first process ends.  A runner with its own stop
-        (``spec.stop``: MPI's ranks are not our children) is asked once, and
-        ``PartStopped`` is posted when it returns.
-        """
-        if signum in STOPPING_SIGNALS and self.spec.stop is not None:
-            if not self._stopping:
-                self._stopping = True
-                _in_thread(self._runner_stop, "stop-ranks", signum, list(self.locals))
-            return
-        _forward(self.locals, signum, self.ctx.grace_s)
-        if signum in STOPPING_SIGNALS and not self.spec.own_end_on_stop:
-            _in_thread(self._part_stopped, "part-stopped", signum, list(self.locals))
-
-    def _runner_stop(self, signum: int, locals_: list[Local]) -> None:
-        assert self.spec.stop is not None
-        self.spec.stop(signum, locals_)
-        self.events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
-
-    def _part_stopped(self, signum: int, locals_: list[Local]) -> None:
-        for local in locals_:
-            local.child.wait()  # each has its grace, and SIGKILL after it (Supervised.stop)
-        self.events.put(PartStopped(signum, time.time()))
-
-    def _stop_part(self, attempt: int, locals_: list[Local]) -> None:
-        """For a restart: stop this host's part of the attempt (the grace period, then kill); PartEnded once it is gone."""
-        if self.spec.stop_for_restart is not None:
-            self.spec.stop_for_restart(locals_)
-        _stop_locals(locals_, self.ctx.grace_s)
-        self.events.put(PartEnded(attempt))
-
-    def _rejoin(self, action: Rejoin) -> Outcome | None:
+    def rejoin(self, attempt: int, reason: str) -> Outcome | None:
         """Meet every host at the barrier of the new attempt and start this host's part again."""
-        assert self.membership is not None
         try:
-            self._say_attempt(action.reason)
+            self._say_attempt(reason)
             self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
-            self.locals = []
+            self.part.locals = []
             if self.spec.before_restart is not None:
                 self.spec.before_restart(self.seating())
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
-            self._seat(self.membership.barrier(action.attempt, self.settings.join_timeout_s + self.ctx.grace_s,
-                                               choose=self._next_choice if self.is_master else None,
-                                               alive_only=self.elastic))
+            self._seat(self._barrier(self.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
             if self.is_master and self.spec.after_restart_barrier is not None:
                 self.spec.after_restart_barrier(self.seating())
             self._start()
+        except Ended as ended:
+            return ended.outcome
         except ToolkitError as exc:
             return self._failed_before_start(exc)
         except OSError as exc:
@@ -396,14 +295,14 @@ class HostAgent(StallWatch):
         return self._started()
 
     def _on_signal(self, signum: int) -> None:
-        if self.state.phase not in (Phase.SETUP, Phase.BARRIER):
-            self.events.put(GotSignal(signum))
+        if self.state.phase not in (Phase.SETUP, Phase.BARRIER) or self._in_barrier:
+            self.events.put(GotSignal(signum))  # the loop steps it (the first host's barrier: Interrupt ends it)
             return
-        self._carry_out(self._step(GotSignal(signum)))  # Interrupt raises Stopped into the setup step
+        carry.carry_out(self, self._step(GotSignal(signum)))  # Interrupt raises Stopped into a blocking setup step
 
     def setup_failure(self, exc: ToolkitError) -> str:
         """A setup failure's reason, naming this host (a job of one seat names none, as the reference)."""
-        return str(exc) if isinstance(exc, JobFailed) or self.spec.solo else named(self.host, exc)
+        return str(exc) if isinstance(exc, JobFailed) or self.spec.solo else carry.named(self.host, exc)
 
     def _cannot_start(self, exc: OSError) -> CodeError:
         if self.spec.solo:  # the user's script, as the reference says it
@@ -412,65 +311,10 @@ class HostAgent(StallWatch):
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
         reason = self.setup_failure(exc)
-        with _signals_held():
-            actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
-        outcome = self._carry_out(actions)
+        actions = self._step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
+        outcome = carry.carry_out(self, actions)
         assert outcome is not None
         return outcome
 
 
-def _forward(locals_: Sequence[Local], signum: int, grace_s: float) -> None:
-    for local in locals_:
-        if signum in STOPPING_SIGNALS:
-            local.child.stop(signum, grace_s)
-        else:
-            local.child.send(signum)
-
-
-def _stop_locals(locals_: Sequence[Local], grace_s: float) -> None:
-    for local in locals_:
-        if local.child.poll() is None:
-            local.child.stop(signal.SIGTERM, grace_s)
-    for local in locals_:
-        local.child.wait(grace_s + 5)
-        local.child.finish(linger_s=1.0)
-
-
-def _end_leftovers() -> None:
-    ended = end_descendants()
-    if ended:
-        log(f"ended processes the job left behind: {', '.join(ended)}")
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Signals wait (at the OS) until the block ends: their handler never runs in the middle of it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def named(host: str, error: Exception) -> str:
-    """An error's message as a job-wide reason: it starts with the host it happened on."""
-    text = str(error)
-    return text if text.startswith(f"{host}:") else f"{host}: {text}"
-
-
-def _watch(local: Local, events: SimpleQueue, attempt: int) -> None:
-    def wait() -> None:
-        status = local.child.wait()
-        events.put(LocalExit(local.name, status, time.time(), attempt=attempt))
-
-    threading.Thread(target=wait, name=f"watch-{local.name}", daemon=True).start()
-
-
-def _in_thread(target: Callable, name: str, *args) -> None:
-    threading.Thread(target=target, args=args, name=name, daemon=True).start()
-
-
-__all__ = ["HostAgent", "Local", "Proc", "RunnerSpec", "Stopped", "named", "run"]
+__all__ = ["Ended", "HostAgent", "Stopped", "run"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from training_toolkit import settings
+from training_toolkit.records import record
 
 # The defaults are the settings' (TRAINING_TOOLKIT_HEARTBEAT, TRAINING_TOOLKIT_PEER_TIMEOUT): one table.
 HEARTBEAT_S: float = settings.default("heartbeat_s")
@@ -12,3 +13,19 @@ HANDSHAKE_TIMEOUT_S = 5.0  # from accept to a seated host; a join that takes lon
 # own deadline, so the first host always decides first (a host that gave up just as the first host
 # seated it found its seat taken; 1,000 hosts joining at once).
 JOIN_ATTEMPT_S = HANDSHAKE_TIMEOUT_S + 2.0
+
+
+@record
+class ChannelSettings:
+    """The channel's port and clocks for one job, from the settings."""
+
+    port: int
+    join_timeout_s: float
+    heartbeat_s: float
+    peer_timeout_s: float
+    first_attempt: int = 0  # the attempt the job starts at (the platform restarted it: JobSet's restart-attempt)
+
+    @classmethod
+    def from_settings(cls, settings: settings.Settings, first_attempt: int = 0) -> "ChannelSettings":
+        return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s,
+                   first_attempt)
