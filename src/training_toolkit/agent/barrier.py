@@ -21,7 +21,7 @@ Pure: ``now`` is the shell's monotonic clock.  Table tests: test/unit/test_barri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from training_toolkit.agent.failures import Failure, lost, peer_failure, root_cause, window_ends
 from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerLost, PeerReady
@@ -46,8 +46,10 @@ class Roll:
 
     linked: frozenset[str] = frozenset()  # seated now
     joined: frozenset[str] = frozenset()  # ever seated (lost ones included)
-    ready: tuple[tuple[str, int], ...] = ()  # (host, the last attempt it said it is ready for)
-    lost_why: tuple[tuple[str, str], ...] = ()  # (host, why it was lost, the last time)
+    # the last attempt each host said it is ready for; why each lost host was lost (the last time). Mappings
+    # (copied on change, never changed in place): at 1,000 hosts a barrier hears 2,000 events
+    ready: Mapping[str, int] = {}
+    lost_why: Mapping[str, str] = {}
     heard: tuple[Heard, ...] = ()  # failures of the channel's attempt or a later one, in arrival order
 
 
@@ -65,7 +67,7 @@ class Barrier:
 @record
 class Passed:
     ready: frozenset[str]  # the hosts ready, the first host among them
-    why: tuple[tuple[str, str], ...]  # why each lost host was lost
+    why: Mapping[str, str]  # why each lost host was lost
 
 
 @record
@@ -78,14 +80,6 @@ class Waiting:
     until: float  # monotonic: decide again on a Tick then
 
 
-def _with(pairs: tuple[tuple[str, object], ...], host: str, value) -> tuple:
-    return (*((h, v) for h, v in pairs if h != host), (host, value))
-
-
-def ready_for(roll: Roll, host: str) -> int | None:
-    return next((attempt for h, attempt in roll.ready if h == host), None)
-
-
 def note(roll: Roll, event, now: float, channel_attempt: int) -> Roll:
     """What an event of the channel changes in the roll (``channel_attempt``: the attempt the channel is at)."""
     if isinstance(event, PeerJoined):
@@ -93,10 +87,10 @@ def note(roll: Roll, event, now: float, channel_attempt: int) -> Roll:
     if isinstance(event, PeerReady):
         if event.attempt < channel_attempt:  # a host that rejoined may be ready for a restart not yet called
             return roll
-        return replace(roll, ready=_with(roll.ready, event.host, event.attempt))
+        return replace(roll, ready={**roll.ready, event.host: event.attempt})
     if isinstance(event, PeerLost):
         heard = Heard(lost(event.host, event.reason, event.at), channel_attempt, now, loss=True)
-        return replace(roll, linked=roll.linked - {event.host}, lost_why=_with(roll.lost_why, event.host, event.reason),
+        return replace(roll, linked=roll.linked - {event.host}, lost_why={**roll.lost_why, event.host: event.reason},
                        heard=(*roll.heard, heard))
     if isinstance(event, PeerFailed) and event.attempt >= channel_attempt:
         failure = peer_failure(event.host, event.reason, event.exit_code, event.at, event.stopped)
@@ -117,10 +111,10 @@ def decide(first: str, roll: Roll, barrier: Barrier, now: float) -> Passed | Fai
         if now >= ends:
             return Failed(root_cause([h.failure for h in failures]).outcome)
         return Waiting(ends)
-    missing = [h for h in barrier.expected if ready_for(roll, h) != barrier.attempt
+    missing = [h for h in barrier.expected if roll.ready.get(h) != barrier.attempt
                and (not barrier.alive_only or h in roll.linked)]
     if not missing:
-        ready = {h for h in barrier.expected if ready_for(roll, h) == barrier.attempt and h in roll.linked}
+        ready = {h for h in barrier.expected if roll.ready.get(h) == barrier.attempt and h in roll.linked}
         return Passed(frozenset({first, *ready}), roll.lost_why)
     if now >= barrier.deadline:
         return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: {not_ready(roll, missing, barrier.deadline_s)}"))

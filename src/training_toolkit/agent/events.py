@@ -6,6 +6,7 @@ each stays readable on its own; ``decisions`` re-exports every name here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Union
 
@@ -243,7 +244,7 @@ class Release:
     """
 
     ready: frozenset[str]
-    why: tuple[tuple[str, str], ...] = ()
+    why: Mapping[str, str]
 
 
 @record

@@ -221,7 +221,7 @@ class HostAgent:
         elif self.attempt == self.state.first_attempt:
             active = self.seats.first_choice()
         else:
-            active = self.seats.next_choice(release.ready, dict(release.why), self.state.cause_hosts)
+            active = self.seats.next_choice(release.ready, release.why, self.state.cause_hosts)
         self.membership.release(active)
         return active
 

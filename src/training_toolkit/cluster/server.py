@@ -14,14 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.admission import Admission, RefusalLog
+from training_toolkit.cluster.admission import Admission, RefusalLog, may_retake
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              Verdict, reported_time)
-from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
+from training_toolkit.cluster.link import Link, Refused, close_quietly, listen, reject, start_thread
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
-from training_toolkit.errors import ClusterError
-from training_toolkit.limits import open_files_needed, raise_open_files
 from training_toolkit.log import log as log_line
 
 
@@ -84,20 +82,7 @@ class ControlServer:
         self._reader = LinkReader(self._on_message, self._lost, timeout_s)
 
     def start(self) -> None:
-        needed = open_files_needed(len(self.expected) + 1)  # a socket per host here, an ssh session per host in mpirun
-        soft, hard = raise_open_files(needed)
-        if soft < needed:
-            self._log(f"control channel: {len(self.expected) + 1} hosts need about {needed} open files, and the hard "
-                      f"limit is {hard} (ulimit -Hn): hosts past it may not join")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self._bind, self.port))
-        except OSError as exc:
-            sock.close()
-            raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
-        sock.listen(max(1024, len(self.expected) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
-        self._sock = sock
+        self._sock = listen(self._bind, self.port, len(self.expected) + 1, self._log)
         self._reader.start()
         start_thread(self._accept_loop, "control-accept")
         start_thread(self._heartbeat_loop, "control-heartbeat")
@@ -199,10 +184,7 @@ class ControlServer:
                 over = self._closed.is_set()
                 if not over:
                     at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
-                    members = list(self.hosts)
-                    link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
-                                   "hosts": members,
-                                   "mac": wire.mac(keys.auth, *wire.welcome_signed(self.job_id, self._introduction, at, members))})
+                    link.send_raw(wire.welcome(keys.auth, self.job_id, self._introduction, at, list(self.hosts)))
                     link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                     stale = self._links.get(host)
                     self._links[host] = link
@@ -225,17 +207,10 @@ class ControlServer:
         return host
 
     def _stale_seat(self, host: str, address: str) -> Link | None:
-        """The seat ``host`` may take again: its link from the same address, before it said ready (this attempt).
-
-        A host whose welcome came after its own join deadline joins again while its seat is held:
-        refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
-        proof as any join, from the same address, before any message: nothing said is lost.
-        A host whose link is gone (its ``train`` restarted: a container restarted in its pod) needs
-        no stale seat: its seat is free, and it takes it by the same rules as any join.
-        """
+        """The seat ``host`` may take again (``admission.may_retake``): its link, else None."""
         link = self._links.get(host)
-        return link if link is not None and link.peer == address and self._ready.get(host, -1) < self._attempt \
-            else None
+        ok = link is not None and may_retake(link.peer, address, self._ready.get(host, -1), self._attempt)
+        return link if ok else None
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
