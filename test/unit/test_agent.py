@@ -411,3 +411,38 @@ def test_a_job_of_one_seat_has_no_spares(tmp_path):
     spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {})], solo=True)
     agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "2"})), spec)
     assert agent.run() == Outcome(0) and agent.active == ("algo-1",) and not agent.elastic
+
+
+# The first host's barrier: the loop, on the channel's events and Ticks ---------------------------------------------
+
+
+def test_the_first_hosts_barrier_deadline_is_decided_on_a_tick_and_names_who_is_missing(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-1")
+    started = []
+    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_JOIN_TIMEOUT": "1"})),
+                      RunnerSpec(lambda seat: started.append(seat) or []), seat_factory(seats, ready=("algo-2",)))
+    t0 = time.monotonic()
+    outcome = agent.run()
+    assert outcome == Outcome(69, "algo-1: hosts not ready within 1 s (never joined: algo-3)")
+    assert 1.0 <= time.monotonic() - t0 < 5 and started == []
+    assert seats[0].told == ["open", ("verdict", Verdict(69, outcome.reason, "algo-1")), "close"]
+
+
+def test_a_stop_during_the_first_hosts_barrier_is_an_event_that_ends_setup(tmp_path):
+    """The signal's handler only posts it; the loop's step says Interrupt, and nothing has started."""
+    import os
+    import signal
+
+    seats: list[FakeSeat] = []
+    started = []
+    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: started.append(seat) or []),
+                      seat_factory(seats, ready=()))  # no host ever comes: the barrier waits its 180 s
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    t0 = time.monotonic()
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")
+    assert time.monotonic() - t0 < 5 and started == []
+    assert seats[0].told == ["open", ("verdict", Verdict(143, outcome.reason, "algo-1")), "close"]
