@@ -90,6 +90,9 @@ class FakeSeat:
     def send_stacks(self, stacks):
         self.told.append(("stacks", stacks))
 
+    def interrupt(self):
+        self.told.append("interrupt")
+
     def close(self):
         self.told.append("close")
 
@@ -446,3 +449,96 @@ def test_a_stop_during_the_first_hosts_barrier_is_an_event_that_ends_setup(tmp_p
     assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")
     assert time.monotonic() - t0 < 5 and started == []
     assert seats[0].told == ["open", ("verdict", Verdict(143, outcome.reason, "algo-1")), "close"]
+
+
+# A stop during a host's blocking setup steps: the handler posts it, the seat's wait ends, the loop steps it --------
+
+
+def stop_soon(delay_s: float = 0.5) -> threading.Timer:
+    import os
+    import signal
+
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    return timer
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def real_seat_context(tmp_path, port: int, hosts) -> tuple[RunContext, tuple[str, ...]]:
+    env = {"TRAINING_TOOLKIT_CONTROL_PORT": str(port), "TRAINING_TOOLKIT_JOB_SECRET": "s" * 32}
+    ctx = context(tmp_path, "algo-2")
+    ctx.job.paths.resource_config_file.parent.mkdir(parents=True)  # the first host's hosts are written there
+    return ctx._replace(settings=settings.parse(env)), tuple(hosts)
+
+
+def test_a_stop_while_joining_ends_the_join_at_once_and_is_the_verdict_here(tmp_path):
+    """No first host listens: the join would retry for its 180 s; the stop ends it within a retry."""
+    ctx, hosts = real_seat_context(tmp_path, free_port(), ("127.0.0.1", "algo-2"))
+    started = []
+    agent = HostAgent(ctx, RunnerSpec(lambda seat: started.append(seat) or []), hosts=hosts)
+    timer = stop_soon()
+    t0 = time.monotonic()
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-2: stopped by SIGTERM before the job started")
+    assert time.monotonic() - t0 < 5 and started == []
+
+
+def test_a_stop_while_waiting_for_the_go_ends_the_wait_and_the_first_host_hears_it(tmp_path):
+    """Joined and ready, the first host never says go: the stop ends the wait, reported as a stop."""
+    from queue import SimpleQueue
+
+    from training_toolkit.cluster.server import ControlServer
+
+    port, first_events = free_port(), SimpleQueue()
+    server = ControlServer(b"s" * 32, ["algo-2"], port, first_events, bind="127.0.0.1", hosts=("127.0.0.1", "algo-2"))
+    server.start()
+    try:
+        ctx, hosts = real_seat_context(tmp_path, port, ("127.0.0.1", "algo-2"))
+        agent = HostAgent(ctx, RunnerSpec(lambda seat: []), hosts=hosts)
+        timer = stop_soon(1.0)
+        t0 = time.monotonic()
+        outcome = agent.run()
+        timer.join()
+        assert outcome == Outcome(143, "algo-2: stopped by SIGTERM before the job started")
+        assert time.monotonic() - t0 < 5
+        seen = []
+        while not first_events.empty():
+            seen.append(first_events.get())
+        assert [type(e).__name__ for e in seen][:2] == ["PeerJoined", "PeerReady"]
+        failed = [e for e in seen if isinstance(e, PeerFailed)]
+        assert [(e.host, e.reason, e.exit_code) for e in failed] == [("algo-2", outcome.reason, 143)]
+    finally:
+        server.close()
+
+
+def test_a_stop_during_the_runners_hold_never_raises_into_it(tmp_path):
+    """The hold (sshd starting, say) finishes and is let go: the stop is stepped after it, not raised inside it."""
+    from contextlib import contextmanager
+
+    order = []
+
+    @contextmanager
+    def hold(seat):
+        time.sleep(1.0)  # a signal handler that raised would end the hold here, half made
+        order.append("held")
+        try:
+            yield
+        finally:
+            order.append("let go")
+
+    seats: list[FakeSeat] = []
+    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: order.append("started") or [], hold=hold),
+                      seat_factory(seats))
+    timer = stop_soon(0.3)
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")
+    assert order == ["held", "let go"] and "barrier" not in seats[0].told and "interrupt" in seats[0].told

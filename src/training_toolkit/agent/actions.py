@@ -16,7 +16,7 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Fi
                                            Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
 from training_toolkit.agent.parts import Part, in_thread
 from training_toolkit.agent.stall import StallWatch
-from training_toolkit.errors import ToolkitError
+from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.report import Outcome
 
@@ -90,6 +90,18 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
         elif isinstance(action, Finish):
             return action.outcome
     return None
+
+
+def setup_failure(host: str, solo: bool, exc: ToolkitError) -> str:
+    """A setup failure's reason, naming this host (a job of one seat names none, as the reference)."""
+    return str(exc) if isinstance(exc, JobFailed) or solo else named(host, exc)
+
+
+def cannot_start(argv: Sequence[str], solo: bool, exc: OSError) -> CodeError:
+    """A program that could not be started, as a setup failure."""
+    if solo:  # the user's script, as the reference says it
+        return CodeError(f"cannot run {argv[0]}: {exc.strerror or exc}")
+    return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
 
 
 def named(host: str, error: Exception) -> str:

@@ -31,13 +31,13 @@ from training_toolkit.agent.actions import Ended, Stopped
 from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, LocalExit, Phase, Release, SetupFailed,
                                            Started, Tick)
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
-from training_toolkit.agent.seats import Seats
+from training_toolkit.agent.seats import Seats, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
 from training_toolkit.cluster.secret import job_secret
 from training_toolkit.cluster.timing import ChannelSettings
-from training_toolkit.errors import CodeError, JobFailed, ToolkitError
+from training_toolkit.errors import ToolkitError
 from training_toolkit.log import log
-from training_toolkit.process import ExitStatus, SignalForwarder, Supervised
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
 from training_toolkit.report import Outcome
 from training_toolkit.runspec import Local, RunContext, RunnerSpec, Seating
 from training_toolkit.runspec import failure_of as described_failure
@@ -81,16 +81,16 @@ class HostAgent:
         self.settings = ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
-        self._in_barrier = False  # the first host's barrier runs the loop: a signal is an event there
+        self._in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
+        self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched)
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
-        stop_wait_s = decisions.stop_wait(ctx.grace_s)
+        stop_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.first_host(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
-                                           spec.own_end_on_stop, ctx.first_attempt, stop_wait_s) if self.is_master
-                      else decisions.other_host(host, config.max_restarts, ctx.first_attempt, stop_wait_s))
+                                           spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_master
+                      else decisions.other_host(host, config.max_restarts, ctx.first_attempt, stop_s))
 
-    # What the seats and the part hold, as the runner's hooks and tests read it
     ctx = property(lambda self: self.seats.ctx)
     hosts = property(lambda self: self.seats.hosts)
     active = property(lambda self: self.seats.active)
@@ -102,11 +102,8 @@ class HostAgent:
         return self.state.attempt
 
     def seating(self, attempt: bool = False) -> Seating:
-        """The attempt's membership as the runner's hooks see it, now.
-
-        ``attempt``: the job as this attempt runs it (its active hosts, ranks renumbered), for its processes;
-        else the job's every host (what the runner holds, the guard: a spare may be seated later).
-        """
+        """The attempt's membership as the runner's hooks see it, now.  ``attempt``: the job as this attempt runs it
+        (its active hosts, ranks renumbered); else every host of the job (what the runner holds, the guard)."""
         seat = self.membership
         return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master,
                        seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
@@ -141,6 +138,7 @@ class HostAgent:
             with SignalForwarder(self._on_signal):
                 try:
                     membership.open()
+                    self._check_stop()
                     self._step_held(Joined(*membership.job_attempt))
                     if unusable is not None:
                         raise unusable
@@ -151,6 +149,7 @@ class HostAgent:
                         job.enter_context(spec.hold(self.seating()))
                     if spec.prepare is not None:
                         spec.prepare(self.seating())
+                    self._check_stop()
                     self._seat(self._barrier(self._barrier_deadline()))
                     if self.is_master and spec.after_barrier is not None:
                         spec.after_barrier(self.seating())
@@ -163,14 +162,15 @@ class HostAgent:
                             job.callback(guard.stop)
                     job.callback(lambda: self._attempt.close())  # whichever attempt is the last
                     if self.host in self.active:  # a spare said it waits
-                        self._say_attempt(self._why_this_attempt())
+                        self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
+                    self._check_stop()
                     self._start()
                 except Ended as ended:
                     return ended.outcome
                 except ToolkitError as exc:
                     return self._failed_before_start(exc)
                 except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    return self._failed_before_start(self._cannot_start(exc))
+                    return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
                 outcome = self._started()
                 while outcome is None:
                     outcome = carry.carry_out(self, self._step(self._next_event()))
@@ -226,24 +226,17 @@ class HostAgent:
         return active
 
     def _seat(self, active: Sequence[str] | None) -> None:
-        self.seats.seat(active, self.attempt, self.state.first_attempt + self.ctx.settings.max_restarts + 1)
+        self.seats.seat(active, self.attempt, self._attempts())
 
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
         return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
 
-    def _why_this_attempt(self) -> str:
-        """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
-        if self.attempt > self.state.first_attempt:
-            return "rejoining the job"
-        return "the platform restarted the job" if self.attempt else ""
-
     def _say_attempt(self, reason: str) -> None:
-        """One line per attempt, when restarts are on: which, of how many, and why."""
-        total = self.state.first_attempt + self.ctx.settings.max_restarts + 1
-        if total > 1:
-            log(f"{self.host}: attempt {self.attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
+        self.seats.say_attempt(self.attempt, self._attempts(), reason)
 
+    def _attempts(self) -> int:
+        return self.state.first_attempt + self.ctx.settings.max_restarts + 1
     # The shell --------------------------------------------------------------------------------
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
@@ -285,34 +278,40 @@ class HostAgent:
             self._seat(self._barrier(self.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
             if self.is_master and self.spec.after_restart_barrier is not None:
                 self.spec.after_restart_barrier(self.seating())
+            self._check_stop()
             self._start()
         except Ended as ended:
             return ended.outcome
         except ToolkitError as exc:
             return self._failed_before_start(exc)
         except OSError as exc:
-            return self._failed_before_start(self._cannot_start(exc))
+            return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
         return self._started()
 
     def _on_signal(self, signum: int) -> None:
-        if self.state.phase not in (Phase.SETUP, Phase.BARRIER) or self._in_barrier:
-            self.events.put(GotSignal(signum))  # the loop steps it (the first host's barrier: Interrupt ends it)
-            return
-        carry.carry_out(self, self._step(GotSignal(signum)))  # Interrupt raises Stopped into a blocking setup step
+        """A signal is an event: the loop steps it.  During setup's blocking steps (the join, the runner's hold and
+        prepare, a host's wait for the go), a stopping one also ends the seat's wait (``interrupt``) and is stepped
+        at the next safe point (``_check_stop``); the handler never raises into setup."""
+        self.events.put(GotSignal(signum))
+        if (signum in STOPPING_SIGNALS and self.state.phase in (Phase.SETUP, Phase.BARRIER) and not self._in_barrier
+                and self._stop_signum is None):
+            self._stop_signum = signum
+            if self.membership is not None:
+                self.membership.interrupt()
 
-    def setup_failure(self, exc: ToolkitError) -> str:
-        """A setup failure's reason, naming this host (a job of one seat names none, as the reference)."""
-        return str(exc) if isinstance(exc, JobFailed) or self.spec.solo else carry.named(self.host, exc)
-
-    def _cannot_start(self, exc: OSError) -> CodeError:
-        if self.spec.solo:  # the user's script, as the reference says it
-            return CodeError(f"cannot run {self.ctx.argv[0]}: {exc.strerror or exc}")
-        return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
+    def _check_stop(self) -> None:
+        """Between setup's steps: a stopping signal that came is stepped now (``Interrupt`` raises ``Stopped``)."""
+        if self._stop_signum is not None:
+            carry.carry_out(self, self._step_held(GotSignal(self._stop_signum)))
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
-        reason = self.setup_failure(exc)
-        actions = self._step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time()))
-        outcome = carry.carry_out(self, actions)
+        if self._stop_signum is not None and not isinstance(exc, Stopped):  # a wait the stop ended (Interrupted)
+            try:
+                self._check_stop()
+            except Stopped as stopped:
+                exc = stopped
+        reason = carry.setup_failure(self.host, self.spec.solo, exc)
+        outcome = carry.carry_out(self, self._step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time())))
         assert outcome is not None
         return outcome
 

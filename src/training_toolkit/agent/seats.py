@@ -76,6 +76,11 @@ class Seats:
         self.roster, self._turn = turn.roster, turn
         return turn.roster.active
 
+    def say_attempt(self, attempt: int, total: int, reason: str) -> None:
+        """One line per attempt, when restarts are on: which, of how many, and why."""
+        if total > 1:
+            log(f"{self.host}: attempt {attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
+
     def seat(self, active: Sequence[str] | None, attempt: int, total: int) -> None:
         """Take the attempt's active hosts: an active host's processes see only them; a spare waits."""
         active = tuple(active or self.hosts)
@@ -95,3 +100,10 @@ class Seats:
             self.attempt_ctx = self.ctx
         else:
             self.attempt_ctx = with_hosts(self.ctx, active)
+
+
+def why_this_attempt(attempt: int, first_attempt: int) -> str:
+    """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
+    if attempt > first_attempt:
+        return "rejoining the job"
+    return "the platform restarted the job" if attempt else ""

@@ -56,5 +56,8 @@ class SoloSeat:
     def send_stacks(self, stacks: list) -> None:
         pass
 
+    def interrupt(self) -> None:
+        pass
+
     def close(self) -> None:
         pass

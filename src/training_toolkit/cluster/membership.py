@@ -68,6 +68,8 @@ class Seat(Protocol):
 
     def announce(self, verdict: Verdict) -> None: ...
 
+    def interrupt(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -185,6 +187,11 @@ class Membership:
         if self._server:
             self._server.broadcast(verdict)
             self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
+
+    def interrupt(self) -> None:
+        """End a join or a wait for the go now (a stopping signal during setup); safe from a signal handler."""
+        if self._client:
+            self._client.interrupt()
 
     def close(self) -> None:
         if self._server:
