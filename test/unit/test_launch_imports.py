@@ -16,7 +16,8 @@ from pathlib import Path
 
 NOT_FOR_ONE_HOST = {"training_toolkit.cluster.guard", "training_toolkit.cluster.listeners",
                     "training_toolkit.cluster.sockfilter", "training_toolkit.cluster.server",
-                    "training_toolkit.cluster.client", "training_toolkit.cluster.membership", "dataclasses", "inspect", "secrets", "hmac", "socket",
+                    "training_toolkit.cluster.client", "training_toolkit.cluster.membership",
+                    "training_toolkit.agent.follow", "training_toolkit.agent.progress", "dataclasses", "inspect", "secrets", "hmac", "socket",
                     "tarfile", "tempfile", "argparse", "psutil"}
 
 

@@ -18,7 +18,7 @@ enters as ``Tick`` events: a deadline is a decision on a Tick.
 
 from __future__ import annotations
 
-from training_toolkit.agent import barrier, follow, lead
+from training_toolkit.agent import barrier
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, Finish, Forward,
                                            GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
                                            PartStopped, Phase, Progress, Rejoin, Release, Report, ReportDone, Say,
@@ -65,7 +65,9 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
     if state.phase == Phase.STOPPING:
         return _stopping(state, event)
     if state.is_master:
+        from training_toolkit.agent import lead  # each host loads the rules of its role only
         return lead.running(state, event, now)
+    from training_toolkit.agent import follow
     return follow.running(state, event, now)
 
 
@@ -84,7 +86,9 @@ def _signal(state: AgentState, signum: int, now: float) -> tuple[AgentState, tup
         return replace(state, pending_signals=(*state.pending_signals, signum)), ()
     if stopping and state.stop_signal is None:
         state = replace(state, stop_signal=signum)
-        if lead.waits_for_parts(state) and state.phase == Phase.RUNNING:
+        from training_toolkit.agent.lead import waits_for_parts
+
+        if waits_for_parts(state) and state.phase == Phase.RUNNING:
             # the verdict waits for every host's part to stop (or this long): a host that heard it would end
             # its ranks still saving
             state = replace(state, deadline=now + state.stop_wait_s)
@@ -154,6 +158,8 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
         return (replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1),
                 (Rejoin(state.attempt + 1, state.causes[-1] if state.causes else ""),))
     if not state.is_master and isinstance(event, (Verdict, PeerLost)):
+        from training_toolkit.agent import follow
+
         return follow.running(state, event, 0.0)
     return state, ()
 

@@ -16,10 +16,10 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import StacksGathered
-from training_toolkit.agent.progress import ProgressWatch
 from training_toolkit.settings import RESTART_COUNT_VAR
 
 if TYPE_CHECKING:
+    from training_toolkit.agent.progress import ProgressWatch
     from training_toolkit import stacks
     from training_toolkit.cluster.membership import Seat
     from training_toolkit.runspec import Local
@@ -50,6 +50,7 @@ class StallWatch:
         if self._timeout_s is None:
             return
         from training_toolkit import stacks
+        from training_toolkit.agent.progress import ProgressWatch  # a job not watched does without
 
         self.watch_dir = stacks.watch_dir(job_id or None)
         self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
