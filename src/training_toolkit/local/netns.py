@@ -9,8 +9,8 @@ with the launcher, so even a launcher killed with SIGKILL leaves nothing (``hold
 
 The parts, each in its own module: names and addresses (``layout``), the bridge and the
 hosts' addresses (``network``), each host's namespaces held by one process (``holders``),
-ending what runs inside (``teardown``), and what the machine must have (``prerequisites``). This module puts them together: start, run
-commands in a host, close.
+ending what runs inside (``teardown``), and what the machine must have (``prerequisites``).
+This module puts them together: start, run commands in a host, close.
 """
 
 from __future__ import annotations
