@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["local"]:  # its own parser: every flag after `local` is its own
         from training_toolkit.local.cli import main as local_main
 
-        return local_main(argv[1:])
+        return local_main(argv[1:], dict(os.environ))
     try:
         return _main(argv)
     except BrokenPipeError:  # `training-toolkit plan | head`
