@@ -14,7 +14,6 @@ BEING_SPLIT = {
     "agent.py": "the agent package (agent/)",
     "decisions.py": "the agent package (agent/)",
     "cluster/server.py": "the agent package (agent/)",
-    "runners/mpi.py": "the MPI runner's split",
 }
 
 
