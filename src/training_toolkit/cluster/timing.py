@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from training_toolkit import settings
+from typing import TYPE_CHECKING
+
+from training_toolkit.names import HEARTBEAT_S, PEER_TIMEOUT_S
 from training_toolkit.records import record
 
-# The defaults are the settings' (TRAINING_TOOLKIT_HEARTBEAT, TRAINING_TOOLKIT_PEER_TIMEOUT): one table.
-HEARTBEAT_S: float = settings.default("heartbeat_s")
-TIMEOUT_S: float = settings.default("peer_timeout_s")
+if TYPE_CHECKING:
+    from training_toolkit.settings import Settings
+
+# The defaults of the settings TRAINING_TOOLKIT_HEARTBEAT and TRAINING_TOOLKIT_PEER_TIMEOUT (names.py holds them,
+# for the settings' table too): what a channel made without Settings uses (membership passes the settings').
+TIMEOUT_S = PEER_TIMEOUT_S
+__all__ = ["HANDSHAKE_TIMEOUT_S", "HEARTBEAT_S", "JOIN_ATTEMPT_S", "TIMEOUT_S", "ChannelSettings"]
 HANDSHAKE_TIMEOUT_S = 5.0  # from accept to a seated host; a join that takes longer is dropped
 # How long a joining host waits for its welcome before it tries again: longer than the first host's
 # own deadline, so the first host always decides first (a host that gave up just as the first host
@@ -26,6 +32,6 @@ class ChannelSettings:
     first_attempt: int = 0  # the attempt the job starts at (the platform restarted it: JobSet's restart-attempt)
 
     @classmethod
-    def from_settings(cls, settings: settings.Settings, first_attempt: int = 0) -> "ChannelSettings":
+    def from_settings(cls, settings: Settings, first_attempt: int = 0) -> ChannelSettings:
         return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s,
                    first_attempt)
