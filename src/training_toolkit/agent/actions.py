@@ -10,36 +10,38 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Finish, Forward, GatherStacks, Interrupt,
                                            Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
-from training_toolkit.agent.parts import Part, in_thread
-from training_toolkit.agent.stall import StallWatch
+from training_toolkit.agent.parts import in_thread
 from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.report import Outcome
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
+    from typing import Protocol
+
+    from training_toolkit.agent.parts import Part
+    from training_toolkit.agent.stall import StallWatch
     from training_toolkit.cluster.membership import Seat
     from training_toolkit.runspec import Local
 
+    class Agent(Protocol):
+        """What carrying out needs of the loop (``loop.HostAgent``): its seat, part, stall watch, the next attempt."""
 
-class Agent(Protocol):
-    """What carrying out needs of the loop (``loop.HostAgent``): its seat, part, stall watch, and the next attempt."""
+        membership: Seat | None
+        part: Part
+        stall: StallWatch
+        host: str
 
-    membership: Seat | None
-    part: Part
-    stall: StallWatch
-    host: str
+        @property
+        def hosts(self) -> tuple[str, ...]: ...
 
-    @property
-    def hosts(self) -> tuple[str, ...]: ...
+        @property
+        def locals(self) -> Sequence[Local]: ...
 
-    @property
-    def locals(self) -> Sequence[Local]: ...
-
-    def rejoin(self, attempt: int, reason: str) -> Outcome | None: ...
+        def rejoin(self, attempt: int, reason: str) -> Outcome | None: ...
 
 
 class Stopped(ToolkitError):

@@ -18,7 +18,6 @@ enters as ``Tick`` events: a deadline is a decision on a Tick.
 
 from __future__ import annotations
 
-from training_toolkit.agent import barrier
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, Finish, Forward,
                                            GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
                                            PartStopped, Phase, Progress, Rejoin, Release, Report, ReportDone, Say,
@@ -41,7 +40,9 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
     if state.phase == Phase.ENDED:
         return state, ()
     if state.is_master and isinstance(event, CHANNEL):
-        state = replace(state, roll=barrier.note(state.roll, event, now, channel_attempt(state)))
+        from training_toolkit.agent import barrier  # a job of one host has no channel: it never loads the barrier
+
+        state = replace(state, roll=barrier.note(state.roll or barrier.Roll(), event, now, channel_attempt(state)))
         if state.barrier is not None:
             return _barrier(state, now)
         if isinstance(event, (PeerJoined, PeerReady)):
@@ -97,13 +98,17 @@ def _signal(state: AgentState, signum: int, now: float) -> tuple[AgentState, tup
 
 def _barrier_opened(state: AgentState, event: BarrierOpened, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     """First host: the barrier of this attempt begins (its deadline from now); failures of earlier ones are over."""
+    from training_toolkit.agent import barrier
+
     opened = barrier.Barrier(state.attempt, tuple(event.expected), now + event.deadline_s, event.deadline_s,
                              event.alive_only)
-    return _barrier(replace(state, barrier=opened, roll=barrier.opened(state.roll, state.attempt)), now)
+    return _barrier(replace(state, barrier=opened, roll=barrier.opened(state.roll or barrier.Roll(), state.attempt)), now)
 
 
 def _barrier(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]]:
-    assert state.barrier is not None
+    from training_toolkit.agent import barrier
+
+    assert state.barrier is not None and state.roll is not None
     outcome = barrier.decide(state.host, state.roll, state.barrier, now)
     if isinstance(outcome, barrier.Waiting):
         return replace(state, deadline=outcome.until), ()

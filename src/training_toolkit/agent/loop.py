@@ -202,6 +202,8 @@ class HostAgent:
         (``Release``: the first host chooses the active hosts and sends the go), or the job ends (``Ended``).
         """
         assert self.membership is not None
+        if self.spec.solo:  # no other host: nothing to wait for, nothing to tell
+            return self.hosts
         if not self.is_master:
             return tuple(self.membership.barrier(self.attempt, deadline_s) or self.hosts)
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
@@ -216,9 +218,7 @@ class HostAgent:
         finally:
             self._in_barrier = False
         release = next(action for action in actions if isinstance(action, Release))
-        if self.spec.solo:
-            active = self.hosts
-        elif self.attempt == self.state.first_attempt:
+        if self.attempt == self.state.first_attempt:
             active = self.seats.first_choice()
         else:
             active = self.seats.next_choice(release.ready, release.why, self.state.cause_hosts)

@@ -8,11 +8,14 @@ once taken), the limits of active hosts, the roster and the attempt's own
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from training_toolkit import roster
 from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.log import log
 from training_toolkit.runspec import RunContext, RunnerSpec, with_hosts, write_resource_config
+
+if TYPE_CHECKING:
+    from training_toolkit import roster
 
 
 class Seats:
@@ -23,7 +26,7 @@ class Seats:
         self.is_master = self.hosts[0] == self.host
         self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``with_hosts``)
         self.active: tuple[str, ...] = self.hosts
-        self.roster = roster.Roster(self.hosts)
+        self.roster: roster.Roster | None = None  # the first host's, from barrier 0 (a job of one host has none)
         self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
         self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
         self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
@@ -43,6 +46,8 @@ class Seats:
         config = self.ctx.settings
         if spec.solo or (config.max_hosts is None and config.min_hosts is None):
             return
+        from training_toolkit import roster  # a job of one host never loads it
+
         try:
             self.max_hosts, self.min_hosts = roster.limits(len(self.hosts), config.max_hosts, config.min_hosts)
         except ValueError as exc:
@@ -59,12 +64,17 @@ class Seats:
 
     def first_choice(self) -> tuple[str, ...]:
         """Barrier 0: the first roster (every host joined and ready)."""
+        from training_toolkit import roster
+
+        self.roster = self.roster or roster.Roster(self.hosts)
         self._turn = roster.Turn(self.roster)
         return self.roster.active
 
     def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
         """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
-        last = self.roster
+        from training_toolkit import roster
+
+        last = self.roster or roster.Roster(self.hosts)
         for host in self.hosts:  # a host that left and came back waits as a spare
             if host in alive and host not in (*last.active, *last.spares, *last.retired):
                 last = roster.joined(last, host)
@@ -87,6 +97,8 @@ class Seats:
         was_spare = self.host not in self.active
         self.active = active
         if self.is_master and self.elastic and self._turn is not None:
+            from training_toolkit import roster
+
             log(f"{self.host}: {roster.attempt_line(attempt + 1, total, self._turn)}")
         if self.host not in active:
             if not was_spare:  # once, when it starts waiting (at the first attempt, or retired)

@@ -6,11 +6,15 @@ and a ``Tick`` tells the step that time has passed.
 
 from __future__ import annotations
 
-from training_toolkit.agent.barrier import Barrier, Roll
+from typing import TYPE_CHECKING
+
 from training_toolkit.agent.events import Phase
 from training_toolkit.agent.failures import Failure
 from training_toolkit.records import record
 from training_toolkit.report import Outcome
+
+if TYPE_CHECKING:
+    from training_toolkit.agent.barrier import Barrier, Roll
 
 REPORT_WAIT_S = 5.0  # other hosts: after reporting a failure, how long to wait for the verdict before ending alone
 PEER_FINISH_TIMEOUT_S = 600.0  # first host: after its own success, how long the others may take (wait_for_peers)
@@ -63,7 +67,7 @@ class AgentState:
     stopped_hosts: frozenset[str] = frozenset()  # first host, during a stop: hosts whose part has stopped, itself too
     seated: frozenset[str] | None = None  # first host: the other hosts active this attempt (None: every worker);
     #                                       the rest are spares: no part, their loss no failure
-    roll: Roll = Roll()  # first host: what the channel said of every other host (joins, readiness, losses)
+    roll: Roll | None = None  # first host: what the channel said of every other host (None: nothing yet)
     barrier: Barrier | None = None  # first host: the barrier it runs now (SETUP or BARRIER), None otherwise
 
 
