@@ -33,8 +33,6 @@ from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, Loc
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.seats import Seats, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
-from training_toolkit.cluster.secret import job_secret
-from training_toolkit.cluster.timing import ChannelSettings
 from training_toolkit.errors import ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
@@ -44,11 +42,12 @@ from training_toolkit.runspec import failure_of as described_failure
 
 if TYPE_CHECKING:
     from training_toolkit.cluster.membership import Seat
+    from training_toolkit.cluster.timing import ChannelSettings
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
-# (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat
-MembershipFactory = Callable[[bytes | None, Sequence[str], str, ChannelSettings, SimpleQueue,
+# (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat (solo: no channel)
+MembershipFactory = Callable[[bytes | None, Sequence[str], str, "ChannelSettings | None", SimpleQueue,
                               Mapping[str, str] | None], "Seat"]
 
 
@@ -57,10 +56,14 @@ def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
     return HostAgent(ctx, spec).run()
 
 
-def _membership(*args) -> Seat:
+def _seat_of(spec: RunnerSpec) -> MembershipFactory:
+    if spec.solo:
+        from training_toolkit.agent.solo import SoloSeat
+
+        return SoloSeat
     from training_toolkit.cluster.membership import Membership  # a job of one seat imports no membership code
 
-    return Membership(*args)
+    return Membership
 
 
 class HostAgent:
@@ -70,15 +73,18 @@ class HostAgent:
         host = ctx.plan.current_host
         self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)))
         self.host, self.is_master = host, self.seats.is_master
-        self.secret = job_secret(ctx.settings)  # None: the platform gave none
         self.membership: Seat | None = None  # this host's seat, from run() on
-        if membership_factory is None:
-            from training_toolkit.agent.solo import SoloSeat
+        # the platform's secret (None: it gave none) and the channel's port and clocks: a job of one seat has neither
+        self.secret: bytes | None = None
+        self.settings: ChannelSettings | None = None
+        if not spec.solo:  # imported only here: a job of one seat loads no channel code
+            from training_toolkit.cluster.secret import job_secret
+            from training_toolkit.cluster.timing import ChannelSettings
 
-            membership_factory = SoloSeat if spec.solo else _membership
-        self._membership_factory = membership_factory
+            self.secret, self.settings = job_secret(ctx.settings), ChannelSettings.from_settings(ctx.settings,
+                                                                                                 ctx.first_attempt)
+        self._membership_factory = membership_factory or _seat_of(spec)
         self.events: SimpleQueue = SimpleQueue()
-        self.settings = ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
         self._in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
@@ -107,7 +113,7 @@ class HostAgent:
         seat = self.membership
         return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master,
                        seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
-                       self.settings.join_timeout_s)
+                       self.ctx.settings.join_timeout_s)
 
     def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
         """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
@@ -195,18 +201,16 @@ class HostAgent:
         return carry.carry_out(self, actions)
 
     def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> tuple[str, ...]:
-        """Every host ready for this attempt: its active hosts, in rank order, on every host.
-
-        A host other than the first says it is ready and waits for the go.  The first host runs the
-        loop: the channel's events and Ticks go to the step until it says every host is ready
-        (``Release``: the first host chooses the active hosts and sends the go), or the job ends (``Ended``).
-        """
+        """Every host ready for this attempt: its active hosts, in rank order, on every host.  A host other than the
+        first says it is ready and waits for the go.  The first host runs the loop: the channel's events and Ticks go
+        to the step until every host is ready (``Release``: it chooses the active hosts, sends the go) or the job
+        ends (``Ended``)."""
         assert self.membership is not None
         if self.spec.solo:  # no other host: nothing to wait for, nothing to tell
             return self.hosts
         if not self.is_master:
             return tuple(self.membership.barrier(self.attempt, deadline_s) or self.hosts)
-        deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
+        deadline_s = self.ctx.settings.join_timeout_s if deadline_s is None else deadline_s
         self._in_barrier = True
         try:
             actions = self._step_held(BarrierOpened(self.hosts[1:], deadline_s, alive_only))
@@ -218,10 +222,7 @@ class HostAgent:
         finally:
             self._in_barrier = False
         release = next(action for action in actions if isinstance(action, Release))
-        if self.attempt == self.state.first_attempt:
-            active = self.seats.first_choice()
-        else:
-            active = self.seats.next_choice(release.ready, release.why, self.state.cause_hosts)
+        active = self.seats.choose(self.attempt == self.state.first_attempt, release, self.state.cause_hosts)
         self.membership.release(active)
         return active
 
@@ -230,7 +231,7 @@ class HostAgent:
 
     def _barrier_deadline(self) -> float | None:
         """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
-        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
+        return self.ctx.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
 
     def _say_attempt(self, reason: str) -> None:
         self.seats.say_attempt(self.attempt, self._attempts(), reason)
@@ -275,7 +276,7 @@ class HostAgent:
             if self.spec.before_restart is not None:
                 self.spec.before_restart(self.seating())
             # a host may still be giving its ranks their grace period: that is not a host that did not come back
-            self._seat(self._barrier(self.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+            self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
             if self.is_master and self.spec.after_restart_barrier is not None:
                 self.spec.after_restart_barrier(self.seating())
             self._check_stop()

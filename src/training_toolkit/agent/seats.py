@@ -16,6 +16,7 @@ from training_toolkit.runspec import RunContext, RunnerSpec, with_hosts, write_r
 
 if TYPE_CHECKING:
     from training_toolkit import roster
+    from training_toolkit.agent.events import Release
 
 
 class Seats:
@@ -61,6 +62,10 @@ class Seats:
             raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
                               "job without instance groups (a group names its hosts)")
         self.roster = roster.first_roster(self.hosts, self.max_hosts)
+
+    def choose(self, first: bool, release: Release, cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
+        """First host, its barrier passed: the attempt's active hosts (the first roster at barrier 0, else the next)."""
+        return self.first_choice() if first else self.next_choice(release.ready, release.why, cause_hosts)
 
     def first_choice(self) -> tuple[str, ...]:
         """Barrier 0: the first roster (every host joined and ready)."""
