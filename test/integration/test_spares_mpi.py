@@ -24,13 +24,13 @@ pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
 PER_HOST = 2
 
 
-def mpi_job(tmp_path: Path, hosts, env: dict) -> tuple[LocalJob, Path]:
+def mpi_job(tmp_path: Path, hosts, env: dict, per_host: int = PER_HOST) -> tuple[LocalJob, Path]:
     src = source_dir(tmp_path, "mpi_spares.py")
     shared = tmp_path / "shared"
     shared.mkdir()
     job = LocalJob(hosts=hosts, env={**FAST, "SHARED_DIR": str(shared), **env},
                    hyperparameters=hps("mpi_spares.py", src, sagemaker_mpi_enabled=True,
-                                       sagemaker_mpi_num_of_processes_per_host=PER_HOST))
+                                       sagemaker_mpi_num_of_processes_per_host=per_host))
     return job, shared
 
 
@@ -108,3 +108,25 @@ def test_the_first_hosts_loss_ends_the_job_on_every_host_the_spare_included_name
         assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
         assert "lost the first host algo-1" in results[host].failure, results[host].failure
     assert not list(shared.glob("seen-1-*"))
+
+
+@pytest.mark.horovod
+def test_horovod_a_spare_takes_the_seat_of_a_host_killed_whole(tmp_path):
+    """horovod.tensorflow under mpirun: hvd.size() and hvd.rank() are the attempt's, as mpi4py's are."""
+    job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                         "HOROVOD": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **ROOM},
+                          per_host=1)
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-2"), (2, "algo-3")]
+    second = seen(shared, 1)
+    assert placed(second) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-3")], second
+    assert sees_hosts(second, ["algo-1", "algo-4", "algo-3"]) and all(i["world"] == 3 for i in second.values())
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]

@@ -24,7 +24,7 @@
  * (after the barrier that chose them, while mpirun may already be starting daemons): until it does,
  * the file is read again every 20 ms, for at most ATTEMPT_WAIT_S seconds, then the rank fails naming
  * the file and both attempts.  So no rank of attempt N starts from an earlier attempt's file (other
- * hosts, another world size).
+ * hosts, another world size).  That entry is the file's own: the rank's environment leaves it out.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -266,8 +266,8 @@ int main(int argc, char **argv)
     runtime_count = n;
     for (size_t i = 0; i < file_count; i++) {
         const char *entry = saved[i];
-        if (!strchr(entry, '=') || present(env, runtime_count, entry))
-            continue;
+        if (!strchr(entry, '=') || present(env, runtime_count, entry) || strncmp(entry, ATTEMPT_ENTRY, strlen(ATTEMPT_ENTRY)) == 0)
+            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it */
         if (runtime_libs && strncmp(entry, LIBPATH, strlen(LIBPATH)) == 0) {
             char *merged = merge_paths(runtime_libs, entry + strlen(LIBPATH));
             if (!merged)

@@ -1,18 +1,17 @@
 """MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
 
-Every host joins the channel, fetches the code, writes the job's ssh directory
-and starts its own sshd; the first host waits until all are ready, checks it
-can log in to each, and runs mpirun.  mpirun's end is the job's end: its
-verdict goes to every host at once.  Every host writes its own ranks' command and
-environment to a file first (``rank_env``): each rank sees its own host's contract,
-and mpirun carries nothing of the job across the network.
+Every host joins the channel, fetches the code, writes the job's ssh directory and starts
+its own sshd (``mpi_ssh``), spares included; the first host waits until all are ready, checks it
+can log in to each, and runs mpirun over the attempt's active hosts (``mpi_launch``).  mpirun's
+end is the job's end: its verdict goes to every host at once.  Every host writes its own ranks' command and
+environment to a file (``rank_env``), rewritten for each attempt once its hosts are known: each
+rank sees its own host's contract, and mpirun carries nothing of the job across the network.
 
 Under Slurm (``TRAINING_TOOLKIT_MPI_LAUNCHER=slurm``, the Slurm platform's default) there is no
 ssh at all: no keys, no sshd; mpirun starts its daemons with ``srun --overlap`` inside the job's
 step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, not under its
 ``train``, which finds them by their mark in the environment (docs/slurm.md).
 """
-
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seatin
 from training_toolkit.stopping import stop_processes
 from training_toolkit.supervise.deadman import Deadman
 
+STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
@@ -58,8 +58,6 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
                       stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched,
                       follows_active_hosts=True)  # mpirun, the rank files, sshd's from=: each attempt's hosts
-
-STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
 class MpiHost:
