@@ -110,6 +110,24 @@ def test_the_first_hosts_loss_ends_the_job_on_every_host_the_spare_included_name
     assert not list(shared.glob("seen-1-*"))
 
 
+def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_path, capfd):
+    """The spare's sshd is gone, but mpirun never named it: the job completes in its first attempt."""
+    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
+                                         **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-3")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-2"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2")]
+    assert sees_hosts(seen(shared, 0), ["algo-1", "algo-2"])
+    assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
+    assert sorted(p.name for p in shared.glob("done-0-*")) == [f"done-0-{r}" for r in range(4)]
+    assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
+
+
 @pytest.mark.horovod
 def test_horovod_a_spare_takes_the_seat_of_a_host_killed_whole(tmp_path):
     """horovod.tensorflow under mpirun: hvd.size() and hvd.rank() are the attempt's, as mpi4py's are."""
