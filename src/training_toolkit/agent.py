@@ -417,6 +417,8 @@ class HostAgent(StallWatch):
         return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
+        if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
+            return Outcome(0)
         reason = self.setup_failure(exc)
         with _signals_held():
             actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))

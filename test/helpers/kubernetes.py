@@ -326,8 +326,8 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
                    env=dict(env or {}), host_env=host_env, platform_secret=False, start_hosts=start,
                    outsiders=[DNS_HOST])
     def restart(pod: str, exit_code: int) -> float | None:
+        delay = kubelet(pod, exit_code) if kubelet is not None else None  # first: it may wait for a node to die
         sim.container_ended(pod)
-        delay = kubelet(pod, exit_code) if kubelet is not None else None
         if delay is None and operator is not None and (delay := operator(pod, exit_code)) is not None:
             sim.replace(pod, job)
         return delay

@@ -18,6 +18,7 @@ from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
+from training_toolkit.errors import JobFailed
 from training_toolkit.report import Outcome
 from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec
 
@@ -427,3 +428,13 @@ def test_a_host_that_rejoins_a_started_attempt_waits_for_the_next_barrier_withou
     agent.events.put(Verdict(0, None, "algo-1"))
     agent.run()
     assert seats[0].told[1] == ("barrier", 2) and seats[0].deadlines == [deadline]
+
+
+def test_a_host_waiting_at_a_barrier_that_hears_the_job_succeed_ends_with_its_success_and_reports_nothing(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-3")
+    config = settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_MAX_HOSTS": "2"})
+    agent = HostAgent(ctx._replace(settings=config), script(),
+                      seat_factory(seats, fail_barrier=JobFailed("the job ended with code 0", 0)))
+    assert agent.run() == Outcome(0)
+    assert not [t for t in seats[0].told if isinstance(t, tuple) and t[0] == "failed"], seats[0].told

@@ -39,10 +39,18 @@ class Node:
         self.shared = tmp_path / "shared"
         self.shared.mkdir()
         self.killer = HostKiller()
+        self._never = Kubelet("Never")
         self.seated = seated
         self.replaced: list[int] = []
         self.errors: list[BaseException] = []
         self.rejoined_at: float | None = None
+        self.dead = threading.Event()  # everything in the lost pod was killed
+
+    def kubelet(self, pod: str, exit_code: int) -> float | None:
+        """restartPolicy Never (our manifests); a dead node's pod is looked at once nothing runs in it."""
+        if pod == LOST and not self.replaced:
+            assert self.dead.wait(60), f"{LOST}: its node never died"
+        return self._never(pod, exit_code)
 
     def env(self, **extra) -> dict:
         return {**BASE, "SHARED_DIR": str(self.shared), "HOLD_FILE": str(self.shared / "release"), **extra}
@@ -66,6 +74,7 @@ class Node:
         try:
             wait_for(self.shared / "step-0-0", timeout_s=240, at_least=3)
             self.killer.kill(LOST)
+            self.dead.set()
             new = str(ipaddress.ip_address(cluster.host(LOST).address) + k8s.REPLACED_OFFSET)
             end = time.monotonic() + 240
             while not self._linked(cluster, new):
@@ -101,7 +110,7 @@ def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits
     node = Node(tmp_path, seated=3)
     results = {r.host: r for r in k8s.run(
         pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), timeout_s=420,
-        kubelet=Kubelet("Never"), operator=node.operator, before_start=node.start)}
+        kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
     assert not node.errors, node.errors
     assert node.replaced == [-9] and node.rejoined_at is not None
     for pod in (MASTER, "ptj-worker-1", "ptj-worker-2", LOST):  # the pod made again too: it heard the verdict
@@ -121,7 +130,7 @@ def test_a_pod_made_again_is_seated_at_the_next_restart_while_the_job_is_below_i
     node = Node(tmp_path, seated=2)
     results = {r.host: r for r in k8s.run(
         pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MIN_HOSTS="2", HOLD_EXIT="3"),
-        timeout_s=420, kubelet=Kubelet("Never"), operator=node.operator, before_start=node.start)}
+        timeout_s=420, kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
     assert not node.errors, node.errors
     for pod in (MASTER, "ptj-worker-1", LOST):
         assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
