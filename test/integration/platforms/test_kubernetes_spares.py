@@ -24,7 +24,7 @@ from helpers.kubelet import Kubelet
 from helpers.multihost import hps, source_dir
 from training_toolkit.names import CONTROL_PORT
 
-pytestmark = [pytest.mark.root, pytest.mark.torch]
+pytestmark = [pytest.mark.root]
 
 MASTER, LOST = "ptj-master-0", "ptj-worker-0"
 BASE = {"TRAINING_TOOLKIT_DNS_TIMEOUT": "60", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_GRACE_PERIOD": "10",
@@ -32,15 +32,17 @@ BASE = {"TRAINING_TOOLKIT_DNS_TIMEOUT": "60", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "
 
 
 class Node:
-    """``LOST``'s node dies at attempt 0's step 3; the operator makes its pod again once attempt 1 runs on ``seated``
-    ranks; the test's ``release`` file is made once that pod holds a link to the first host's control channel."""
+    """``lost``'s node dies once attempt 0 made 3 steps (``progress``); the operator makes its pod again once attempt 1
+    runs ``seated`` processes; the test's ``release`` file is made once that pod holds a link to the first host's
+    control channel."""
 
-    def __init__(self, tmp_path: Path, seated: int):
+    def __init__(self, tmp_path: Path, seated: int, first: str = MASTER, lost: str = LOST, progress: str = "step-0-0"):
         self.shared = tmp_path / "shared"
         self.shared.mkdir()
         self.killer = HostKiller()
         self._never = Kubelet("Never")
         self.seated = seated
+        self.first, self.lost, self.progress = first, lost, progress
         self.replaced: list[int] = []
         self.errors: list[BaseException] = []
         self.rejoined_at: float | None = None
@@ -48,8 +50,8 @@ class Node:
 
     def kubelet(self, pod: str, exit_code: int) -> float | None:
         """restartPolicy Never (our manifests); a dead node's pod is looked at once nothing runs in it."""
-        if pod == LOST and not self.replaced:
-            assert self.dead.wait(60), f"{LOST}: its node never died"
+        if pod == self.lost and not self.replaced:
+            assert self.dead.wait(60), f"{pod}: its node never died"
         return self._never(pod, exit_code)
 
     def env(self, **extra) -> dict:
@@ -61,7 +63,7 @@ class Node:
 
     def operator(self, pod: str, exit_code: int) -> float | None:
         """The pod made again (once, and not before the job went on without it); 0: its container starts at once."""
-        if pod != LOST or self.replaced:
+        if pod != self.lost or self.replaced:
             return None
         self.replaced.append(exit_code)
         end = time.monotonic() + 240
@@ -72,13 +74,13 @@ class Node:
 
     def _kill_then_watch(self, cluster) -> None:
         try:
-            wait_for(self.shared / "step-0-0", timeout_s=240, at_least=3)
-            self.killer.kill(LOST)
+            wait_for(self.shared / self.progress, timeout_s=300, at_least=3)
+            self.killer.kill(self.lost)
             self.dead.set()
-            new = str(ipaddress.ip_address(cluster.host(LOST).address) + k8s.REPLACED_OFFSET)
+            new = str(ipaddress.ip_address(cluster.host(self.lost).address) + k8s.REPLACED_OFFSET)
             end = time.monotonic() + 240
-            while not self._linked(cluster, new):
-                assert time.monotonic() < end, f"{LOST} never linked again from {new}"
+            while not self._linked(cluster, self.first, new):
+                assert time.monotonic() < end, f"{self.lost} never linked again from {new}"
                 time.sleep(0.2)
             self.rejoined_at = time.monotonic()
             time.sleep(3)  # its ready for the next attempt follows its welcome
@@ -89,8 +91,8 @@ class Node:
             (self.shared / "release").write_text("")
 
     @staticmethod
-    def _linked(cluster, address: str) -> bool:
-        done = cluster.run(MASTER, ["ss", "-Htn", "state", "established", f"( sport = :{CONTROL_PORT} )"], timeout=15,
+    def _linked(cluster, first: str, address: str) -> bool:
+        done = cluster.run(first, ["ss", "-Htn", "state", "established", f"( sport = :{CONTROL_PORT} )"], timeout=15,
                            capture_output=True, text=True)
         return f"{address}:" in done.stdout
 
@@ -104,6 +106,7 @@ def infos(shared: Path, attempt: int) -> list[dict]:
     return [json.loads(f.read_text()) for f in shared.glob(f"seen-{attempt}-*.json")]
 
 
+@pytest.mark.torch
 def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits_as_a_spare(tmp_path, capfd):
     src = source_dir(tmp_path, "torch_spares.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
@@ -124,6 +127,7 @@ def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits
     assert f"{LOST} lost" in out and "ptj-worker-2 takes its place" in out, out[-3000:]
 
 
+@pytest.mark.torch
 def test_a_pod_made_again_is_seated_at_the_next_restart_while_the_job_is_below_its_maximum(tmp_path, capfd):
     src = source_dir(tmp_path, "torch_spares.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=2, nproc=1)  # 3 replicas, no spare: the job may shrink to 2
@@ -143,3 +147,29 @@ def test_a_pod_made_again_is_seated_at_the_next_restart_while_the_job_is_below_i
     out = capfd.readouterr().out
     assert f"{LOST} seated" in out, out[-3000:]
     assert f"listener guard: {LOST} now at" in out, out[-3000:]  # torch's store admits its new address
+
+
+@pytest.mark.tensorflow
+def test_a_tfjob_parameter_server_job_seats_its_spare_worker_in_a_lost_workers_place(tmp_path):
+    """TFJob Chief + 2 Workers, ``MAX_HOSTS=2``: worker 1 is the spare; worker 0's pod (worker 0, ps 1) is lost."""
+    src = source_dir(tmp_path, "ps_spares.py")
+    pods = k8s.tfjob("tfj", "ns1", {"Chief": 1, "Worker": 2})
+    chief, lost, spare = (f"tfj-{t}.ns1.svc" for t in ("chief-0", "worker-0", "worker-1"))
+    node = Node(tmp_path, seated=2, first="tfj-chief-0", lost="tfj-worker-0", progress="epoch-0")
+    env = node.env(TRAINING_TOOLKIT_MAX_HOSTS="2", TRAINING_TOOLKIT_GRACE_PERIOD="5", TF_CPP_MIN_LOG_LEVEL="2",
+                   EPOCHS="12", EPOCH_S="0.5", TRAINING_TOOLKIT_MAX_RESTARTS="1")
+    results = {r.host: r for r in k8s.run(pods, tmp_path, hps("ps_spares.py", src), env=env, timeout_s=480,
+                                          kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
+    assert not node.errors, node.errors
+    for pod in pods:  # the pod made again too: it waited as a spare and heard the verdict
+        assert results[pod.name].exit_code == 0, (pod.name, results[pod.name].exit_code, results[pod.name].failure)
+    first = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-0-*.json")}
+    assert first["seen-0-worker-0.json"]["host"] == lost and len(first) == 2  # the spare ran nothing
+    second = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-1-*.json")}
+    assert second["seen-1-worker-0.json"]["host"] == spare and len(second) == 2  # in the lost worker's seat
+    assert all(t["cluster"] == {"chief": [f"{chief}:2222"], "worker": [f"{spare}:2222"],
+                                "ps": [f"{chief}:2223", f"{spare}:2223"]} for t in second.values()), second
+    assert second["seen-1-chief-0.json"]["start"] >= 3  # the chief resumed from its checkpoint
+    done = json.loads((node.shared / "done-1.json").read_text())
+    assert abs(done["w"] - 3.0) < 0.3 and abs(done["b"] + 1.0) < 0.3, done
+    assert not list(node.shared.glob("seen-2-*"))
