@@ -33,7 +33,7 @@ from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, Loc
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.seats import Seats, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
-from training_toolkit.errors import ToolkitError
+from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
 from training_toolkit.report import Outcome
@@ -156,7 +156,7 @@ class HostAgent:
                     if spec.prepare is not None:
                         spec.prepare(self.seating())
                     self._check_stop()
-                    self._seat(self._barrier(self._barrier_deadline()))
+                    self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
                     if self.is_master and spec.after_barrier is not None:
                         spec.after_barrier(self.seating())
                     guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
@@ -228,10 +228,6 @@ class HostAgent:
 
     def _seat(self, active: Sequence[str] | None) -> None:
         self.seats.seat(active, self.attempt, self._attempts())
-
-    def _barrier_deadline(self) -> float | None:
-        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
-        return self.ctx.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
 
     def _say_attempt(self, reason: str) -> None:
         self.seats.say_attempt(self.attempt, self._attempts(), reason)
@@ -306,6 +302,8 @@ class HostAgent:
             carry.carry_out(self, self._step_held(GotSignal(self._stop_signum)))
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
+        if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
+            return Outcome(0)
         if self._stop_signum is not None and not isinstance(exc, Stopped):  # a wait the stop ended (Interrupted)
             try:
                 self._check_stop()

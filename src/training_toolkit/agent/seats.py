@@ -91,6 +91,14 @@ class Seats:
         self.roster, self._turn = turn.roster, turn
         return turn.roster.active
 
+    def first_deadline(self, attempt: int, first_attempt: int) -> float | None:
+        """This ``train``'s first barrier's deadline (None: the join deadline).  A host that rejoins waits for the
+        restart its loss caused: the first host stops its part first (grace).  With spares or a minimum it is a spare
+        until a restart seats it: it waits however long the job runs (the first host's loss still ends the wait)."""
+        if attempt <= first_attempt:
+            return None
+        return float("inf") if self.elastic else self.ctx.settings.join_timeout_s + self.ctx.grace_s
+
     def say_attempt(self, attempt: int, total: int, reason: str) -> None:
         """One line per attempt, when restarts are on: which, of how many, and why."""
         if total > 1:
