@@ -7,8 +7,8 @@ out the actions (``actions``).  The rules are split by the part they decide:
 root-cause rule), ``barrier`` (the first host's barrier), ``lead`` (the first
 host while an attempt runs), ``follow`` (the other hosts), ``verdicts``.
 ``stall`` and ``progress`` watch for stalls; ``seats``
-is who takes part in each attempt; ``parts`` stops and watches this host's
-processes; ``solo`` is the seat of a job of one host.
+is who takes part in each attempt (and the seat of a job of one host);
+``parts`` stops and watches this host's processes.
 
 Nothing is imported here: a module of the package imports only what it uses.
 """

@@ -31,7 +31,7 @@ from training_toolkit.agent.actions import Ended, Stopped
 from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, LocalExit, Phase, Release, SetupFailed,
                                            Started, Tick)
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
-from training_toolkit.agent.seats import Seats, why_this_attempt
+from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
 from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
@@ -58,8 +58,6 @@ def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
 
 def _seat_of(spec: RunnerSpec) -> MembershipFactory:
     if spec.solo:
-        from training_toolkit.agent.solo import SoloSeat
-
         return SoloSeat
     from training_toolkit.cluster.membership import Membership  # a job of one seat imports no membership code
 

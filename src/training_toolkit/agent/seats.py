@@ -1,5 +1,7 @@
 """Who takes part in each attempt (``roster.py``): the first host chooses each attempt's active hosts, every host takes them.
 
+And the seat of a job of one host (``SoloSeat``), which has no other host to take part.
+
 ``Seats`` holds this host's view of the job's hosts (the first host's list,
 once taken), the limits of active hosts, the roster and the attempt's own
 ``RunContext`` (its active hosts only); the agent asks it, and logs what it says.
@@ -8,6 +10,7 @@ once taken), the limits of active hosts, the roster and the attempt's own
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.errors import ClusterError, ConfigError
@@ -125,6 +128,65 @@ class Seats:
             self.attempt_ctx = self.ctx
         else:
             self.attempt_ctx = with_hosts(self.ctx, active)
+
+
+
+class SoloSeat:
+    """The seat of a job of one host (the single runner): no channel, no port, nothing to tell anyone.
+
+    The agent runs the same phases and attempts on it, with no barrier (no other host to wait for).
+    Kept here, so a single-host ``train`` imports no membership code (test/unit/test_launch_imports.py).
+    """
+
+    is_master = True
+    job_id = ""
+    introductions: Mapping[str, Mapping[str, str]] = {}
+    job_attempt = (0, False)
+
+    def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: object,
+                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        self.current = current
+        self.hosts = tuple(hosts)
+
+    def open(self) -> None:
+        pass
+
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...]:
+        return self.hosts
+
+    def release(self, active: Sequence[str]) -> None:
+        pass
+
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+                       stopped: bool = False) -> None:
+        pass
+
+    def report_done(self, exit_code: int) -> None:
+        pass
+
+    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        pass
+
+    def announce(self, verdict: object) -> None:
+        pass
+
+    def restart(self, attempt: int, reason: str) -> None:
+        pass
+
+    def progress(self, heartbeat: bool) -> None:
+        pass
+
+    def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
+        return {}
+
+    def send_stacks(self, stacks: list) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def why_this_attempt(attempt: int, first_attempt: int) -> str:

@@ -3,7 +3,7 @@
 Runners see one small interface whatever the host's role: open, barrier (the
 first host: release, once the agent decided its barrier passed), report, end.
 Deadlines and ports are settings (``settings.py``), so a platform can set them
-without flags.  A job of one host has no seat here (``agent.solo.SoloSeat``):
+without flags.  A job of one host has no seat here (``agent.seats.SoloSeat``):
 it imports none of this.
 """
 
