@@ -170,29 +170,31 @@ class ControlServer:
             reason = "the job is over" if self._closed.is_set() else self._admission.seat(host, address, seated=seated)
             if reason is None:
                 self._joining.add(host)
+                kept = {host: self.introductions[host]} if host in self.introductions else {}  # its last seat's
         if reason is not None:
             reject(link, reason)  # the peer is told the name it claimed; the log counts it once per address
             raise Refused(reason, kind=reason.replace(repr(host), "<the name it claimed>"))
         try:
-            # The welcome tells where the job is, and the host is seated, under one lock: a restart or a go
-            # comes either before (the welcome says so) or after (broadcast to this link).  A fresh socket's
-            # send buffer takes the small welcome without blocking.
+            # Under one lock, the welcome tells where the job is and the host is seated: a restart or a go comes
+            # before (the welcome says so) or after (broadcast to this link); close() sets its flag, then closes
+            # the links seated (under this lock): welcomed and seated in one hold, or neither.  Its introduction is
+            # stored before the welcome goes: a host that heard it may be asked about at once (readers take no lock).
             with self._state:
                 self._joining.discard(host)
-                # close() sets the flag, then closes the links it finds seated (under this lock): a host is
-                # welcomed and seated in one hold of it, or neither (never welcomed, then refused at close)
                 over = self._closed.is_set()
                 if not over:
                     at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
+                    self.introductions[host] = introduction
                     link.send_raw(wire.welcome(keys.auth, self.job_id, self._introduction, at, list(self.hosts)))
                     link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                     stale = self._links.get(host)
                     self._links[host] = link
-                    self.introductions[host] = introduction
                     verdict = self._verdict
         except BaseException:
-            with self._state:  # not seated: the host may try again
+            with self._state:  # not seated: the host may try again; its last seat's introduction stands
                 self._joining.discard(host)
+                self.introductions.pop(host, None)
+                self.introductions.update(kept)
             raise
         if over:
             raise Refused("the job is over")
@@ -244,13 +246,7 @@ class ControlServer:
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
-            with self._state:
-                links = list(self._links.values())
-            for link in links:
-                try:
-                    link.send("ping")
-                except OSError:
-                    pass
+            self._send_all("ping")
 
     def release(self, active: Sequence[str] | None = None) -> None:
         """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""

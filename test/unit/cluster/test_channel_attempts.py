@@ -152,6 +152,31 @@ def test_a_host_whose_link_ended_joins_again_told_the_attempt_and_fits_into_the_
     again.close()
 
 
+def test_a_hosts_introduction_is_stored_before_its_welcome_is_sent(job, monkeypatch):
+    """A reader right after the welcome finds the introduction: the server stores it, then sends (seen failing
+    under load; here the welcome's send is followed by a forced delay, in which the old order had not stored it)."""
+    from training_toolkit.cluster.link import Link
+
+    srv, first, [(c1, _), _] = job
+    send_raw = Link.send_raw
+
+    def slow_after_welcome(link, message):
+        send_raw(link, message)
+        if message.get("t") == "welcome":
+            time.sleep(0.5)  # the server's thread is held right after the welcome went out
+
+    monkeypatch.setattr(Link, "send_raw", slow_after_welcome)
+    c1.close()
+    first.get()
+    again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
+                          introduction={"ssh_host_key": "made anew"})
+    again.connect(5)
+    try:
+        assert srv.introductions["w1"] == {"ssh_host_key": "made anew"}
+    finally:
+        again.close()
+
+
 def test_a_host_joining_during_a_restarts_barrier_is_told_that_attempt_not_started(job):
     srv, first, [(c1, _), (c2, _)] = job
     c1.close()
