@@ -9,6 +9,7 @@ asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
   seat, the attempt, the channel's introductions, what every process of the attempt gets.
 - ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
   host's part, whether it runs the user's program); ``Local``: one the agent started.
+- ``Blamed``: a failed exit as the runner tells it: its outcome, and the host whose own processes failed.
 - ``RunnerSpec``: the processes of an attempt (``processes``), what the runner holds for
   the job (``hold``: a context manager the agent enters on its per-job ``ExitStack``), the
   listeners the guard covers, how its exits are judged and its failures described, and the
@@ -101,6 +102,19 @@ class Local:
 
 
 @record
+class Blamed:
+    """A failed exit as the runner tells it (``RunnerSpec.failure``): its outcome, and whose own processes failed.
+
+    ``host`` None: this host's (every runner whose failing processes are its host's own).  MPI's mpirun runs on
+    the first host for every rank: its failure names the failing rank's host, which the retire rule
+    (``roster.to_retire``) counts, not the first host.
+    """
+
+    outcome: Outcome
+    host: str | None = None
+
+
+@record
 class RunnerSpec:
     """What a runner is on one host: a value, built by the runner module's ``spec(ctx)`` before the job is joined.
 
@@ -122,7 +136,7 @@ class RunnerSpec:
     before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
     after_restart_barrier: Callable[[Seating], None] | None = None  # first host: after a restart's barrier
     judge: Callable[[Local, ExitStatus], ExitStatus] | None = None  # how an exit counts (default: its status)
-    failure: Callable[[Local, ExitStatus], Outcome] | None = None  # a failed exit's outcome (default: ``failure_of``)
+    failure: Callable[[Local, ExitStatus], Blamed] | None = None  # a failed exit, told (default: ``failure_of``, here)
     stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace
     #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
     stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes

@@ -128,6 +128,26 @@ def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_p
     assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
 
 
+def test_a_host_whose_ranks_fail_twice_in_a_row_is_retired_for_the_spare(tmp_path, capfd):
+    """mpirun reports every failure on the first host: the failing rank's host is the cause (runners/mpi_failure.py)."""
+    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                         "FAIL_ON_HOST": "algo-2", **ROOM})
+    results = by_host(run(job, tmp_path, timeout_s=420))
+    for host in H3:  # algo-2 too: it stays joined, retired, and hears the verdict
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert [placed(seen(shared, a)) for a in (0, 1, 2)] == [
+        [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2")],
+        [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2")],
+        [(0, "algo-1"), (1, "algo-1"), (2, "algo-3"), (3, "algo-3")]]
+    assert not list(shared.glob("seen-3-*")), "retired after two failures: the third attempt completes"
+    assert sorted(p.name for p in shared.glob("done-2-*")) == [f"done-2-{r}" for r in range(4)]
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "attempt 3 of 4: algo-1, algo-3 (algo-2 retired after 2 failures; algo-3 takes its place)" in text, text
+    assert "algo-1: attempt 2 of 4 starting (rank 2 on algo-2 " in text or \
+        "algo-1: attempt 2 of 4 starting (rank 3 on algo-2 " in text, text
+
+
 @pytest.mark.horovod
 def test_horovod_a_spare_takes_the_seat_of_a_host_killed_whole(tmp_path):
     """horovod.tensorflow under mpirun: hvd.size() and hvd.rank() are the attempt's, as mpi4py's are."""

@@ -20,7 +20,7 @@ from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
 from training_toolkit.errors import JobFailed
 from training_toolkit.report import Outcome
-from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec
+from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
 
@@ -209,7 +209,8 @@ def test_failure_of_names_a_process_by_its_data_not_its_name(tmp_path, rank, pro
     child = Supervised(["/bin/sh", "-c", "exit 5"], {})
     status = child.wait()
     local = Local("parameter server" if not program else "anything", child, rank=rank, program=program)
-    assert agent.failure_of(local, status).reason == reason
+    blamed = agent.failure_of(local, status)
+    assert blamed.outcome.reason == reason and blamed.host is None  # this host's own: no other host is blamed
 
 
 def seen_by(seen: list):
@@ -330,7 +331,7 @@ def test_a_runner_judges_its_exits_and_describes_its_failures(tmp_path):
         return ExitStatus(14)
 
     agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), judge=judge,
-                         failure=lambda local, status: Outcome(status.exit_code, f"{local.name}: lost a daemon"))
+                         failure=lambda local, status: Blamed(Outcome(status.exit_code, f"{local.name}: lost a daemon")))
     assert agent.run() == Outcome(14, "script: lost a daemon")
     assert judged == [("script", 0)]
 

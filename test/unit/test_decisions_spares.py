@@ -19,6 +19,7 @@ from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
 
 OK = ExitStatus(0)
+FAILED = ExitStatus(1)
 H = ("algo-1", "algo-2", "algo-3", "algo-4")
 
 
@@ -116,8 +117,33 @@ def test_a_failure_reported_by_a_host_with_no_part_is_said_not_the_jobs():
       PeerFailed("algo-2", "algo-2 rank 1: train.py exited with code 1", 1, 100.0)], ("algo-2",)),
     # a host's loss is no host's own failure
     ([PeerLost("algo-2", "connection closed", 100.0)], (None,)),
+    # this host's own process, the runner naming no other host: this host
+    ([LocalExit("rank 0", FAILED, at=100.0, failure=Outcome(1, "algo-1 rank 0: train.py exited with code 1"))],
+     ("algo-1",)),
+    # mpirun's end on the first host, blamed by the runner on the failing rank's host (runners/mpi_failure.py)
+    ([LocalExit("rank 0", FAILED, at=100.0, failure=Outcome(1, "rank 3 on algo-2 called MPI_Abort"), host="algo-2")],
+     ("algo-2",)),
 ])
 def test_each_restart_records_whose_own_processes_caused_it(events, want):
     state = master(wait_for_peers=False, max_restarts=2)
     state, actions = run(state, *[(1.0 + i * 0.1, e) for i, e in enumerate(events)], (2.0, Tick()))
     assert state.cause_hosts == want and state.phase.name == "STOPPING"
+
+
+def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for_the_waiting_spare():
+    """The whole chain on the first host: two attempts' mpirun failures blamed on algo-2, then the roster."""
+    from training_toolkit import roster
+    from training_toolkit.agent.decisions import PartEnded
+
+    said = Outcome(1, "rank 3 on algo-2 called MPI_Abort")
+    state = step(first_host("algo-1", H[1:3], max_restarts=3), Started(("mpirun",), H[:2]), 0.0)[0]
+    for attempt in (0, 1):
+        state, _ = run(state, (1.0, LocalExit("mpirun", FAILED, 100.0, said, attempt, host="algo-2")), (2.0, Tick()))
+        assert state.phase.name == "STOPPING"
+        state, _ = run(state, (3.0, PartEnded(attempt)), (4.0, Started(("mpirun",), H[:2])))
+    assert state.cause_hosts == ("algo-2", "algo-2")
+    retire = roster.to_retire(state.cause_hosts)
+    assert retire == frozenset({"algo-2"})
+    turn = roster.next_roster(roster.Roster(H[:2], ("algo-3",)), frozenset(H[:3]), retire=retire)
+    assert turn == roster.Turn(roster.Roster(("algo-1", "algo-3"), (), ("algo-2",)),
+                               ("algo-2 retired after 2 failures; algo-3 takes its place",))

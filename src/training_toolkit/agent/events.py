@@ -51,13 +51,17 @@ class Phase(str, Enum):
 
 @record
 class LocalExit:
-    """A local process ended; ``failure`` is the runner's description of a failed exit (None if it did not fail)."""
+    """A local process ended; ``failure`` is the runner's description of a failed exit (None if it did not fail).
+
+    ``host``: whose own processes failed, as the runner told it (MPI: the failing rank's host; None: this host).
+    """
 
     name: str
     status: ExitStatus
     at: float | None = None  # wall clock when its end was seen
     failure: Outcome | None = None
     attempt: int = 0  # the attempt it was started for: an earlier attempt's exit is stale
+    host: str | None = None
 
 
 @record

@@ -37,7 +37,7 @@ from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
 from training_toolkit.report import Outcome
-from training_toolkit.runspec import Local, RunContext, RunnerSpec, Seating
+from training_toolkit.runspec import Blamed, Local, RunContext, RunnerSpec, Seating
 from training_toolkit.runspec import failure_of as described_failure
 
 if TYPE_CHECKING:
@@ -252,14 +252,15 @@ class HostAgent:
             local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
             status = self.spec.judge(local, event.status) if self.spec.judge else event.status
             if not status.ok:
-                event = LocalExit(event.name, status, event.at, self.failure_of(local, status), event.attempt)
+                failed = self.failure_of(local, status)
+                event = LocalExit(event.name, status, event.at, failed.outcome, event.attempt, failed.host)
         return event
 
-    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
-        """The outcome of a local process that failed, as the runner describes it, else naming this host."""
+    def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
+        """A local process that failed, as the runner tells it (MPI: blamed on the rank's host), else naming this host."""
         if self.spec.failure is not None:
             return self.spec.failure(local, status)
-        return described_failure(local, status, None if self.spec.solo else self.host)
+        return Blamed(described_failure(local, status, None if self.spec.solo else self.host))
 
     def rejoin(self, attempt: int, reason: str) -> Outcome | None:
         """Meet every host at the barrier of the new attempt and start this host's part again."""

@@ -27,7 +27,7 @@ def failure_of(state: AgentState, event: Event) -> Failure | None:
         if event.status.ok and event.name in state.primaries:
             return None
         return Failure(local_failure(state.host, event), event.at, stopped=state.stop_signal is not None,
-                       host=state.host)
+                       host=event.host or state.host)
     if isinstance(event, PeerFailed):
         return peer_failure(event.host, event.reason, event.exit_code, event.at, event.stopped)
     if isinstance(event, PeerDone) and event.exit_code != 0:

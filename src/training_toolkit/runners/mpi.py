@@ -32,14 +32,14 @@ from training_toolkit.report import Outcome
 from training_toolkit.settings import STOP_FLAG_VAR
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
-from training_toolkit.runners.mpi_failure import describe_mpi_failure, judged
+from training_toolkit.runners.mpi_failure import judged, mpi_failure
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_command, has_mpi4py, home,
                                                  job_addresses, mpi_flavor, mpi_options, mpirun_preload, netshim,
                                                  rank_environment, slurm_environment, slurm_paths, stophold_library,
                                                  user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
-from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seating
+from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.stopping import stop_processes
 from training_toolkit.supervise.deadman import Deadman
 
@@ -247,12 +247,13 @@ class MpiHost:
         flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
         return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_master else []
 
-    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+    def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
+        """mpirun's failed end, blamed on the failing rank's host (None: mpirun's own end, this host's)."""
         local.child.drain()
         tail = tuple(local.child.tail.lines(100))
         options = mpi_options(self._attempt)  # the attempt's hosts: its ranks' numbers
-        reason = describe_mpi_failure(tail, self._attempt.plan.hosts, options.processes_per_host, status)
-        return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
+        failed = mpi_failure(tail, self._attempt.plan.hosts, options.processes_per_host, status)
+        return Blamed(Outcome(status.exit_code, failed.line, tuple(local.child.argv), tail), failed.host)
 
     def cleanup(self) -> None:
         if self.ssh is not None:

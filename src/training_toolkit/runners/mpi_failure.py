@@ -8,6 +8,10 @@ blocks (ssh's first: ``ssh: Could not resolve hostname ...``; not Open MPI's own
 ``[host:pid] ... Warning`` lines), or the block's first paragraph
 with its detail (Open MPI 5: "An unrecognized option was included on the mpirun
 command line: Option: --NCCL_DEBUG=WARN").  Pure functions of the output's tail.
+
+Every failure under MPI is mpirun's exit, on the first host; ``mpi_failure`` also gives the failing
+rank's host as data (``MpiFailure.host``), so that the agent counts the failure against that host
+(``roster.to_retire``), not against the first host that ran mpirun.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 from collections.abc import Sequence
 
 from training_toolkit.process import ExitStatus
+from training_toolkit.records import record
 from training_toolkit.runspec import Local
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
@@ -43,14 +48,28 @@ def lost_a_daemon(tail: Sequence[str]) -> bool:
     return bool(_LOST_DAEMON.search("\n".join(tail)))
 
 
+@record
+class MpiFailure:
+    """mpirun's failed end: one line naming the rank, its host and the cause; and that host, as data."""
+
+    line: str
+    host: str | None = None  # the failing rank's host, one of the attempt's; None: no rank named (mpirun's own end)
+
+
 def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: int, status: ExitStatus) -> str:
     """One line naming the rank, its host and the cause, from mpirun's own report and the ranks' stderr."""
+    return mpi_failure(tail, hosts, per_host, status).line
+
+
+def mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: int, status: ExitStatus) -> MpiFailure:
+    """The line (``describe_mpi_failure``) and the failing rank's host: the node mpirun named, if it is one of
+    ``hosts`` (the attempt's, in rank order), else the rank's by its slot (``per_host`` ranks to a host, in order)."""
     text = "\n".join(tail)
     rank: int | None = None
-    host: str | None = None
+    named: str | None = None
     cause: str | None = None
     if match := _NOTICED.search(text):
-        rank, host = int(match.group(1)), match.group(2)
+        rank, named = int(match.group(1)), match.group(2)
         signum = int(match.group(3))
         cause = ExitStatus(-signum).describe()
     elif match := _ABORT.search(text):
@@ -64,10 +83,11 @@ def describe_mpi_failure(tail: Sequence[str], hosts: Sequence[str], per_host: in
     if rank is None:
         said = mpirun_reason(tail)
         description = f"{hosts[0]}: mpirun " + ("lost a daemon and ended the job" if lost_a_daemon(tail) else status.describe())
-        return f"{description}: {said}"[:900] if said else description
-    host = host or (hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else "?")
-    line = f"rank {rank} on {host} {cause}"
-    return f"{line}: {last_error}"[:900] if last_error else line
+        return MpiFailure(f"{description}: {said}"[:900] if said else description)
+    by_slot = hosts[rank // per_host] if per_host and rank // per_host < len(hosts) else None
+    host = named if named in hosts else by_slot
+    line = f"rank {rank} on {named or by_slot or '?'} {cause}"
+    return MpiFailure(f"{line}: {last_error}"[:900] if last_error else line, host)
 
 
 def _last_rank_error(tail: Sequence[str], rank: int | None) -> str | None:
