@@ -147,3 +147,62 @@ def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for
     turn = roster.next_roster(roster.Roster(H[:2], ("algo-3",)), frozenset(H[:3]), retire=retire)
     assert turn == roster.Turn(roster.Roster(("algo-1", "algo-3"), (), ("algo-2",)),
                                ("algo-2 retired after 2 failures; algo-3 takes its place",))
+
+
+def stopping(active=H[:3]):
+    """The first host of 4, its attempt 0 on ``active`` failed (algo-2's rank) and the restart called: STOPPING."""
+    from training_toolkit.agent.decisions import PeerJoined
+
+    state = master(active, wait_for_peers=False, max_restarts=2)
+    state, _ = run(state, *[(0.5, PeerJoined(h)) for h in H[1:]],  # every host linked (the roll)
+                   (1.0, PeerFailed("algo-2", "algo-2 rank 1: boom", 1, 100.0)), (2.0, Tick()))
+    assert state.phase.name == "STOPPING"
+    return state
+
+
+def at_restart_barrier(active=H[:3], alive_only=True):
+    """``stopping``'s first host at attempt 1's barrier (``alive_only``: the job has spares or a minimum)."""
+    from training_toolkit.agent.decisions import BarrierOpened, PartEnded
+
+    state, _ = run(stopping(active), (3.0, PartEnded(0)), (4.0, BarrierOpened(H[1:], 60.0, alive_only)))
+    assert state.barrier is not None and state.attempt == 1
+    return state
+
+
+SPARE_LOST = Say("algo-1: algo-4, with no part in this attempt, was lost (connection closed); not a failure")
+
+
+@pytest.mark.parametrize("state, lost, want", [
+    # a spare lost at a restart's barrier that waits for the hosts alive only: said, as while the job runs
+    (lambda: at_restart_barrier(), "algo-4", [SPARE_LOST]),
+    # ... or while the attempt stops for that restart (the loss counts at that barrier: no failure there either)
+    (lambda: stopping(), "algo-4", [SPARE_LOST]),
+    # an active host lost there: no line here; the next attempt's line names it ("algo-2 lost: ...")
+    (lambda: at_restart_barrier(), "algo-2", []),
+    (lambda: stopping(), "algo-3", []),
+    # every host active (no spare): nothing to say
+    (lambda: at_restart_barrier(None), "algo-4", []),
+])
+def test_a_spare_lost_between_attempts_is_said(state, lost, want):
+    state, actions = run(state(), (5.0, PeerLost(lost, "connection closed", 100.0)))
+    assert [a for a in actions if isinstance(a, Say)] == want
+    assert state.phase.name != "ENDED"
+
+
+def test_a_spare_lost_at_a_restarts_barrier_is_said_and_the_barrier_passes_without_it():
+    from training_toolkit.agent.decisions import PeerReady, Release
+
+    state, actions = run(at_restart_barrier(), (5.0, PeerReady("algo-2", 1)), (5.1, PeerReady("algo-3", 1)),
+                         (5.2, PeerLost("algo-4", "connection closed", 100.0)))
+    assert actions == [SPARE_LOST, Release(frozenset(H[:3]), {"algo-4": "connection closed"})]
+
+
+def test_a_loss_at_barrier_0_is_not_said_as_a_spares():
+    """At the first barrier every host is expected: a loss there is the setup's failure, not a line."""
+    from training_toolkit.agent.decisions import BarrierOpened
+
+    state, _ = run(first_host("algo-1", H[1:]), (0.0, BarrierOpened(H[1:], 60.0)))
+    state, actions = run(state, (1.0, PeerLost("algo-4", "connection closed", 100.0)))
+    assert not [a for a in actions if isinstance(a, Say)]
+    state, actions = run(state, (1.0 + FAILURE_WINDOW_S, Tick()))
+    assert state.phase.name == "ENDED" and "algo-4: left the job (connection closed)" in actions[-1].outcome.reason

@@ -27,7 +27,7 @@ from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_caus
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
                                           STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
                                           first_host, next_deadline, other_host, stop_wait)
-from training_toolkit.agent.verdicts import announce, end, ended, with_causes
+from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
 from training_toolkit.process import STOPPING_SIGNALS
@@ -42,11 +42,13 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
     if state.is_master and isinstance(event, CHANNEL):
         from training_toolkit.agent import barrier  # a job of one host has no channel: it never loads the barrier
 
+        said = spare_lost(state, event)  # between attempts: a spare's loss, said (the roll keeps it as no failure)
         state = replace(state, roll=barrier.note(state.roll or barrier.Roll(), event, now, channel_attempt(state)))
         if state.barrier is not None:
-            return _barrier(state, now)
-        if isinstance(event, (PeerJoined, PeerReady)):
-            return state, ()
+            state, actions = _barrier(state, now)
+            return state, (*said, *actions)
+        if said or isinstance(event, (PeerJoined, PeerReady)):
+            return state, said
     if _stale(state, event):
         return state, ()
     if isinstance(event, GotSignal):

@@ -12,10 +12,10 @@ progress.
 from __future__ import annotations
 
 from training_toolkit.agent.events import (Action, AnnounceRestart, Event, GatherStacks, LocalExit, PartStopped, Phase,
-                                           Progress, Say, StacksGathered, StopPart, Tick)
+                                           Progress, StacksGathered, StopPart, Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import PEER_FINISH_TIMEOUT_S, STACKS_WAIT_S, AgentState, active_workers
-from training_toolkit.agent.verdicts import announce, counts_ok, failure_of, with_causes
+from training_toolkit.agent.verdicts import announce, counts_ok, failure_of, no_part, with_causes
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, PeerProgress
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
 from training_toolkit.records import replace
@@ -61,9 +61,7 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
     if isinstance(event, (PeerLost, PeerFailed)) and event.host not in active_workers(state):
         # a spare has no part: its loss or its failure (a host that came back and gave up waiting for a
         # restart) is no failure of the attempt; a lost one is not called at the next restart
-        what = "was lost" if isinstance(event, PeerLost) else "failed"
-        return state, (Say(f"{state.host}: {event.host}, with no part in this attempt, {what} ({event.reason}); "
-                           "not a failure"),)
+        return state, no_part(state, event)
     failure = failure_of(state, event)
     if failure is None:
         return state, ()

@@ -5,9 +5,9 @@ Pure helpers of the step (``decisions``, ``first_host``, ``other_host``).
 
 from __future__ import annotations
 
-from training_toolkit.agent.events import Action, Announce, Event, Finish, LocalExit, PartStopped, Phase
+from training_toolkit.agent.events import Action, Announce, Event, Finish, LocalExit, PartStopped, Phase, Say
 from training_toolkit.agent.failures import Failure, local_failure, lost, peer_failure, stopped
-from training_toolkit.agent.state import AgentState
+from training_toolkit.agent.state import AgentState, active_workers
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.records import replace
 from training_toolkit.report import Outcome
@@ -36,6 +36,25 @@ def failure_of(state: AgentState, event: Event) -> Failure | None:
     if isinstance(event, PeerLost):
         return lost(event.host, event.reason, event.at)
     return None
+
+
+def no_part(state: AgentState, event: PeerLost | PeerFailed) -> tuple[Action, ...]:
+    """A host with no part in the attempt (a spare, or a retired host) was lost or failed: said, never a failure."""
+    what = "was lost" if isinstance(event, PeerLost) else "failed"
+    return (Say(f"{state.host}: {event.host}, with no part in this attempt, {what} ({event.reason}); not a failure"),)
+
+
+def spare_lost(state: AgentState, event: Event) -> tuple[Action, ...]:
+    """First host, between attempts (stopping for a restart, or at a restart's barrier that waits for the hosts
+    alive only): a lost host that had no part in the last attempt is said (``no_part``); its loss fails nothing.
+
+    A spare's loss while an attempt runs is ``lead``'s; an active host's loss between attempts is told in the
+    next attempt's line (``roster.attempt_line``: "algo-2 lost"); at barrier 0 any loss is a failure.
+    """
+    between = state.phase == Phase.STOPPING or (state.barrier is not None and state.barrier.alive_only)
+    if state.is_master and between and isinstance(event, PeerLost) and event.host not in active_workers(state):
+        return no_part(state, event)
+    return ()
 
 
 def counts_ok(state: AgentState, event: LocalExit) -> bool:
