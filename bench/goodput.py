@@ -20,12 +20,13 @@ on restart.  Goodput = steps x step length / the job's wall time (start to the f
 
 Also: each kill to every rank of the next attempt running, ours (from the ranks' stamps).
 Needs root, torch, horovod (gloo), openssh-server.
-Usage: .venv/bin/python bench/goodput.py [--scale 1] [--seed 1] [--steps N] [--only ours-spare,torchrun,...]
+Usage: .venv/bin/python bench/goodput.py [--scale 1] [--seed 1] [--steps N] [--only ours-spare,torchrun,...] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,41 +36,20 @@ import time
 from pathlib import Path
 
 from common import PYTHON, REPO
-from goodput_jobs import TORCH_JOB, Faults
+from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, job_env, running
 from goodput_plan import recoveries, row, schedule, work_s
 
 sys.path.insert(0, str(REPO / "test"))
 from helpers.deadhost import HostKiller  # noqa: E402
 
-from training_toolkit import procfs  # noqa: E402
 from training_toolkit.local.launcher import LocalJob, run_local  # noqa: E402
 from training_toolkit.local.netns import NamespaceCluster, leftovers  # noqa: E402
 
-H4 = ("algo-1", "algo-2", "algo-3", "algo-4")
 H5 = (*H4, "algo-5")
-TAGS: list[str] = []  # every cluster's, to check that nothing of it is left
 SCRIPT = "goodput_torch.py"
 OURS = {"ours-spare": ("ours, 4 active + 1 spare", H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4"}),
         "ours-shrink": ("ours, shrinking (4 hosts, MIN_HOSTS=2)", H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2"}),
         "ours-restart": ("ours, restarts only (4 hosts, MIN=MAX)", H4, {})}
-
-
-class Outcome:
-    def __init__(self, label: str, wall: float | None, note: str = "", kills=(), recover=()) -> None:
-        self.label, self.wall, self.note, self.kills, self.recover = label, wall, note, list(kills), list(recover)
-
-
-def running(cluster: NamespaceCluster | None, needle: str) -> list[str]:
-    """The hosts with a process whose command line names ``needle`` (a rank of the job, or its launcher)."""
-    if cluster is None:
-        return []
-    return [name for name, pids in cluster.pids().items()
-            if any(needle in (procfs.cmdline(pid) or "") for pid in pids)]
-
-
-def job_env(shared: Path, args) -> dict[str, str]:
-    return {"SHARED_DIR": str(shared), "STEPS": str(args.steps), "STEP_S": str(args.step_s),
-            "CKPT_EVERY": str(args.ckpt_every), "FULL_WORLD": "4", "OMP_NUM_THREADS": "1"}
 
 
 def started(shared: Path) -> dict[int, list[float]]:
@@ -175,6 +155,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="default: 150 s of work x scale")
     parser.add_argument("--step-s", type=float, default=0.5)
     parser.add_argument("--ckpt-every", type=int, default=6)
+    parser.add_argument("--keep", type=Path, help="keep every job's logs and files under this new directory")
     parser.add_argument("--only", default="ours-spare,ours-shrink,ours-restart,torchrun,horovod")
     args = parser.parse_args()
     args.steps = args.steps or round(150 * args.scale / args.step_s)
@@ -184,7 +165,8 @@ def main() -> None:
           + ", ".join(f"{f.at_s:.1f}" for f in plan) + f" s, each host back {15 * args.scale:g} s later; "
           f"work {args.steps} x {args.step_s:g} s = {work:g} s; load average {os.getloadavg()}", flush=True)
     outcomes: list[Outcome] = []
-    with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="bench-goodput-") if args.keep is None
+          else contextlib.nullcontext(str(args.keep))) as tmp:
         for key in args.only.split(","):
             where = Path(tmp) / key
             if key in OURS:

@@ -11,8 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from goodput_plan import Fault, victim
+
+from training_toolkit import procfs
+from training_toolkit.local.netns import NamespaceCluster
+
+H4 = ("algo-1", "algo-2", "algo-3", "algo-4")
+TAGS: list[str] = []  # every cluster's the bench brought up, to check that nothing of it is left
 
 TORCH_JOB = """\
 import os, time
@@ -161,3 +168,21 @@ class Faults:
                 self.down.pop(item[1], None)
                 if self._back is not None:
                     self._back(item[1])
+
+
+class Outcome:
+    def __init__(self, label: str, wall: float | None, note: str = "", kills=(), recover=()) -> None:
+        self.label, self.wall, self.note, self.kills, self.recover = label, wall, note, list(kills), list(recover)
+
+
+def running(cluster: NamespaceCluster | None, needle: str) -> list[str]:
+    """The hosts with a process whose command line names ``needle`` (a rank of the job, or its launcher)."""
+    if cluster is None:
+        return []
+    return [name for name, pids in cluster.pids().items()
+            if any(needle in (procfs.cmdline(pid) or "") for pid in pids)]
+
+
+def job_env(shared: Path, args) -> dict[str, str]:
+    return {"SHARED_DIR": str(shared), "STEPS": str(args.steps), "STEP_S": str(args.step_s),
+            "CKPT_EVERY": str(args.ckpt_every), "FULL_WORLD": "4", "OMP_NUM_THREADS": "1"}
