@@ -71,14 +71,14 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     hps = {"sagemaker_program": f'"{SCRIPT}"', "sagemaker_submit_directory": f'"{src}"',
            "sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_processes_per_host": "1"}
     killer = HostKiller()
-    faults = Faults(plan, hosts[0], running=lambda: running(killer.cluster, SCRIPT), kill=lambda h: killer.kill(h))
+    faults = Faults(plan, hosts[0], running=lambda: running(killer.cluster, SCRIPT), kill=lambda h: killer.kill(h), shared=shared)
     first: dict = {}
 
     def on_start(procs) -> None:
         if not first:
             TAGS.append(killer.cluster.tag)
             first["t0"], first["proc"] = time.monotonic(), procs[hosts[0]]
-            faults.start(first["t0"], hosts)
+            faults.start(hosts)
 
     def restart(name: str, code: int) -> float | None:  # the platform's replacement, in the same host
         if name not in faults.down or first["proc"].poll() is not None:
@@ -86,7 +86,7 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
         return max(0.0, faults.down[name] - time.monotonic())
 
     with open(tmp / "ours.log", "wb") as log:
-        results = run_local(LocalJob(hosts=hosts, env=env, hyperparameters=hps), tmp / "cluster", timeout_s=1200,
+        results = run_local(LocalJob(hosts=hosts, env=env, hyperparameters=hps), tmp / "cluster", timeout_s=600 + 4 * args.steps * args.step_s,
                             out=log, before_start=killer.before_start, on_start=on_start, restart=restart)
     faults.stop()
     head = results[0]
@@ -123,13 +123,13 @@ def torchrun(tmp: Path, plan, args) -> Outcome:
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
         faults = Faults(plan, "algo-1", running=lambda: running(cluster, SCRIPT), kill=lambda h: killer.kill(h),
-                        back=start)
+                        back=start, shared=shared)
         t0 = time.monotonic()
         for name in H4:
             start(name)
-        faults.start(t0, H4)
+        faults.start(H4)
         try:
-            code = procs["algo-1"].wait(timeout=1200)
+            code = procs["algo-1"].wait(timeout=600 + 4 * args.steps * args.step_s)
         except subprocess.TimeoutExpired:
             code = None
         wall = time.monotonic() - t0

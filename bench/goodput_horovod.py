@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PYTHON, WRITE_SSH_DIR
+from common import PYTHON, WAIT_FOR_SSH, WRITE_SSH_DIR
 from goodput_jobs import H4, HOROVOD_JOB, TAGS, Faults, Outcome, job_env, running
 
 from training_toolkit.local.launcher import INTERFACE
@@ -28,7 +28,6 @@ SCRIPT = "goodput_hvd.py"
 
 def _ssh_files(cluster: NamespaceCluster, env: dict[str, str]) -> None:
     from training_toolkit.cluster.ssh import generate_keypair
-    sys_path = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
     client, host_key = generate_keypair("bench-client"), generate_keypair("bench-host")
     keys = Path(tempfile.mkdtemp(prefix="bench-goodput-keys-")) / "keys.json"
     keys.write_text(json.dumps({"client": [client.private.decode(), client.public],
@@ -38,14 +37,14 @@ def _ssh_files(cluster: NamespaceCluster, env: dict[str, str]) -> None:
         for host in cluster.hosts:
             for side, rest in (("client", names), ("server", addresses)):
                 cluster.run(host, [str(PYTHON), "-c", WRITE_SSH_DIR, str(keys), f"{SSH_DIR}-{side}", side, *rest],
-                            env={**env, **sys_path}, timeout=60, check=True)
+                            env=env, timeout=60, check=True)
     finally:
         keys.unlink()
         keys.parent.rmdir()
 
 
 def horovod(tmp: Path, plan, args) -> Outcome:
-    label = "horovodrun elastic --min-np 2 --max-np 4"
+    label = "horovodrun elastic --min-np 2 (TensorFlow)"
     shared, bin_dir = tmp / "shared", tmp / "bin"
     shared.mkdir(parents=True)
     bin_dir.mkdir()
@@ -68,7 +67,7 @@ def horovod(tmp: Path, plan, args) -> Outcome:
            "--host-discovery-script", str(bin_dir / "discover.sh"), "--gloo", "--network-interface", INTERFACE,
            # a failing host is blacklisted for good by default: the replacement reuses its name here
            "--blacklist-cooldown-range", f"{max(1, int(back_s / 2))}", f"{max(2, int(back_s))}",
-           "--start-timeout", "120", str(PYTHON), f"/opt/ml/code/{SCRIPT}"]
+           "--start-timeout", "120", "--elastic-timeout", "120",  # not its 600 s: a hang ends in bounded time str(PYTHON), f"/opt/ml/code/{SCRIPT}"]
     from helpers.deadhost import HostKiller
 
     with NamespaceCluster(H4, tmp / "cluster") as cluster:
@@ -85,9 +84,13 @@ def horovod(tmp: Path, plan, args) -> Outcome:
                           env={"PATH": base["PATH"]}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
 
+        def answering(*names: str) -> None:  # every named host's sshd takes the job's key
+            cluster.run("algo-1", [str(PYTHON), "-c", WAIT_FOR_SSH, f"{SSH_DIR}-client", *names],
+                        env=base, timeout=60, check=True)
+
         for name in H4:
             sshd(name)
-        time.sleep(1)
+        answering(*H4)
         write_up()
 
         def kill(name: str) -> None:
@@ -97,18 +100,18 @@ def horovod(tmp: Path, plan, args) -> Outcome:
 
         def back(name: str) -> None:
             sshd(name)
-            time.sleep(0.5)
+            answering(name)
             up.add(name)
             write_up()
 
-        faults = Faults(plan, "algo-1", running=lambda: running(cluster, SCRIPT), kill=kill, back=back)
+        faults = Faults(plan, "algo-1", running=lambda: running(cluster, SCRIPT), kill=kill, back=back, shared=shared)
         with open(tmp / "horovodrun.log", "wb") as log:
             t0 = time.monotonic()
             proc = cluster.popen("algo-1", cmd, env=env, cwd="/opt/ml/code", stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
-            faults.start(t0, H4)
+            faults.start(H4)
             try:
-                code = proc.wait(timeout=1200)
+                code = proc.wait(timeout=600 + 4 * args.steps * args.step_s)
             except subprocess.TimeoutExpired:
                 code = None
             wall = time.monotonic() - t0

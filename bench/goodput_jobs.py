@@ -60,36 +60,36 @@ if rank == 0:
 dist.destroy_process_group()
 """
 
+# Horovod here is built with TensorFlow only (no horovod.torch extension: docs/benchmarks.md), so its twin
+# is TensorFlow: the same tiny model's gradients allreduced (DistributedGradientTape), the same sleeps.
 HOROVOD_JOB = """\
 import os, time
 from pathlib import Path
-import torch
-import horovod.torch as hvd
+import tensorflow as tf
+import horovod.tensorflow as hvd
 
 shared = Path(os.environ["SHARED_DIR"])
 steps, step_s, every, full = (int(os.environ["STEPS"]), float(os.environ["STEP_S"]), int(os.environ["CKPT_EVERY"]),
                               int(os.environ["FULL_WORLD"]))
 hvd.init()
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
-entries = [0]
+w = tf.Variable(tf.zeros([4, 1]))
 
 
 @hvd.elastic.run
 def train(state):
     (shared / f"started-{state.resets}-{hvd.rank()}-{os.getpid()}").write_text(repr(time.monotonic()))
     while state.step < steps:
-        opt.zero_grad()
-        model(torch.ones(2, 4)).sum().backward()
-        opt.step()  # the gradients' allreduce
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(tf.ones([2, 4]), w))
+        grad, = hvd.DistributedGradientTape(tape).gradient(loss, [w])  # the gradients' allreduce
+        w.assign_sub(0.01 * grad)
         time.sleep(step_s * full / hvd.size())
         state.step += 1
         if state.step % every == 0:
             state.commit()  # in memory: what every rank rolls back to after a host's loss
 
 
-state = hvd.elastic.TorchState(model, opt, step=0, resets=0)
+state = hvd.elastic.TensorFlowState(variables=[w], step=0, resets=0)
 state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
 train(state)
 if hvd.rank() == 0:
@@ -100,14 +100,19 @@ if hvd.rank() == 0:
 class Faults:
     """Runs a schedule against a job in a thread: kills a host whole at each fault, brings it back later.
 
+    The schedule's times count from the first rank's start (its stamp in ``shared``): a fault hits the
+    training, not the launcher's start, which differs between the systems compared.
+
     ``running()``: the hosts running a rank of the job now; ``up()``: the hosts not killed (or back);
     ``kill(host)``: the host killed whole; ``back(host)``: its replacement started (None: the caller's
     platform model brings it back itself, as ``run_local``'s ``restart`` does).
     """
 
     def __init__(self, schedule: Sequence[Fault], first: str, *, running: Callable[[], list[str]],
-                 kill: Callable[[str], None], back: Callable[[str], None] | None = None) -> None:
+                 kill: Callable[[str], None], back: Callable[[str], None] | None = None,
+                 shared: Path | None = None) -> None:
         self.schedule, self.first, self._running, self._kill, self._back = schedule, first, running, kill, back
+        self.shared = shared
         self.kills: list[tuple[str, float]] = []
         self.down: dict[str, float] = {}  # host -> when it comes back (monotonic)
         self.errors: list[BaseException] = []
@@ -115,8 +120,9 @@ class Faults:
         self._thread: threading.Thread | None = None
         self.t0 = 0.0
 
-    def start(self, t0: float, hosts: Sequence[str]) -> None:
-        self.t0, self.hosts = t0, list(hosts)
+    def start(self, hosts: Sequence[str]) -> None:
+        """The schedule's clock starts when the first rank of the job has started (its stamp in ``shared``)."""
+        self.t0, self.hosts = float("inf"), list(hosts)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -133,6 +139,10 @@ class Faults:
 
     def _run(self) -> None:
         try:
+            while not any(self.shared.glob("started-*")):
+                if self._done.wait(0.1):
+                    return
+            self.t0 = time.monotonic()
             pending: list[tuple[float, str]] = []  # (when it comes back, host)
             faults = list(self.schedule)
             while faults or pending:
