@@ -67,7 +67,8 @@ def horovod(tmp: Path, plan, args) -> Outcome:
            "--host-discovery-script", str(bin_dir / "discover.sh"), "--gloo", "--network-interface", INTERFACE,
            # a failing host is blacklisted for good by default: the replacement reuses its name here
            "--blacklist-cooldown-range", f"{max(1, int(back_s / 2))}", f"{max(2, int(back_s))}",
-           "--start-timeout", "120", "--elastic-timeout", "120",  # not its 600 s: a hang ends in bounded time str(PYTHON), f"/opt/ml/code/{SCRIPT}"]
+           # --elastic-timeout not its 600 s: a hang ends in bounded time
+           "--start-timeout", "120", "--elastic-timeout", "120", str(PYTHON), f"/opt/ml/code/{SCRIPT}"]
     from helpers.deadhost import HostKiller
 
     with NamespaceCluster(H4, tmp / "cluster") as cluster:
