@@ -18,7 +18,8 @@ on restart.  Goodput = steps x step length / the job's wall time (start to the f
 - horovodrun elastic (``goodput_horovod.py``): ``--min-np 2 --max-np 4``, a discovery script listing
   the hosts up, sshd on every host; Horovod commits its state in memory every ``--ckpt-every`` steps.
 
-Also: each kill to every rank of the next attempt running, ours (from the ranks' stamps).
+Also: each kill to every rank of the next attempt running, ours (from the ranks' stamps), and the same
+job with no fault at all (``ours-nofault``: what the machine's load makes of the work's length).
 Needs root, torch, horovod (gloo), openssh-server.
 Usage: .venv/bin/python bench/goodput.py [--scale 1] [--seed 1] [--steps N] [--only ours-spare,torchrun,...] [--keep DIR]
 """
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 from common import PYTHON, REPO
-from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, job_env, running
+from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, StampedLog, decisions, job_env, running
 from goodput_plan import recoveries, row, schedule, work_s
 
 sys.path.insert(0, str(REPO / "test"))
@@ -49,7 +50,8 @@ H5 = (*H4, "algo-5")
 SCRIPT = "goodput_torch.py"
 OURS = {"ours-spare": ("ours, 4 active + 1 spare", H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4"}),
         "ours-shrink": ("ours, shrinking (4 hosts, MIN_HOSTS=2)", H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2"}),
-        "ours-restart": ("ours, restarts only (4 hosts, MIN=MAX)", H4, {})}
+        "ours-restart": ("ours, restarts only (4 hosts, MIN=MAX)", H4, {}),
+        "ours-nofault": ("ours, no fault (the same job, nothing killed)", H4, {})}
 
 
 def started(shared: Path) -> dict[int, list[float]]:
@@ -71,7 +73,9 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     hps = {"sagemaker_program": f'"{SCRIPT}"', "sagemaker_submit_directory": f'"{src}"',
            "sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_processes_per_host": "1"}
     killer = HostKiller()
-    faults = Faults(plan, hosts[0], running=lambda: running(killer.cluster, SCRIPT), kill=lambda h: killer.kill(h), shared=shared)
+    plan = [] if key == "ours-nofault" else plan
+    faults = Faults(plan, hosts[0], running=lambda: running(killer.cluster, SCRIPT), kill=lambda h: killer.kill(h),
+                    shared=shared)
     first: dict = {}
 
     def on_start(procs) -> None:
@@ -85,15 +89,22 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
             return None
         return max(0.0, faults.down[name] - time.monotonic())
 
-    with open(tmp / "ours.log", "wb") as log:
+    log = StampedLog(tmp / "ours.log")
+    try:
         results = run_local(LocalJob(hosts=hosts, env=env, hyperparameters=hps), tmp / "cluster", timeout_s=600 + 4 * args.steps * args.step_s,
                             out=log, before_start=killer.before_start, on_start=on_start, restart=restart)
+    finally:
+        log.close()
     faults.stop()
     head = results[0]
     if faults.errors or head.exit_code != 0 or not (shared / "done").exists():
         return Outcome(label, None, f"failed: {head.exit_code} {head.failure} {faults.errors} (log {tmp / 'ours.log'})",
                        faults.kills)
-    return Outcome(label, head.ended_at - first["t0"], "", faults.kills, recoveries(faults.kills, started(shared)))
+    said = decisions(tmp / "ours.log", hosts[0])  # the first host's choice of each restart's hosts
+    to_choice = [min((t for t in said if t > at), default=None) for _, at in faults.kills]
+    outcome = Outcome(label, head.ended_at - first["t0"], "", faults.kills, recoveries(faults.kills, started(shared)))
+    outcome.to_choice = [c - at for c, (_, at) in zip(to_choice, faults.kills) if c is not None]
+    return outcome
 
 
 def torchrun(tmp: Path, plan, args) -> Outcome:
@@ -156,7 +167,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.5)
     parser.add_argument("--ckpt-every", type=int, default=6)
     parser.add_argument("--keep", type=Path, help="keep every job's logs and files under this new directory")
-    parser.add_argument("--only", default="ours-spare,ours-shrink,ours-restart,torchrun,horovod")
+    parser.add_argument("--only", default="ours-nofault,ours-spare,ours-shrink,ours-restart,torchrun,horovod")
     args = parser.parse_args()
     args.steps = args.steps or round(150 * args.scale / args.step_s)
     plan = schedule(args.seed, args.scale)
@@ -181,7 +192,8 @@ def main() -> None:
                 raise SystemExit(f"unknown system {key}")
             outcomes.append(outcome)
             wall = f"{outcome.wall:.1f} s" if outcome.wall is not None else outcome.note
-            print(f"{outcome.label}: {wall}; kills {[(h, round(t - outcome.kills[0][1], 1)) for h, t in outcome.kills]}"
+            kills = [(h, round(t - outcome.kills[0][1], 1)) for h, t in outcome.kills]
+            print(f"{outcome.label}: {wall}; kills (host, s after the first) {kills}"
                   f"; load {os.getloadavg()[0]:.1f}", flush=True)
             if outcome.wall is None:
                 print((where / "ours.log").read_text(errors="replace")[-3000:] if (where / "ours.log").exists() else "")
@@ -196,6 +208,9 @@ def main() -> None:
             print(f"  {o.label}: kill to every rank of the next attempt running: "
                   f"median {statistics.median(got):.2f} s (min {min(got):.2f}, max {max(got):.2f}; "
                   f"{len(got)} of {len(o.recover)} kills)")
+        if getattr(o, "to_choice", None):
+            print(f"  {o.label}: kill to the first host's choice of the next attempt's hosts: "
+                  f"median {statistics.median(o.to_choice):.2f} s (min {min(o.to_choice):.2f}, max {max(o.to_choice):.2f})")
     left = [item for tag in TAGS for item in leftovers(tag)]
     print("  nothing left running (namespaces, processes, mounts)" if not left else f"  LEFT BEHIND: {left}")
     if left:

@@ -8,6 +8,7 @@ in ``$SHARED_DIR/started-<attempt>-<rank>-<pid>``; rank 0 writes ``$SHARED_DIR/d
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -196,3 +197,31 @@ def running(cluster: NamespaceCluster | None, needle: str) -> list[str]:
 def job_env(shared: Path, args) -> dict[str, str]:
     return {"SHARED_DIR": str(shared), "STEPS": str(args.steps), "STEP_S": str(args.step_s),
             "CKPT_EVERY": str(args.ckpt_every), "FULL_WORLD": "4", "OMP_NUM_THREADS": "1"}
+
+
+class StampedLog:
+    """A launcher's output to a file, each line after its arrival time (``time.monotonic()``, 3 decimals)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file, self._buf = open(path, "wb"), b""  # noqa: SIM115 - closed by close()
+
+    def write(self, data: bytes) -> int:
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        now = b"%.3f " % time.monotonic()
+        self._file.write(b"".join(now + line + b"\n" for line in lines))
+        return len(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.write(self._buf)
+        self._file.close()
+
+
+def decisions(log: Path, first: str) -> list[float]:
+    """When the first host said each attempt's hosts (``algo-1: attempt N of M: ...``), from a ``StampedLog``."""
+    said = re.compile(rb"^([0-9.]+) .*" + re.escape(f"{first}: attempt ".encode()) + rb"[0-9]+ of [0-9]+: ")
+    return [float(m.group(1)) for line in log.read_bytes().splitlines() if (m := said.match(line))]
+
