@@ -27,6 +27,7 @@ and the faulthandler hook (``agent_watch``), and its output marks progress.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -264,8 +265,14 @@ class HostAgent(StallWatch):
             self.attempt_ctx = with_hosts(self.ctx, active)
 
     def _barrier_deadline(self) -> float | None:
-        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
-        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
+        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace).
+
+        In a job with spares or a minimum it is a spare: it waits for the next restart or the verdict, however
+        long (the link's peer timeout still ends the wait if the first host goes silent).
+        """
+        if self.attempt <= self.state.first_attempt:
+            return None
+        return math.inf if self.elastic else self.settings.join_timeout_s + self.ctx.grace_s
 
     def _why_this_attempt(self) -> str:
         """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -28,12 +29,13 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None, welcomed=None, active=None):
+                 fail_barrier=None, welcomed=None, active=None, job_attempt=(0, False)):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
         self.job_id = "fake-job"
-        self.job_attempt = (0, False)
+        self.job_attempt = job_attempt  # the job's attempt when this host joined, and whether its processes started
+        self.deadlines: list = []  # each barrier's deadline_s, as the agent gave it
         self.introductions = {}
         self.told: list = []
         self._answer = answer  # what the first host answers a report with
@@ -47,6 +49,7 @@ class FakeSeat:
 
     def barrier(self, attempt=0, deadline_s=None, choose=None, alive_only=False):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
+        self.deadlines.append(deadline_s)
         if self._fail_barrier:
             raise self._fail_barrier
         if choose is not None:  # the first host chooses: every host here is alive and ready
@@ -332,6 +335,29 @@ def test_a_spare_starts_nothing_and_ends_with_the_jobs_verdict(tmp_path, capsys)
     assert agent.run() == Outcome(0)
     assert started == [] and agent.locals == []
     assert "algo-3: a spare: waiting (attempt 1 runs on algo-1, algo-2)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, bounded", [
+    # with spares or a minimum: the job's spare until the next restart or the verdict, however long that is
+    ({"TRAINING_TOOLKIT_MAX_HOSTS": "2"}, False),
+    ({"TRAINING_TOOLKIT_MIN_HOSTS": "2"}, False),
+    # without: it waits for the restart its own loss caused, for the join deadline plus the grace
+    ({}, True),
+])
+def test_a_host_that_rejoins_a_running_attempt_waits_as_a_spare_where_the_job_has_spares(tmp_path, env, bounded):
+    """A replacement host back while an attempt runs (bench/goodput.py) once gave up after the join deadline
+    plus the grace when no restart came in that time, and the job had no spare for its next loss."""
+    seats: list[FakeSeat] = []
+    started = []
+    ctx = context(tmp_path, "algo-3")
+    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", **env})),
+                      RunnerSpec(lambda seat: started.append(seat) or []),
+                      seat_factory(seats, job_attempt=(1, True), active=("algo-1", "algo-2")))
+    agent.events.put(Verdict(0, None, "algo-1"))
+    assert agent.run() == Outcome(0)
+    assert ("barrier", 2) in seats[0].told and started == []
+    bound = agent.settings.join_timeout_s + agent.ctx.grace_s
+    assert seats[0].deadlines == [bound if bounded else math.inf]
 
 
 def test_an_active_host_of_a_shrunk_attempt_sees_only_the_active_hosts_renumbered(tmp_path):
