@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
+from training_toolkit.errors import JobFailed
 from training_toolkit.report import Outcome
 from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec
 
@@ -29,15 +29,15 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None, welcomed=None, active=None, job_attempt=(0, False)):
+                 fail_barrier=None, welcomed=None, active=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
         self.job_id = "fake-job"
-        self.job_attempt = job_attempt  # the job's attempt when this host joined, and whether its processes started
-        self.deadlines: list = []  # each barrier's deadline_s, as the agent gave it
+        self.job_attempt = (0, False)
         self.introductions = {}
         self.told: list = []
+        self.deadlines: list = []  # each barrier's deadline_s
         self._answer = answer  # what the first host answers a report with
         self._fail_barrier = fail_barrier
         self._active = active  # the attempt's active hosts, as the first host's go names them (None: not said)
@@ -337,29 +337,6 @@ def test_a_spare_starts_nothing_and_ends_with_the_jobs_verdict(tmp_path, capsys)
     assert "algo-3: a spare: waiting (attempt 1 runs on algo-1, algo-2)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("env, bounded", [
-    # with spares or a minimum: the job's spare until the next restart or the verdict, however long that is
-    ({"TRAINING_TOOLKIT_MAX_HOSTS": "2"}, False),
-    ({"TRAINING_TOOLKIT_MIN_HOSTS": "2"}, False),
-    # without: it waits for the restart its own loss caused, for the join deadline plus the grace
-    ({}, True),
-])
-def test_a_host_that_rejoins_a_running_attempt_waits_as_a_spare_where_the_job_has_spares(tmp_path, env, bounded):
-    """A replacement host back while an attempt runs (bench/goodput.py) once gave up after the join deadline
-    plus the grace when no restart came in that time, and the job had no spare for its next loss."""
-    seats: list[FakeSeat] = []
-    started = []
-    ctx = context(tmp_path, "algo-3")
-    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", **env})),
-                      RunnerSpec(lambda seat: started.append(seat) or []),
-                      seat_factory(seats, job_attempt=(1, True), active=("algo-1", "algo-2")))
-    agent.events.put(Verdict(0, None, "algo-1"))
-    assert agent.run() == Outcome(0)
-    assert ("barrier", 2) in seats[0].told and started == []
-    bound = agent.settings.join_timeout_s + agent.ctx.grace_s
-    assert seats[0].deadlines == [bound if bounded else math.inf]
-
-
 def test_an_active_host_of_a_shrunk_attempt_sees_only_the_active_hosts_renumbered(tmp_path):
     seats: list[FakeSeat] = []
     seen = []
@@ -428,3 +405,36 @@ def test_a_job_of_one_seat_has_no_spares(tmp_path):
     spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {})], solo=True)
     agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "2"})), spec)
     assert agent.run() == Outcome(0) and agent.active == ("algo-1",) and not agent.elastic
+
+
+@pytest.mark.parametrize("env, deadline", [
+    ({"TRAINING_TOOLKIT_MAX_HOSTS": "2"}, float("inf")),  # a spare until a restart seats it, however long that is
+    ({}, 180.0 + 5.0),  # the restart its own loss caused: the join deadline plus the grace
+])
+def test_a_host_that_rejoins_a_started_attempt_waits_for_the_next_barrier_without_a_deadline_when_it_may_be_a_spare(
+        tmp_path, env, deadline):
+    """A Kubernetes pod made again under its name joins a job that went on without it (docs/kubernetes.md)."""
+    seats: list[FakeSeat] = []
+
+    def rejoining(*args):
+        seat = FakeSeat(*args, active=("algo-1", "algo-2"), answer=Verdict(0, None, "algo-1"))
+        seat.job_attempt = (1, True)  # attempt 2 of the job runs: this host takes part in the next
+        seats.append(seat)
+        return seat
+
+    ctx = context(tmp_path, "algo-3")
+    config = settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_GRACE_PERIOD": "5", **env})
+    agent = HostAgent(ctx._replace(settings=config), script(), rejoining)
+    agent.events.put(Verdict(0, None, "algo-1"))
+    agent.run()
+    assert seats[0].told[1] == ("barrier", 2) and seats[0].deadlines == [deadline]
+
+
+def test_a_host_waiting_at_a_barrier_that_hears_the_job_succeed_ends_with_its_success_and_reports_nothing(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-3")
+    config = settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_MAX_HOSTS": "2"})
+    agent = HostAgent(ctx._replace(settings=config), script(),
+                      seat_factory(seats, fail_barrier=JobFailed("the job ended with code 0", 0)))
+    assert agent.run() == Outcome(0)
+    assert not [t for t in seats[0].told if isinstance(t, tuple) and t[0] == "failed"], seats[0].told
