@@ -48,8 +48,8 @@ class Link:
             self._send_seq += 1
             self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields))
 
-    def recv(self) -> dict:
-        return self._open(self.recv_raw())
+    def recv(self, limit: int = wire.MAX_FRAME) -> dict:
+        return self._open(self.recv_raw(limit=limit))
 
     @property
     def buffered(self) -> bool:

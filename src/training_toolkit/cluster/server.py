@@ -329,7 +329,9 @@ class ControlServer:
         """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
         with self._state:
             self._released = self._attempt
-        self._send_all("go", n=self._attempt, active=list(active or self.hosts))
+            intros = {host: dict(intro) for host, intro in self.introductions.items()}
+        # every seated host's introduction: each worker learns the others' (MPI's keys for tree spawn)
+        self._send_all("go", n=self._attempt, active=list(active or self.hosts), intros=intros)
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""

@@ -23,8 +23,9 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 5  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
-#              5: each go carries the attempt's active hosts (the others are spares)
+PROTOCOL = 6  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
+#              5: each go carries the attempt's active hosts (the others are spares);
+#              6: each go carries every seated host's introduction (each host's ssh keys, for MPI's tree spawn)
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
 MAX_HOSTS = 100_000
@@ -131,6 +132,16 @@ def introduction(message: dict) -> dict[str, str]:
         if not isinstance(item, str) or len(key) > 64 or len(item) > MAX_TEXT:
             raise FrameError("field 'intro' holds something other than short strings")
     return dict(value)
+
+
+def introductions(message: dict, job: tuple[str, ...] | list[str]) -> dict[str, dict[str, str]]:
+    """A go's introductions: each seated host's own (``introduction``'s rules), of hosts of the job only."""
+    value = message.get("intros", {})
+    if not isinstance(value, dict) or len(value) > MAX_HOSTS:
+        raise FrameError(f"field 'intros' is not a map of at most {MAX_HOSTS} hosts")
+    if job and not set(value) <= set(job):
+        raise FrameError("field 'intros' names a host that is not the job's")
+    return {host: introduction({"intro": intro}) for host, intro in value.items()}
 
 
 def nonce() -> str:

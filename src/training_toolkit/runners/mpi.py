@@ -2,7 +2,8 @@
 
 Every host joins the channel, fetches the code, writes the job's ssh directory
 and starts its own sshd; the first host waits until all are ready, checks it
-can log in to each, and runs mpirun.  mpirun's end is the job's end: its
+can log in to each (each admits the job's keys once it has them all: runners/mpi_ssh.py),
+and runs mpirun, whose daemons start one another over ssh (tree spawn).  mpirun's end is the job's end: its
 verdict goes to every host at once.  Every host writes its own ranks' command and
 environment to a file first (``rank_env``): each rank sees its own host's contract,
 and mpirun carries nothing of the job across the network.
@@ -34,8 +35,9 @@ from training_toolkit.settings import STOP_FLAG_VAR
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import describe_mpi_failure, judged
+from training_toolkit.cluster.netaddr import host_addresses
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_command, has_mpi4py, home,
-                                                 job_addresses, mpi_flavor, mpi_options, mpirun_preload, netshim,
+                                                 mpi_flavor, mpi_options, mpirun_preload, netshim,
                                                  rank_environment, slurm_environment, slurm_paths, stophold_library,
                                                  user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
@@ -103,28 +105,29 @@ class MpiHost:
         self.rank_tag = seat.job_id
         # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
         # restart), sshd's sessions and mpirun all take this shim
-        addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
+        by_host = None if self.is_master else host_addresses(self.ctx.plan.hosts)
+        addresses = None if by_host is None else tuple(sorted({a for found in by_host.values() for a in found}))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file(seat)
         if self.is_master or self.ssh is None:
             return
-        assert addresses is not None and self._rank_file is not None
+        assert by_host is not None and self._rank_file is not None
         shim = self._shim
         # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
         # this host (sshd's sessions get nothing else)
         session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
                        PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
                        **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
-        self.ssh.serve(seat, addresses, session_env)
+        self.ssh.serve(seat, by_host, session_env)
 
     def after_barrier(self, seat: Seating) -> None:
         if self.ssh is not None:
             self.ssh.connect(seat, self.ctx.plan.hosts[1:])
 
     def after_restart_barrier(self, seat: Seating) -> None:
-        """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
+        """A host whose ``train`` restarted in its pod rejoined with a new sshd and keys: pin them; every worker answers."""
         if self.ssh is not None:
-            self.ssh.repin(seat)
+            self.ssh.repin(seat, self.ctx.plan.hosts[1:])
 
     def _write_rank_file(self, seat: Seating) -> None:
         """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
@@ -144,6 +147,8 @@ class MpiHost:
 
     def prepare_attempt(self, seat: Seating) -> None:
         """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
+        if self.ssh is not None:
+            self.ssh.shut()  # admits nobody until this attempt's go: the first host's probe then finds every host ready
         if self._rank_file is not None:
             self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
             rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat))
@@ -168,6 +173,8 @@ class MpiHost:
 
     def start(self, seat: Seating) -> list[Proc]:
         if not self.is_master:
+            if self.ssh is not None:  # the go's keys: this host's daemon may log in to others (tree spawn)
+                self.ssh.trust(seat)
             return []
         assert (self.ssh is None or self.ssh.layout is not None) and self._rank_file is not None
         flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
@@ -178,6 +185,8 @@ class MpiHost:
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
+        if self.ssh is not None:
+            extra.update(self.ssh.agent_environment())  # its rsh agent's config (native/ssh_agent.c)
         if self.via_slurm:
             extra.update(slurm_environment(self.ctx))
             extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))

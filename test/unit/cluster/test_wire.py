@@ -132,6 +132,22 @@ def test_a_gos_active_hosts(value, expected):
     assert wire.active({"active": value}, JOB) == expected
 
 
+def test_a_gos_introductions():
+    intros = {"algo-2": {"ssh_client_key": "ssh-ed25519 AAAA c", "ssh_host_key": "ssh-ed25519 BBBB h"}}
+    assert wire.introductions({"intros": intros}, JOB) == intros
+    assert wire.introductions({}, JOB) == {}  # a go with none (a first host that has no introductions)
+
+
+@pytest.mark.parametrize("value", [
+    [], "x", {"algo-9": {}}, {"algo-2": "key"}, {"algo-2": {"k": 1}}, {"algo-2": {f"k{i}": "v" for i in range(9)}},
+    {"algo-2": {"k": "v" * 5000}},
+])
+def test_a_gos_introductions_refused(value):
+    """Not a map, a host not of the job, an introduction that is not a small map of short strings."""
+    with pytest.raises(wire.FrameError):
+        wire.introductions({"intros": value}, JOB)
+
+
 @pytest.mark.parametrize("value", [
     [], ["algo-2", "algo-1"], ["algo-1", "algo-9"], ["algo-1", "algo-1"], "algo-1", [1], None,
 ])

@@ -117,6 +117,15 @@ def render_authorized_keys(client_public: str, allowed_from: Sequence[str]) -> s
     return f'from="{",".join(dict.fromkeys(allowed_from))}",restrict {key}\n'
 
 
+def render_authorized(entries: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """Several hosts' client keys, each from its own host's addresses (``render_authorized_keys`` per key).
+
+    No entry at all is an empty file, which admits nobody: what a host's sshd starts with before it
+    knows the job's keys (runners/mpi_ssh.py).
+    """
+    return "".join(render_authorized_keys(public, addresses) for public, addresses in entries)
+
+
 def render_ssh_config(
     *,
     identity_file: Path,
