@@ -1,0 +1,97 @@
+"""Open MPI's daemons launched as a tree over the job's ssh (tree spawn), seen from outside the job.
+
+4 hosts x 1 rank with ``routed_radix 2`` (Open MPI 4's routing tree, which tree spawn follows: with its
+default radix of 64, every daemon of a job under 66 hosts is mpirun's own child and no tree forms).
+Daemon vpids 1 and 2 (algo-2, algo-3) are mpirun's children, vpid 3 (algo-4) is vpid 1's: mpirun logs
+in to algo-2 and algo-3, and algo-2's orted to algo-4 with algo-2's own client key.
+
+While the ranks wait, the test reads every worker's orted below its ``train`` (``/proc``): the
+``SSH_CONNECTION`` its sshd session gave it names the client's address and the host's own.  algo-4's
+client is algo-2, not the first host; and an ``ssh`` to algo-4 runs below algo-2's train.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.multihost import hps, rank_files, run
+from training_toolkit import procfs
+from training_toolkit.local.launcher import LocalJob
+
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
+
+HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
+
+WAIT = """\
+import json, os, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+total = comm.allreduce(rank + 1)
+model = os.environ["SM_MODEL_DIR"]
+with open(os.path.join(model, f"rank-{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "sum": total, "hostname": socket.gethostname()}, f)
+end = time.monotonic() + 60
+while not os.path.exists(os.path.join(model, "release")) and time.monotonic() < end:
+    time.sleep(0.05)
+comm.Barrier()
+"""
+
+
+def sessions(train_pid: int) -> list[tuple[str, str, str]]:
+    """(program, SSH_CONNECTION, command line) of each orted and ssh below a host's train."""
+    found = []
+    for proc in procfs.descendants(train_pid):
+        name = procfs.comm(proc.pid)
+        if name in ("orted", "ssh"):
+            found.append((name, procfs.environ_value(proc.pid, "SSH_CONNECTION") or "",
+                          procfs.cmdline(proc.pid) or ""))
+    return found
+
+
+def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "wait.py").write_text(WAIT)
+    job = LocalJob(hosts=HOSTS, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"},
+                   hyperparameters=hps("wait.py", src, sagemaker_mpi_enabled=True,
+                                       sagemaker_mpi_num_of_processes_per_host=1,
+                                       sagemaker_mpi_custom_mpi_options="--mca routed_radix 2"))
+    work = tmp_path / "cluster"
+    seen: dict[str, list] = {}
+
+    def look(procs):
+        models = [work / host / "opt/ml/model" for host in HOSTS]
+        deadline = time.monotonic() + 90
+        try:
+            while not all((m / f"rank-{i}.json").exists() for i, m in enumerate(models)):
+                assert time.monotonic() < deadline, "the ranks never started"
+                time.sleep(0.1)
+            for host in HOSTS:
+                seen[host] = sessions(procs[host].command_pid)
+        finally:
+            for m in models:
+                (m / "release").touch()
+
+    results = run(job, tmp_path, timeout_s=180, on_start=look)
+    assert [r.exit_code for r in results] == [0, 0, 0, 0], [r.failure for r in results]
+    assert {info["sum"] for info in rank_files(results).values()} == {10}
+
+    orted = {host: [conn for name, conn, _ in seen[host] if name == "orted"] for host in HOSTS[1:]}
+    assert all(len(found) == 1 and found[0] for found in orted.values()), seen
+    client = {host: found[0].split()[0] for host, found in orted.items()}  # who logged in to it
+    own = {host: found[0].split()[2] for host, found in orted.items()}  # its own address, as its sshd saw it
+    first = client["algo-2"]
+    assert first not in own.values()  # mpirun, on the first host, started algo-2's daemon ...
+    assert client["algo-3"] == first  # ... and algo-3's
+    assert client["algo-4"] == own["algo-2"], (client, own)  # algo-2's daemon started algo-4's: a tree
+    # below algo-2's train: its orted's ssh to algo-4 (the agent execs ssh -F <algo-2's own config>)
+    ssh_from_2 = [line for name, _, line in seen["algo-2"] if name == "ssh"]
+    assert any("algo-4" in line.split() and "-F" in line.split() for line in ssh_from_2), seen["algo-2"]
+    assert not [line for name, _, line in seen["algo-3"] + seen["algo-4"] if name == "ssh"]  # leaves: none
+    # the first host logged in to its children only (its ssh processes: the probe's shared connections aside)
+    assert not any("algo-4" in line.split() for name, _, line in seen["algo-1"] if name == "ssh"
+                   and "-N" not in line.split())
