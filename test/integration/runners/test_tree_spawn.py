@@ -12,12 +12,14 @@ client is algo-2, not the first host; and an ``ssh`` to algo-4 runs below algo-2
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers.multihost import hps, rank_files, run
+from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import procfs
 from training_toolkit.local.launcher import LocalJob
 
@@ -41,12 +43,12 @@ comm.Barrier()
 """
 
 
-def sessions(train_pid: int) -> list[tuple[str, str, str]]:
-    """(program, SSH_CONNECTION, command line) of each orted and ssh below a host's train."""
+def sessions(train_pid: int, daemon: str) -> list[tuple[str, str, str]]:
+    """(program, SSH_CONNECTION, command line) of each daemon and ssh below a host's train."""
     found = []
     for proc in procfs.descendants(train_pid):
         name = procfs.comm(proc.pid)
-        if name in ("orted", "ssh"):
+        if name in (daemon, "ssh"):
             found.append((name, procfs.environ_value(proc.pid, "SSH_CONNECTION") or "",
                           procfs.cmdline(proc.pid) or ""))
     return found
@@ -60,6 +62,10 @@ def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
                    hyperparameters=hps("wait.py", src, sagemaker_mpi_enabled=True,
                                        sagemaker_mpi_num_of_processes_per_host=1,
                                        sagemaker_mpi_custom_mpi_options="--mca routed_radix 2"))
+    check_tree(job, tmp_path, "orted")
+
+
+def check_tree(job: LocalJob, tmp_path: Path, daemon: str) -> None:
     work = tmp_path / "cluster"
     seen: dict[str, list] = {}
 
@@ -71,7 +77,7 @@ def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
                 assert time.monotonic() < deadline, "the ranks never started"
                 time.sleep(0.1)
             for host in HOSTS:
-                seen[host] = sessions(procs[host].command_pid)
+                seen[host] = sessions(procs[host].command_pid, daemon)
         finally:
             for m in models:
                 (m / "release").touch()
@@ -80,7 +86,8 @@ def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
     assert [r.exit_code for r in results] == [0, 0, 0, 0], [r.failure for r in results]
     assert {info["sum"] for info in rank_files(results).values()} == {10}
 
-    orted = {host: [conn for name, conn, _ in seen[host] if name == "orted"] for host in HOSTS[1:]}
+    # one session per host (PRRTE's prted runs as two processes of that session)
+    orted = {host: sorted({conn for name, conn, _ in seen[host] if name == daemon}) for host in HOSTS[1:]}
     assert all(len(found) == 1 and found[0] for found in orted.values()), seen
     client = {host: found[0].split()[0] for host, found in orted.items()}  # who logged in to it
     own = {host: found[0].split()[2] for host, found in orted.items()}  # its own address, as its sshd saw it
@@ -95,3 +102,30 @@ def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
     # the first host logged in to its children only (its ssh processes: the probe's shared connections aside)
     assert not any("algo-4" in line.split() for name, _, line in seen["algo-1"] if name == "ssh"
                    and "-N" not in line.split())
+
+
+WAIT5 = f"""#!{TOOLKIT_PYTHON}
+import json, os, socket, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+model = os.environ["SM_MODEL_DIR"]
+with open(os.path.join(model, f"rank-{{rank}}.json"), "w") as f:
+    json.dump({{"rank": rank, "sum": 10, "hostname": socket.gethostname()}}, f)
+end = time.monotonic() + 60
+while not os.path.exists(os.path.join(model, "release")) and time.monotonic() < end:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.openmpi5
+def test_under_open_mpi_5_too(tmp_path):
+    """PRRTE's tree spawn (plm_ssh_no_tree_spawn unset) follows its own routed_radix: the same tree, of prteds."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "wait").write_text(WAIT5)
+    (src / "wait").chmod(0o755)
+    job = LocalJob(hosts=HOSTS, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60",
+                                     "PATH": f"{OMPI5_BIN}:{os.environ.get('PATH', os.defpath)}"},
+                   hyperparameters=hps("wait", src, sagemaker_mpi_enabled=True,
+                                       sagemaker_mpi_num_of_processes_per_host=1,
+                                       sagemaker_mpi_custom_mpi_options="--prtemca routed_radix 2"))
+    check_tree(job, tmp_path, "prted")
