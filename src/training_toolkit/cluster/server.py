@@ -330,8 +330,9 @@ class ControlServer:
         with self._state:
             self._released = self._attempt
             intros = {host: dict(intro) for host, intro in self.introductions.items()}
-        # every seated host's introduction: each worker learns the others' (MPI's keys for tree spawn)
-        self._send_all("go", n=self._attempt, active=list(active or self.hosts), intros=intros)
+        # every seated host's introduction: each worker learns the others' (MPI's keys for tree spawn);
+        # encoded once for every link (at 1,000 hosts each go is 275 KB)
+        self._send_all("go", wire.shared_fields({"intros": intros, "active": list(active or self.hosts)}), n=self._attempt)
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
@@ -371,12 +372,12 @@ class ControlServer:
                     return
                 self._state.wait(min(left, 0.5))
 
-    def _send_all(self, kind: str, **fields) -> None:
+    def _send_all(self, kind: str, shared: dict[str, str] | None = None, **fields) -> None:
         with self._state:
             links = list(self._links.values())
         for link in links:
             try:
-                link.send(kind, **fields)
+                link.send_shared(kind, shared, **fields)
             except OSError:
                 pass
 

@@ -211,10 +211,27 @@ def verify(key: bytes, claimed: object, *parts: str) -> bool:
 # Signed messages ------------------------------------------------------------------------------------
 
 
-def sign(key: bytes, seq: int, kind: str, fields: dict) -> bytes:
-    body = {**fields, "t": kind, "seq": seq}
-    body["mac"] = mac(key, canonical(body))
-    return encode(body)
+def sign(key: bytes, seq: int, kind: str, fields: dict, shared: dict[str, str] | None = None) -> bytes:
+    """A signed frame: ``encode`` of the fields, the kind, the sequence number and a MAC over their ``canonical`` text.
+
+    ``shared``: more fields, each already as its ``canonical`` text (``shared_fields``), for a message sent alike
+    on many links (a go listing every host's introduction): encoded once, not once per link.  The frame is
+    byte for byte the one those fields would make as values.
+    """
+    parts = {name: canonical(value) for name, value in {**fields, "t": kind, "seq": seq}.items()}
+    parts.update(shared or {})
+    parts["mac"] = json.dumps(mac(key, _canonical_object(parts)))
+    return (_canonical_object(parts) + "\n").encode()
+
+
+def shared_fields(fields: dict) -> dict[str, str]:
+    """Fields as ``sign`` takes them in ``shared``: each value's ``canonical`` text, made once."""
+    return {name: canonical(value) for name, value in fields.items()}
+
+
+def _canonical_object(parts: dict[str, str]) -> str:
+    """``canonical`` of an object whose values are given as their canonical text (sorted keys, no spaces)."""
+    return "{" + ",".join(f"{json.dumps(name)}:{text}" for name, text in sorted(parts.items())) + "}"
 
 
 def open_signed(key: bytes, expected_seq: int, message: dict) -> dict:

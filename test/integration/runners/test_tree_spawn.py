@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.keys import mount_keys
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import procfs
+from training_toolkit.cluster.ssh import generate_keypair
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
@@ -54,11 +56,18 @@ def sessions(train_pid: int, daemon: str) -> list[tuple[str, str, str]]:
     return found
 
 
-def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path):
+@pytest.mark.parametrize("mounted", [False, True], ids=["random-keys", "mounted-keys"])
+def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path, mounted):
+    """With mounted keys (an MPIJob's secret: one pair on every host) each sshd admits that one key from every
+    job host's address, on one line."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "wait.py").write_text(WAIT)
-    job = LocalJob(hosts=HOSTS, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"},
+    env = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}
+    if mounted:
+        keys = mount_keys(tmp_path / "keys", generate_keypair("client"), generate_keypair("host"))
+        env["TRAINING_TOOLKIT_SSH_KEYS"] = str(keys)
+    job = LocalJob(hosts=HOSTS, env=env,
                    hyperparameters=hps("wait.py", src, sagemaker_mpi_enabled=True,
                                        sagemaker_mpi_num_of_processes_per_host=1,
                                        sagemaker_mpi_custom_mpi_options="--mca routed_radix 2"))

@@ -146,6 +146,12 @@ def test_render_authorized_exact():
         'from="192.0.2.12,2001:db8::12",restrict ssh-ed25519 AAAAtwo c@algo-2\n'
     )
     assert render_authorized([]) == ""
+    # one key of several hosts (mounted keys): one line from all their addresses
+    assert render_authorized([("ssh-ed25519 AAAAone c@a", ["192.0.2.11"]), ("ssh-ed25519 AAAAtwo", ["192.0.2.12"]),
+                              ("ssh-ed25519 AAAAone other", ["192.0.2.13"])]) == (
+        'from="192.0.2.11,192.0.2.13",restrict ssh-ed25519 AAAAone c@a\n'
+        'from="192.0.2.12",restrict ssh-ed25519 AAAAtwo\n'
+    )
     with pytest.raises(SshLayoutError, match="no address"):
         render_authorized([("ssh-ed25519 AAAAone", ["192.0.2.11"]), ("ssh-ed25519 AAAAtwo", [])])
 
