@@ -17,7 +17,7 @@ RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command 
 DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
 SSH_AGENT_PROGRAM = "training-toolkit-ssh"  # mpirun's and every daemon's rsh agent: ssh with its host's job config
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).parent  # absolute already (a module's __file__ is): nothing read at import
 
 
 class NativeMissing(ToolkitError):
