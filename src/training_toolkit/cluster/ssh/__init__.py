@@ -10,7 +10,8 @@ Here every piece is per job and lives in a new private directory of our own
 * our sshd runs with its own config (``-f``), never the system one, so a base
   image's ``/etc/ssh`` cannot weaken or break it, and admits the job's client
   key only, from the job's hosts only, for nothing but a command (``config``);
-* clients use ``ssh -F <our config>``, which also skips ``/etc/ssh/ssh_config``
+* clients use ``ssh -F <our config>`` (Open MPI through ``training-toolkit-ssh``,
+  native/ssh_agent.c, the same agent string on every host), which also skips ``/etc/ssh/ssh_config``
   and ``~/.ssh/config``; each peer's host key is pinned in our ``known_hosts``
   under every name it is reached by, so there is never a prompt and never
   ``StrictHostKeyChecking no``.
