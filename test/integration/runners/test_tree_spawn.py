@@ -1,4 +1,5 @@
-"""Open MPI's daemons launched as a tree over the job's ssh (tree spawn), seen from outside the job.
+"""Open MPI's daemons launched as a tree over the job's ssh (tree spawn), seen from outside the job; and no tree at the
+default radix below 66 hosts.
 
 4 hosts x 1 rank with ``routed_radix 2`` (Open MPI 4's routing tree, which tree spawn follows: with its
 default radix of 64, every daemon of a job under 66 hosts is mpirun's own child and no tree forms).
@@ -74,7 +75,18 @@ def test_a_4_host_job_launches_its_daemons_as_a_tree(tmp_path, mounted):
     check_tree(job, tmp_path, "orted")
 
 
-def check_tree(job: LocalJob, tmp_path: Path, daemon: str) -> None:
+def test_at_open_mpis_default_radix_a_small_job_is_launched_by_mpirun_alone(tmp_path):
+    """routed_radix 64: daemons 1-64 are mpirun's children, so below 66 hosts tree spawn is no tree (docs/scale.md)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "wait.py").write_text(WAIT)
+    job = LocalJob(hosts=HOSTS, env={"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"},
+                   hyperparameters=hps("wait.py", src, sagemaker_mpi_enabled=True,
+                                       sagemaker_mpi_num_of_processes_per_host=1))
+    check_tree(job, tmp_path, "orted", tree=False)
+
+
+def check_tree(job: LocalJob, tmp_path: Path, daemon: str, tree: bool = True) -> None:
     work = tmp_path / "cluster"
     seen: dict[str, list] = {}
 
@@ -102,6 +114,10 @@ def check_tree(job: LocalJob, tmp_path: Path, daemon: str) -> None:
     own = {host: found[0].split()[2] for host, found in orted.items()}  # its own address, as its sshd saw it
     first = client["algo-2"]
     assert first not in own.values()  # mpirun, on the first host, started algo-2's daemon ...
+    if not tree:
+        assert client == {host: first for host in HOSTS[1:]}, (client, own)  # ... and every other one
+        assert not [line for host in HOSTS[1:] for name, _, line in seen[host] if name == "ssh"]
+        return
     assert client["algo-3"] == first  # ... and algo-3's
     assert client["algo-4"] == own["algo-2"], (client, own)  # algo-2's daemon started algo-4's: a tree
     # below algo-2's train: its orted's ssh to algo-4 (the agent execs ssh -F <algo-2's own config>)
