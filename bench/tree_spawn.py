@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 from common import PYTHON, CpuMeter, LocalRun, before_tree
-from mpi_job import ALLREDUCE, bare, prepare
+from mpi_job import ALLREDUCE, prepare
+from scale import bare_retried
 
 from training_toolkit.local.launcher import LocalJob
 from training_toolkit.local.netns import NamespaceCluster, leftovers
@@ -96,30 +97,36 @@ def main() -> None:
                             figures.setdefault((n, label), []).append((run.last_exit - run.hosts_up, cpu))
                         for label, line in (("bare (tree spawn)", tree), ("bare, no tree", no_tree)):
                             before = meter.seconds()
-                            wall = bare(prepared, line, "allreduce.py")
+                            wall = bare_retried(prepared, line)  # fresh logins at once: may fail to start (scale.py)
                             cpu = None if before is None else meter.seconds() - before
                             figures.setdefault((n, label), []).append((wall, cpu))
                         print(f"N={n} round {r + 1}: " + ", ".join(
-                            f"{label} {samples[-1][0]:.2f} s" for (m, label), samples in figures.items() if m == n),
-                            flush=True)
+                            f"{label} {samples[-1][0]:.2f} s" + (f" ({samples[-1][1] / n * 1000:.0f} ms CPU per host)"
+                                                                  if samples[-1][1] is not None else "")
+                            for (m, label), samples in figures.items() if m == n), flush=True)
                 finally:
                     prepared.close()
                     left += prepared.leftovers()
     finally:
         meter.close()
+        table(figures)
     left += [item for tag in tags for item in leftovers(tag)]
+    print("nothing left running" if not left else f"LEFT BEHIND: {left}")
+    if left:
+        raise SystemExit(1)
+
+
+def table(figures: dict[tuple[int, str], list[tuple[float, float | None]]]) -> None:
+    """The medians of every size measured so far (also when a later size failed)."""
     print("\n| hosts | run | wall (median) | wall, each round | CPU per host (median) | ours - this, wall per host |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (n, label), samples in figures.items():
         wall = statistics.median(s[0] for s in samples)
         cpus = [s[1] for s in samples if s[1] is not None]
         cpu = f"{statistics.median(cpus) / n * 1000:.0f} ms" if cpus else "n/a"
-        ours = statistics.median(s[0] for s in figures[(n, "ours")])
+        ours = statistics.median(s[0] for s in figures.get((n, "ours"), samples))
         print(f"| {n} | {label} | {wall:.2f} s | {', '.join(f'{s[0]:.2f}' for s in samples)} | {cpu} "
               f"| {(ours - wall) / n * 1000:+.0f} ms |")
-    print("nothing left running" if not left else f"LEFT BEHIND: {left}")
-    if left:
-        raise SystemExit(1)
 
 
 if __name__ == "__main__":
