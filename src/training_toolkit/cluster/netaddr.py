@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from training_toolkit.errors import ClusterError
 
@@ -36,7 +36,12 @@ def host_addresses(hosts: Sequence[str]) -> dict[str, tuple[str, ...]]:
 
 def job_addresses(hosts: Sequence[str]) -> list[str]:
     """Every address of the job's hosts: the only ones sshd admits a client key from, and the guard lets in."""
-    return sorted({address for addresses in host_addresses(hosts).values() for address in addresses})
+    return joined(host_addresses(hosts))
+
+
+def joined(by_host: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every address of ``host_addresses``' answer, once each, sorted."""
+    return sorted({address for addresses in by_host.values() for address in addresses})
 
 
 def plain(address: str) -> str:

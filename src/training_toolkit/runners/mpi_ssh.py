@@ -7,11 +7,12 @@ only public halves travel, in the channel's introductions: each host's in its jo
 the first host's go.  A worker writes its sshd files and starts sshd once it has joined (spares
 included), admitting nobody yet; after each go it writes its client side (its client key, every
 worker's host key pinned) and then admits every host's client key, each from that host's addresses
-only.  The first host pins the workers' host keys after the barrier and probes each worker: a login
-succeeds only once that worker has written its files for the attempt, so when the probe is through,
-every host is ready for whichever logins the tree gives it.  Before a restart's barrier a worker
-admits nobody again; the first host probes every worker again after it (a host whose ``train``
-restarted rejoined with new keys).  Not used through Slurm (no ssh at all).
+only (the attempt's active hosts: a spare admits nobody).  The first host pins the workers' host keys
+after the barrier and, before mpirun, probes each of the attempt's workers: a login succeeds only once
+that worker has written its files for the attempt, so when the probe is through, every host is ready
+for whichever logins the tree gives it.  Before a restart's barrier a worker admits nobody again; the
+first host ends its shared connections then, and probes again (a host whose ``train`` restarted
+rejoined with new keys, pinned anew).  Not used through Slurm (no ssh at all).
 """
 
 from __future__ import annotations
@@ -110,16 +111,21 @@ class SshPart:
             ssh.admit(self.layout, ())
             self._trusted = ()
 
-    def connect(self, seat: Seating, workers: Sequence[str]) -> None:
-        """The first host, after barrier 0: its client side with every worker's host key pinned; ``workers`` answer."""
+    def connect(self, seat: Seating) -> None:
+        """The first host, after barrier 0: its client side with every worker's host key pinned (spares included)."""
         assert self._client is not None and self.is_master
         self._pinned = host_keys(seat)
         self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._client, host_keys=self._pinned,
                                             port=self.port)
+
+    def probe(self, seat: Seating, workers: Sequence[str]) -> None:
+        """The first host, before mpirun: each of the attempt's ``workers`` lets it in, which it does only once it has
+        written the go's keys (``trust``): then every host is ready for whichever logins the tree gives it."""
+        assert self.layout is not None and self.is_master
         ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s))
 
-    def repin(self, seat: Seating, workers: Sequence[str]) -> None:
-        """The first host, after a restart's barrier: new keys of a host that rejoined pinned; every worker answers."""
+    def repin(self, seat: Seating) -> None:
+        """The first host, after a restart's barrier: new keys of a host that rejoined pinned; its connections ended."""
         assert self.layout is not None and self._client is not None
         keys = host_keys(seat)
         if keys != self._pinned:
@@ -127,10 +133,9 @@ class SshPart:
             log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
             self._pinned = keys
             ssh.repin_host_keys(self.layout, keys, port=self.port)
-        # every worker admitted nobody from before this barrier to its go's keys: a shared connection
-        # would skip that (and one to an sshd that is gone is of no use)
+        # every worker admits nobody from before this barrier until it has the go's keys: a shared connection
+        # would skip that in the probe (and one to an sshd that is gone is of no use)
         ssh.end_connections(self.layout)
-        ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s))
 
     def close(self) -> None:
         if self.layout is not None and self.is_master:
