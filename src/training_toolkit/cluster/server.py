@@ -254,11 +254,8 @@ class ControlServer:
 
     def release(self, active: Sequence[str] | None = None) -> None:
         """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
-        with self._state:
-            self._released = self._attempt
-            intros = {host: dict(intro) for host, intro in self.introductions.items()}
-        # every seated host's introduction: each worker learns the others' (MPI's keys for tree spawn);
-        # encoded once for every link (at 1,000 hosts each go is 275 KB)
+        with self._state:  # and every seated host's introduction (MPI's keys for tree spawn), encoded once for all
+            self._released, intros = self._attempt, dict(self.introductions)  # each host's is replaced, never changed
         self._send_all("go", wire.shared_fields({"intros": intros, "active": list(active or self.hosts)}), n=self._attempt)
 
     def restart(self, attempt: int, reason: str) -> None:

@@ -277,6 +277,7 @@ def test_every_go_carries_every_seated_hosts_introduction():
     srv = ControlServer(SECRET, hosts[1:], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1,
                         timeout_s=2.0, hosts=hosts, introduction={"k": "first"})
     srv.start()
+    first = FirstHost(srv, events)
     big = "x" * 4000  # two of these per host in MPI's keys would be 8 KB; 4 KB is the longest value allowed
     clients = {}
     try:
@@ -287,23 +288,23 @@ def test_every_go_carries_every_seated_hosts_introduction():
             c.hosts = hosts
             clients[host] = c
             c.ready(0)
-        srv.wait_ready(5)
+        first.wait_ready(5)
         assert clients["w1"].peers == {}  # nothing before the go
         srv.release()
         for c in clients.values():
             c.wait_go(5, 0)
             assert c.peers == {h: {"k": f"{h}-0", "pad": big} for h in hosts[1:]}
         clients["w2"].close()  # its train died: the link ends
-        assert isinstance(get(events), PeerLost)
+        assert isinstance(first.get(), PeerLost)
         again = ControlClient(SECRET, "w2", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
                               introduction={"k": "w2-1"})
         again.connect(5)
         again.hosts = hosts
         clients["w2"] = again
         again.ready(1)
-        srv.restart(1, "w2: left the job")
+        first.restart(1, "w2: left the job")
         clients["w1"].ready(1)
-        srv.wait_ready(5)
+        first.wait_ready(5)
         srv.release()
         for c in clients.values():
             c.wait_go(5, 1)
