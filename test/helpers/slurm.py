@@ -1,8 +1,8 @@
 """A real Slurm cluster on local namespace hosts for a test, closed and checked for leftovers afterwards; and the
-ordinary user every Slurm test also runs as (``tmp_path`` below).
+ordinary user every Slurm test also runs as (``as_root_and_user`` below).
 
 Who submits is who owns the test's directory: ``slurm_cluster(tmp_path)`` on a directory of root's is root's
-cluster as before; on one of an ordinary user's (the ``tmp_path`` fixture's ``user`` case), every host's job
+cluster as before; on one of an ordinary user's (``as_root_and_user``'s ``user`` case), every host's job
 directory is made that user's and ``submit`` runs ``sbatch`` as that user (docs/slurm.md, "As an ordinary user").
 """
 
@@ -97,9 +97,9 @@ def ordinary_user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(params=["root", "user"])
-def tmp_path(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    """Every Slurm test twice (import this fixture into the module): as root, in pytest's own directory, and as an
+@pytest.fixture(name="tmp_path", params=["root", "user"])
+def as_root_and_user(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path`` for every Slurm test, which then runs twice (import this fixture into the module): as root, in pytest's own directory, and as an
     ordinary user made for it, in a directory of that user's (pytest's is root's alone, 0700)."""
     if request.param == "root":
         yield tmp_path

@@ -20,7 +20,7 @@ import pytest
 
 from helpers.multihost import hps, source_dir
 from helpers.slurm import TASK, chown_tree, slurm_cluster, submit_argv
-from helpers.slurm import tmp_path  # noqa: F401 - every test here as root and as an ordinary user
+from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
 
 pytestmark = [pytest.mark.slurm]
 

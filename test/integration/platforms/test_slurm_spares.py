@@ -6,7 +6,7 @@ is killed whole, as a node dies (``helpers/deadhost.py``): every process in its 
 its ``slurmd`` and ``munged`` included, so Slurm itself finds the node silent and marks it DOWN after
 ``SlurmdTimeout`` (10 s here instead of the default 60 s, to keep the test short).  ``--no-kill`` keeps the rest of
 the allocation, and with it the step: ``train`` on the other nodes restarts the job inside the same step.
-Every test runs as root and as an ordinary user (``helpers.slurm.tmp_path``).
+Every test runs as root and as an ordinary user (``helpers.slurm.as_root_and_user``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from helpers.deadhost import HostKiller, wait_for
 from helpers.multihost import source_dir
 from helpers.slurm import slurm_cluster
-from helpers.slurm import tmp_path  # noqa: F401 - every test here as root and as an ordinary user
+from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
 from integration.platforms.test_slurm import batch_script, job_env, jobcomp, settled, submit, verdict
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.torch]
