@@ -3,7 +3,8 @@
 Each test starts its own cluster (``helpers.slurm``: about 2 s) and submits a batch script that
 runs ``srun --ntasks-per-node=1 train`` as a user would; the verdicts are read from each node's
 ``/opt/ml/output``, Slurm's own view from srun's output, the job completion log (jobcomp/filetxt) and,
-for the failing rank, ``sacct`` (slurmdbd with its database).
+for the failing rank, ``sacct`` (slurmdbd with its database).  Every test runs twice, ``[root]`` and ``[user]``:
+as root, and as an ordinary user made for it who submits with ``sbatch`` itself (``helpers.slurm``).
 """
 
 from __future__ import annotations
