@@ -45,7 +45,7 @@ def slurm_cluster(tmp_path: Path, nodes: int = 2, **kw) -> Iterator[SlurmCluster
     """
     names = [f"node{i}" for i in range(1, nodes + 1)]
     slurm = SlurmCluster(names, tmp_path / "slurm", tag=f"{RUN_PREFIX}-{os.urandom(2).hex()}", **kw)
-    owner = tmp_path.stat().st_uid
+    owner = tmp_path.stat().st_uid if tmp_path.exists() else 0  # a directory the cluster makes is root's
     with slurm:
         slurm.baseline = {pid for pids in slurm.cluster.pids().values() for pid in pids}  # the daemons, idle
         slurm.user = pwd.getpwuid(owner) if owner != 0 else None
