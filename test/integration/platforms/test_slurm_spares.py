@@ -117,9 +117,9 @@ class RanksMoved(AssertionError):
     """The attempt's ranks did not land on the hosts in the order the toolkit gave (SM_HOSTS)."""
 
 
-#: Under Slurm's launch Open MPI starts its daemons with one srun, which runs them in Slurm's node order (node3
-#: before node4), and each daemon takes its place from its Slurm node index: the ranks meant for node4 run on
-#: node3 and the other way round, while every rank's SM_HOSTS says node1, node4, node3 (docs/slurm.md, "A node lost").
+#: Under Slurm's launch the ranks of attempt 2 land in Slurm's node order (node3 before node4): the ranks meant for
+#: node4 run on node3 and the other way round, while every rank's SM_HOSTS says node1, node4, node3 (seen; the
+#: likely cause, Open MPI's one srun for its daemons, in docs/slurm.md, "A node lost").
 MPI_ORDER = pytest.mark.xfail(raises=RanksMoved, strict=True,
                               reason="mpirun through Slurm places an attempt's hosts in Slurm's order, not the toolkit's")
 
