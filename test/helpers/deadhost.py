@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Mapping
 
+from training_toolkit import procfs
 from training_toolkit.local.netns import NamespaceCluster
 from training_toolkit.supervise import pidfd
 
@@ -26,6 +27,13 @@ class HostKiller:
     def before_start(self, cluster: NamespaceCluster) -> None:
         self.cluster = cluster
         self.holders = {name: set(pids) for name, pids in cluster.pids().items()}
+
+    def attach(self, cluster: NamespaceCluster) -> None:
+        """For a cluster whose hosts already run daemons (a Slurm cluster's munged and slurmd): only each host's
+        holder and its init (the holder's one child, PID 1 inside) are spared; the daemons die with the host."""
+        self.cluster = cluster
+        self.holders = {h.name: {h.pid} | ({proc.ppid} if (proc := procfs.read(h.pid)) else set())
+                        for h in cluster.hosts}
 
     def kill(self, name: str, within_s: float = 10.0) -> int:
         """SIGKILL everything in host ``name`` but its namespaces' holder, until nothing is left; how many."""

@@ -52,11 +52,12 @@ class SlurmCluster:
     """
 
     def __init__(self, names: Sequence[str], workdir: Path, *, cpus: int = 4, kill_wait_s: int = 30,
-                 tag: str | None = None, accounting: bool = False) -> None:
+                 slurmd_timeout_s: int = 60, tag: str | None = None, accounting: bool = False) -> None:
         self.workdir = Path(workdir).absolute()
         self.cluster = NamespaceCluster(names, self.workdir / "hosts", tag=tag)
         self._cpus = cpus
         self._kill_wait_s = kill_wait_s
+        self._slurmd_timeout_s = slurmd_timeout_s  # a dead node is marked DOWN this long after its last answer
         self.accounting = accounting  # slurmdbd and its database, so that sacct answers (slurm_accounting)
         self.conf = self.workdir / "slurm.conf"
         self.logs = self.workdir / "log"
@@ -117,6 +118,7 @@ class SlurmCluster:
             f.write(secrets.token_bytes(1024))  # one random key per cluster: no two clusters trust each other
         nodes = [(h.name, h.address) for h in self.cluster.hosts]
         self.conf.write_text(slurm_conf(nodes, self.workdir, cpus=self._cpus, kill_wait_s=self._kill_wait_s,
+                                        slurmd_timeout_s=self._slurmd_timeout_s,
                                         jobcomp=self.jobcomp, accounting=self.accounting))
 
     def start_daemon(self, host: str, name: str, argv: list[str]) -> None:

@@ -27,6 +27,7 @@ def slurm_conf(
     *,
     cpus: int = 4,
     kill_wait_s: int = 30,
+    slurmd_timeout_s: int = 60,
     jobcomp: Path | None = None,
     accounting: bool = False,
 ) -> str:
@@ -66,7 +67,7 @@ def slurm_conf(
         f"KillWait={kill_wait_s}",
         "MinJobAge=300",
         "SlurmctldTimeout=30",
-        "SlurmdTimeout=60",
+        f"SlurmdTimeout={slurmd_timeout_s}",  # how long a silent node stays up: a dead one is DOWN after it
         "InactiveLimit=0",
         "MessageTimeout=20",
         "SchedulerType=sched/builtin",

@@ -3,12 +3,14 @@
 Each test starts its own cluster (``helpers.slurm``: about 2 s) and submits a batch script that
 runs ``srun --ntasks-per-node=1 train`` as a user would; the verdicts are read from each node's
 ``/opt/ml/output``, Slurm's own view from srun's output, the job completion log (jobcomp/filetxt) and,
-for the failing rank, ``sacct`` (slurmdbd with its database).
+for the failing rank, ``sacct`` (slurmdbd with its database).  Every test runs twice, ``[root]`` and ``[user]``:
+as root, and as an ordinary user made for it who submits with ``sbatch`` itself (``helpers.slurm``).
 """
 
 from __future__ import annotations
 
 import json
+import pwd
 import re
 import shlex
 import sys
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from helpers.multihost import hps, source_dir
-from helpers.slurm import TASK, slurm_cluster
+from helpers.slurm import TASK, chown_tree, slurm_cluster, submit_argv
+from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
 
 pytestmark = [pytest.mark.slurm]
 
@@ -39,8 +42,13 @@ def submit(slurm, script: Path, wait: bool = True, timeout: float = 240):
     """sbatch; with ``wait``, until the job's completion record: (its exit code, job id, the job's output).
 
     Not ``sbatch --wait``: it polls the job's state about every 10 s, which would be most of a test's time.
+    As the cluster's user where it has one (``helpers.slurm``): the script's directory is made its own first (the
+    code, the script, the job's output), all but the cluster's own files.
     """
-    result = slurm.run(["sbatch", "--parsable", str(script)], timeout=60)
+    if slurm.user is not None:
+        chown_tree(script.parent, slurm.user, skip=slurm.workdir)
+    argv, env = submit_argv(slurm, ["sbatch", "--parsable", str(script)])
+    result = slurm.run(argv, timeout=60, env=env, cwd=str(script.parent))
     job = result.stdout.split(";")[0].strip()
     assert job.isdigit(), (result.stdout, result.stderr)
     code = None
@@ -63,12 +71,17 @@ def model_dir(slurm, host: str) -> Path:
 
 
 def jobcomp(slurm, job: str, timeout: float = 30) -> dict[str, str]:
-    """The job's line in the completion log (slurmctld writes it as the job ends), as fields."""
+    """The job's line in the completion log (slurmctld writes it as the job ends), as fields.
+
+    A job that lost a node under ``--no-kill`` is written twice: ``RESIZING`` when Slurm takes the node out of
+    it, then its end; the end is the one returned."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in (slurm.jobcomp.read_text() if slurm.jobcomp.exists() else "").splitlines():
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if fields.get("JobId") == job:
+            if fields.get("JobId") == job and fields.get("JobState") != "RESIZING":
+                user = slurm.user or pwd.getpwuid(0)  # who submitted it is who ran it
+                assert fields["UserId"] == f"{user.pw_name}({user.pw_uid})", (fields["UserId"], user.pw_name)
                 return fields
         time.sleep(0.1)
     raise AssertionError(f"job {job} not in {slurm.jobcomp} within {timeout:g} s")

@@ -20,6 +20,12 @@ def test_nodes_are_named_as_their_hosts_and_addressed_by_their_address():
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobCompType=jobcomp/none",
             "AccountingStorageType=accounting_storage/none"} <= set(lines)
     assert not any("cgroup" in line for line in lines)
+    assert "SlurmdTimeout=60" in lines
+
+
+def test_how_long_a_silent_node_stays_up_is_the_clusters_to_choose():
+    lines = slurm_conf([("n1", "192.0.2.11")], Path("/w"), slurmd_timeout_s=10).splitlines()
+    assert "SlurmdTimeout=10" in lines and "SlurmdTimeout=60" not in lines
 
 
 def test_accounting_and_the_completion_log():
