@@ -175,7 +175,7 @@ def test_one_field_per_variable_in_order():
 
 def test_internal_variables_are_the_ones_the_toolkit_sets():
     from training_toolkit.process import TOKEN_VAR
-    from training_toolkit.runners.mpi import RANK_TAG_VAR
+    from training_toolkit.runners.mpi_launch import RANK_TAG_VAR
 
     from training_toolkit.agent_watch import RESTART_COUNT_VAR
     from training_toolkit.stacks import script_env

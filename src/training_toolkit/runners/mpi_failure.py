@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 
 from training_toolkit.process import ExitStatus
+from training_toolkit.runspec import Local
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
@@ -125,3 +126,12 @@ def _first_paragraphs(block: Sequence[str]) -> str:
     if text.endswith(":") and len(paragraphs) > 1 and paragraphs[1]:
         text = f"{text} {' '.join(paragraphs[1])}"
     return text
+
+
+def judged(local: Local, status: ExitStatus) -> ExitStatus:
+    """mpirun's exit 0 after losing a daemon is a failure (``lost_a_daemon``): Open MPI 4's code for that end."""
+    if status.ok:
+        local.child.drain()
+        if lost_a_daemon(tuple(local.child.tail.lines(100))):
+            return ExitStatus(LOST_DAEMON_EXIT)
+    return status

@@ -1,6 +1,6 @@
 
 from training_toolkit.process import ExitStatus
-from training_toolkit.runners.mpi import describe_mpi_failure
+from training_toolkit.runners.mpi_failure import describe_mpi_failure
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 
 RANK = ("/venv/native/training-toolkit-rank",)

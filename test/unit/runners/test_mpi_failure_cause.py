@@ -7,7 +7,7 @@ under JobSet: ssh was handed the name cut to its first label.
 
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import summary_line
-from training_toolkit.runners.mpi import describe_mpi_failure
+from training_toolkit.runners.mpi_failure import describe_mpi_failure
 
 RULE = "-" * 74
 OPEN_MPI_4_SSH_FAILURE = [

@@ -173,7 +173,7 @@ def test_through_slurm_each_host_names_its_ranks_directory_after_its_node(tmp_pa
 
     from training_toolkit.errors import ClusterError
     from training_toolkit.runners import rank_env
-    from training_toolkit.runners.mpi import slurm_paths
+    from training_toolkit.runners.mpi_launch import slurm_paths
 
     one = rank_env.node_rank_file_path("ab12", "node1", tmp_path)
     two = rank_env.node_rank_file_path("ab12", "node2", tmp_path)  # a parent the nodes share: apart by name

@@ -24,6 +24,7 @@ from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshdError, Ssh
 from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair, MountedKeys, generate_keypair, load_keys
 from training_toolkit.cluster.ssh.layout import (
     SshLayout,
+    allow_from,
     end_connections,
     new_ssh_dir,
     repin_host_keys,
@@ -37,5 +38,5 @@ from training_toolkit.cluster.ssh.sshd import Sshd
 __all__ = [
     "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
     "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
-    "SshLayout", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
+    "SshLayout", "allow_from", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
 ]

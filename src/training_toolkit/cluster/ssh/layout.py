@@ -137,6 +137,14 @@ def write_client_side(
     return layout
 
 
+def allow_from(layout: SshLayout, client_public: str, allowed_from: Sequence[str]) -> None:
+    """Replace the addresses the job's client key is admitted from (an attempt's active hosts), whole.
+
+    sshd reads ``authorized_keys`` at each login, so the next connection sees the new list.
+    """
+    _write_file(layout.authorized_keys, render_authorized_keys(client_public, allowed_from).encode(), 0o600)
+
+
 def repin_host_keys(layout: SshLayout, host_keys: Mapping[str, str], *, port: int,
                     aliases: Mapping[str, Sequence[str]] | None = None) -> None:
     """Replace the pinned host keys of a client side (a peer joined again with a new key), whole."""

@@ -1,0 +1,207 @@
+"""What the first host runs and every rank sees in an MPI job: mpirun's line, its environment, the ranks' environment.
+
+Builders of values from the ``RunContext`` (the attempt's: its active hosts only, ``Seating.ctx`` for
+``processes``), used by ``runners/mpi.py`` at run time and by ``describe`` (``training-toolkit plan``).
+``has_mpi4py`` and ``mpi_flavor`` ask a program (given the environment to ask it in); nothing else runs anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from training_toolkit import names, native, settings
+from training_toolkit.cluster import netaddr, ssh
+from training_toolkit.errors import ClusterError
+from training_toolkit.log import log
+from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
+from training_toolkit.plan import MpiOptions
+from training_toolkit.runners import rank_env
+from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
+from training_toolkit.runners.netshim import Shim
+from training_toolkit.runspec import RunContext
+from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR, without_secrets
+
+RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
+BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
+SLURMD_NODE_VAR = "SLURMD_NODENAME"  # what slurmstepd sets for every task: the node's name
+NODE_PLACEHOLDER = "%n"  # in the daemons' paths: native/rank_exec.c and stophold.c put the node's name there
+job_addresses = netaddr.job_addresses
+
+
+def mpi_options(ctx: RunContext) -> MpiOptions:
+    options = ctx.plan.options
+    assert isinstance(options, MpiOptions), options
+    return options
+
+def mpi_flavor(configured: str | None, environ) -> str:
+    """The setting's flavour, else what ``mpirun --version`` says (at run time only, never in ``plan``)."""
+    if configured:
+        return configured
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20,
+                             env=without_secrets(environ))
+    except FileNotFoundError:
+        raise ClusterError("mpirun not found on PATH (install Open MPI)") from None
+    except subprocess.TimeoutExpired:
+        raise ClusterError("mpirun --version did not answer within 20 s") from None
+    match = re.search(r"Open MPI\)?\s+(\d+)\.", out.stdout + out.stderr)
+    return OPENMPI5 if match and int(match.group(1)) >= 5 else OPENMPI4
+
+
+def has_mpi4py(python: str, environ: Mapping[str, str], ask: bool = True) -> bool:
+    """Whether ``python`` has mpi4py: ours looks, another is asked in ``environ`` (``ask=False``, as in plan: assumed)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return importlib.util.find_spec("mpi4py") is not None
+    if not ask:
+        return True
+    try:
+        return subprocess.run([python, "-c", "import mpi4py"], capture_output=True, timeout=30,
+                              env=without_secrets(environ)).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def smddp_env(ctx: RunContext) -> dict[str, str]:
+    """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
+    if not mpi_options(ctx).smddp:
+        return {}
+    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
+            "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
+
+
+def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None,
+                     shim: Shim | None = None, stop_flag: str | None = None) -> dict[str, str]:
+    """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
+
+    The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
+    ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c).
+    """
+    hostname = hostname_preload(ctx.plan.current_host)
+    preload = [hostname] if hostname else []
+    extra = {**smddp_env(ctx), RANK_TAG_VAR: rank_tag}
+    if shim is not None:
+        preload.append(shim.library)
+        extra.update(shim.environment(BTL_PORTS))
+    if stop_flag is not None:
+        preload.append(stophold_library())
+        extra[RANK_STOP_FLAG_VAR] = stop_flag
+    return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
+                                     interface=ctx.job.resource.network_interface_name,
+                                     custom=mpi_options(ctx).custom, preload=preload, extra=extra)
+
+def netshim(ctx: RunContext, addresses: tuple[str, ...] | None = None, shown_only: bool = False) -> Shim | None:
+    """The accept() shim with the job's addresses (``job_addresses``, as sshd's ``from=``, unless given), unless off."""
+    if not ctx.settings.netshim:
+        return None
+    shim = Shim(str(native.path_of(native.NETSHIM_LIBRARY)), addresses or tuple(job_addresses(ctx.plan.hosts)),
+                shown_only)
+    if shim.left_out:
+        log(f"accept() shim: left out {', '.join(shim.left_out)}: not an address it parses here")
+    return shim
+
+
+def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[str, str]]:
+    """mpirun's preloads and their variables: gethostname() where the kernel's name is not the host's, the shim.
+
+    mpirun's own ``gethostname()`` must say its host: Open MPI 5 (PRRTE) finds itself in ``--host``
+    by its name, and where every kernel host name is ``aws`` it would ssh to its own host for its
+    own ranks, where no sshd runs (Open MPI 4 recognised its host without it).
+    """
+    host = ctx.plan.current_host
+    hostname = hostname_preload(host)
+    preload, extra = ([hostname], {rank_env.HOST_VARIABLE: host}) if hostname else ([], {})
+    if shim is not None:
+        preload.append(shim.library)
+        extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
+    return preload, extra
+
+
+def stophold_library() -> str:
+    """The library that holds Open MPI's reaction to a rank's end while a host stops its ranks (native/stophold.c)."""
+    return str(native.path_of(native.STOPHOLD_LIBRARY))
+
+
+def hostname_preload(host: str) -> str | None:
+    """The gethostname() library, where this host's kernel name is not already the job's name for it."""
+    if not rank_env.needs_hostname_preload(os.uname().nodename, host):
+        return None
+    return str(native.path_of(native.HOSTNAME_LIBRARY))
+
+
+def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
+    """What each rank runs after the rank program: the user's command, Python through mpi4py, as the reference.
+
+    With the vendor's ``smddprun`` installed, the data parallel library's ranks go through it, as the reference does.
+    """
+    argv = list(ctx.argv)
+    is_python = len(argv) >= 2 and argv[0] == ctx.python
+    if is_python and with_mpi4py:
+        argv = [argv[0], "-m", "mpi4py", *argv[1:]]
+    smddprun = shutil.which("smddprun", path=ctx.script_env.get("PATH")) if mpi_options(ctx).smddp else None
+    return (smddprun, *argv) if smddprun else tuple(argv)
+
+
+def slurm_environment(ctx: RunContext) -> dict[str, str]:
+    """What mpirun needs of Slurm to start its daemons with srun, and nothing of train's own task.
+
+    Open MPI's Slurm launcher is chosen when ``SLURM_JOBID`` is set; its allocation reader then takes
+    the hosts from ``SLURM_NODELIST`` and their slots from ``SLURM_TASKS_PER_NODE`` (``N(xM)``): the
+    job's hosts and ranks per host, not the step's one task per node.  srun itself needs the job's id
+    (``SLURM_JOB_ID``) and, where the cluster has one, ``SLURM_CONF``; every other ``SLURM_*`` of train's
+    task is left out (the platform unsets them), so srun's own input variables (``SLURM_NTASKS``,
+    ``SLURM_DISTRIBUTION``...) cannot reshape the daemons' step.
+    """
+    job = ctx.environ.get("SLURM_JOB_ID") or ctx.environ.get("SLURM_JOBID")
+    if not job:
+        raise ClusterError(f"TRAINING_TOOLKIT_MPI_LAUNCHER={LAUNCH_SLURM} outside a Slurm job: SLURM_JOB_ID is not set")
+    hosts = ctx.plan.hosts
+    env = {"SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_NODELIST": ",".join(hosts),
+           "SLURM_TASKS_PER_NODE": f"{mpi_options(ctx).processes_per_host}(x{len(hosts)})"}
+    if ctx.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = ctx.environ["SLURM_CONF"]
+    return env
+
+def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
+    """The rank file's and the stop flag's paths for every daemon through Slurm: this host's name in them is
+    ``%n``, which each daemon and rank completes with its node's ``SLURMD_NODENAME`` (slurmstepd sets it for
+    the daemons; mpirun, this host's daemon, gets this host's).  Every host names its directory alike
+    (``rank_env.node_rank_file_path``) under the same parent (docs/slurm.md)."""
+    def template(path: Path) -> str:
+        text = str(path)
+        assert text.count(host) >= 1, (text, host)
+        head, _, tail = text.rpartition(host)
+        return f"{head}{NODE_PLACEHOLDER}{tail}"
+    return {rank_env.RANK_FILE_VAR: template(rank_file), STOP_FLAG_VAR: template(stop_flag), SLURMD_NODE_VAR: host}
+
+
+def home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir or "/"
+    except KeyError:
+        return "/"
+
+
+def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str) -> list[str]:
+    """mpirun's line: every rank runs ``training-toolkit-rank``, which reads the file its host names; nothing of the job."""
+    options = mpi_options(ctx)
+    job = MpiJob(
+        hosts=ctx.plan.hosts,
+        processes_per_host=options.processes_per_host,
+        num_processes=options.num_processes,
+        interface=ctx.job.resource.network_interface_name,
+        rank_command=(str(native.path_of(native.RANK_PROGRAM)),),
+        rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
+        custom_options=options.custom.mpirun_args,
+        as_root=os.geteuid() == 0,
+        via_slurm=layout is None,
+    )
+    return mpirun_command(job, flavor)
