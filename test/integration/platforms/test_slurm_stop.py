@@ -136,7 +136,7 @@ def test_a_slurm_stop_keeps_every_ranks_save(tmp_path, trigger, jobs):
         for host, (name, text) in r["verdicts"].items():
             assert name == "failure" and "stopped by SIGTERM" in text.splitlines()[0], (kind, host, name, text)
         took = max(r["ended"].values())
-        print(f"stop: {trigger} {kind} {r['order']}: every node ended {took:.2f} s after the stop "
+        print(f"\nstop: {trigger} {kind} {r['order']}: every node ended {took:.2f} s after the stop "
               f"(slowest handler {max(r['delays']):g} s); job {comps[kind]['StartTime']} to {comps[kind]['EndTime']}")
         # every handler had its time, and the stop ended with the slowest one, not with the grace or KillWait
         assert max(r["delays"]) - 0.5 <= took < max(r["delays"]) + 12 < GRACE_S, (kind, r)
