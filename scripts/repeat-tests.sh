@@ -14,7 +14,7 @@ for i in $(seq 1 "$n"); do
   "$here/.venv/bin/python" -m pytest -p no:cacheprovider --timeout 300 -q "$@" >"$logdir/run-$i.log" 2>&1
   rc=$?
   took=$(echo "$(date +%s.%N) - $t0" | bc)
-  if [[ $rc == 0 ]]; then passed=$((passed + 1)); echo "run $i: pass ${took}s"; grep -h "^stop: " "$logdir/run-$i.log" | sed 's/^/  /'; rm -f "$logdir/run-$i.log"
+  if [[ $rc == 0 ]]; then passed=$((passed + 1)); echo "run $i: pass ${took}s"; grep -ho "stop: .*" "$logdir/run-$i.log" | sed 's/^/  /'; rm -f "$logdir/run-$i.log"
   else echo "run $i: FAIL rc=$rc ${took}s (log: $logdir/run-$i.log)"; fi
 done
 echo "$passed/$n passed"

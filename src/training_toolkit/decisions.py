@@ -50,6 +50,11 @@ STOP_MARGIN_S = 3.0  # after the grace period: a host's SIGKILL to what is left 
 
 STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
+# A process that ended by a stopping signal before this host heard one: how long it waits for the host's own
+# signal.  Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
+# handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25)
+STOP_HEARD_S = 2.0
+
 SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 
 
@@ -105,6 +110,8 @@ class AgentState:
     stopped_hosts: frozenset[str] = frozenset()  # first host, during a stop: hosts whose part has stopped, itself too
     seated: frozenset[str] | None = None  # first host: the other hosts active this attempt (None: every worker);
     #                                       the rest are spares: no part, their loss no failure
+    held: tuple = ()  # LocalExits by a stopping signal before this host had one (STOP_HEARD_S), in arrival order
+    held_until: float | None = None  # monotonic: then they are judged as they are
 
 
 def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
@@ -127,7 +134,7 @@ def stop_wait(grace_s: float) -> float:
 
 def next_deadline(state: AgentState) -> float | None:
     """When the shell must wake the step with a Tick if nothing else happens."""
-    times = [t for t in (state.deadline, state.stall_deadline) if t is not None]
+    times = [t for t in (state.deadline, state.stall_deadline, state.held_until) if t is not None]
     return min(times) if times else None
 
 
@@ -145,6 +152,39 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
     if state.phase == Phase.ENDED:
         return state, ()
     if _stale(state, event):
+        return state, ()
+    if isinstance(event, LocalExit) and _ended_by_a_stop(state, event):
+        return replace(state, held=(*state.held, event), held_until=state.held_until or now + STOP_HEARD_S), ()
+    if state.held and (isinstance(event, GotSignal) and event.signum in STOPPING_SIGNALS
+                       or isinstance(event, Tick) and state.held_until is not None and now >= state.held_until):
+        return _release(state, event, now)
+    return _step(state, event, now)
+
+
+def _ended_by_a_stop(state: AgentState, event: LocalExit) -> bool:
+    """A process of the running attempt died of a stopping signal, or exited 128 + one, and this host has none yet."""
+    code = event.status.exit_code
+    return (state.phase == Phase.RUNNING and state.stop_signal is None
+            and code - 128 in STOPPING_SIGNALS and not event.status.killed_by_us)
+
+
+def _release(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    """The stop came (the held exits are part of it) or the wait is over (they are judged as they are)."""
+    held, state = state.held, replace(state, held=(), held_until=None)
+    actions: tuple[Action, ...] = ()
+    if isinstance(event, GotSignal):
+        state, actions = _step(state, event, now)
+    for exit_ in held:
+        state, more = _step(state, exit_, now)
+        actions += more
+    if isinstance(event, Tick):
+        state, more = _step(state, event, now)
+        actions += more
+    return state, actions
+
+
+def _step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    if state.phase == Phase.ENDED:
         return state, ()
     if isinstance(event, GotSignal):
         return _signal(state, event.signum, now)
@@ -218,7 +258,8 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
     seated = state.seated if event.active is None or not state.is_master else \
         frozenset(event.active) - {state.host}
     state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(), seated=seated,
-                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None,
+                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None, held=(),
+                    held_until=None,
                     stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
     return state, tuple(Forward(s) for s in pending)
 
@@ -463,4 +504,4 @@ def _stopped(host: str, signum: int) -> Outcome:
 __all__ = ["Action", "Announce", "AnnounceRestart", "Event", "Finish", "Forward", "GatherStacks", "GotSignal",
            "Interrupt", "Joined", "LocalExit", "PartEnded", "PartStopped", "Phase", "Progress", "Rejoin", "Report", "Say",
            "ReportDone", "SendStacks", "SetupFailed", "ShareProgress", "StacksGathered", "Started", "StopPart", "Tick",
-           "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S"]
+           "PeerProgress", "RestartCalled", "StacksWanted", "FAILURE_WINDOW_S", "STOP_HEARD_S"]
