@@ -139,7 +139,7 @@ class LocalRun:
                 before_start(cluster)
 
         self.started = time.monotonic()
-        self.results = run_local(job, workdir, timeout_s=timeout_s, out=self.out, before_start=hosts_up)
+        self.results = run_local(job, workdir, environ=os.environ, timeout_s=timeout_s, out=self.out, before_start=hosts_up)
         self.returned = time.monotonic()
         self.hosts_up = up[0]
 

@@ -76,7 +76,7 @@ def mpi_job(hosts) -> LocalJob:
 def ours(client, src: Path, workdir: Path) -> tuple[float, tuple[float, float, float], float]:
     out = io.BytesIO()
     t0 = time.monotonic()
-    run = run_containers(mpi_job(host_names(2, secrets.token_hex(3))), workdir, image=IMAGE, source=src, out=out,
+    run = run_containers(mpi_job(host_names(2, secrets.token_hex(3))), workdir, environ=os.environ, image=IMAGE, source=src, out=out,
                          client=client, timeout_s=300)
     t1 = time.monotonic()
     if [r.exit_code for r in run.results] != [0, 0] or run.leftovers:
@@ -136,7 +136,7 @@ def barrier(client, src: Path, workdir: Path) -> float:
         "sagemaker_program": json.dumps("stamp.py"), "sagemaker_submit_directory": json.dumps(CODE_DIR),
         "sagemaker_torch_distributed_enabled": "true"})
     out = io.BytesIO()
-    run = run_containers(job, workdir, image=IMAGE, source=src, out=out, client=client, timeout_s=300)
+    run = run_containers(job, workdir, environ=os.environ, image=IMAGE, source=src, out=out, client=client, timeout_s=300)
     if [r.exit_code for r in run.results] != [0] * 4 or run.leftovers:
         sys.stdout.buffer.write(out.getvalue())
         raise SystemExit(f"barrier job: exit codes {[r.exit_code for r in run.results]}, left {run.leftovers}")
@@ -149,8 +149,8 @@ def stats(samples: list[float]) -> str:
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    client = engine.connect()
-    engine.check_image(client, IMAGE)
+    client = engine.connect(engine.socket_url(os.environ))
+    engine.check_image(client, IMAGE, engine.socket_url(os.environ))
     wall_ours, wall_bare, barriers = [], [], []
     parts_ours: list[tuple[float, float, float]] = []
     parts_bare: list[tuple[float, float, float]] = []

@@ -76,7 +76,7 @@ def main() -> None:
     for name, argv in WATCHERS.items():
         start_ms, (rss, anon) = measure(argv, runs)
         print(f"{name:<18} {start_ms:9.2f} {rss:9d} {anon:8d}")
-    print(f"owner SIGKILLed -> watched process gone: {kill_to_gone(runs):.1f} ms (pidfds here: {pidfd.PIDFDS})")
+    print(f"owner SIGKILLed -> watched process gone: {kill_to_gone(runs):.1f} ms (pidfds here: {pidfd.available()})")
 
 
 if __name__ == "__main__":

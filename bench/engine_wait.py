@@ -49,9 +49,9 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
     pid = int(os.environ.get("ENGINE_PID") or PODMAN_PID_FILE.read_text())
-    client = engine.connect()
-    streams = engine.connect(timeout_s=None)
-    engine.check_image(client, IMAGE)
+    client = engine.connect(engine.socket_url(os.environ))
+    streams = engine.connect(engine.socket_url(os.environ), timeout_s=None)
+    engine.check_image(client, IMAGE, engine.socket_url(os.environ))
     spent: dict[str, list[float]] = {"wait": [], "logs": []}
     for _ in range(rounds):
         for how, samples in spent.items():

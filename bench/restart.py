@@ -16,6 +16,7 @@ Usage: .venv/bin/python bench/restart.py [ROUNDS]   (default 3)
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def ours_torch(tmp: Path, hosts=HOSTS, per_host: int = 2) -> float:
                    hyperparameters=hps("torch_restart.py", src, sagemaker_torch_distributed_enabled=True,
                                        sagemaker_distributed_processes_per_host=per_host))
     out = Recorder()
-    results = run_local(job, tmp / "cluster", timeout_s=240, out=out)
+    results = run_local(job, tmp / "cluster", environ=os.environ, timeout_s=240, out=out)
     if any(r.exit_code != 0 for r in results) or any(r.survivors for r in results):
         raise SystemExit(f"ours (torch): {[r.exit_code for r in results]} {[r.failure for r in results]}\n{out.text()}")
     return restart_time([r.model_dir for r in results])
@@ -56,7 +57,7 @@ def ours_mpi(tmp: Path) -> float:
                    hyperparameters=hps("mpi_stall.py", src, sagemaker_mpi_enabled=True,
                                        sagemaker_mpi_num_of_processes_per_host=2))
     out = Recorder()
-    results = run_local(job, tmp / "cluster", timeout_s=240, out=out)
+    results = run_local(job, tmp / "cluster", environ=os.environ, timeout_s=240, out=out)
     if [r.exit_code for r in results] != [0, 0] or any(r.survivors for r in results):
         raise SystemExit(f"ours (mpi): {[r.exit_code for r in results]} {[r.failure for r in results]}\n{out.text()}")
     return restart_time([r.model_dir for r in results])

@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/soak.py [ROUNDS] [SEED]    (default 10 rounds; the
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -53,7 +54,7 @@ def one_round(tmp: Path, fault: str, rank: int, host: str) -> tuple[bool, str, f
 
     out = Recorder()
     t0 = time.monotonic()
-    results = run_local(job, tmp / "cluster", timeout_s=BOUND_S + 30, out=out, on_start=on_start,
+    results = run_local(job, tmp / "cluster", environ=os.environ, timeout_s=BOUND_S + 30, out=out, on_start=on_start,
                         before_start=lambda cluster: tags.append(cluster.tag))
     took = max((r.ended_at or time.monotonic()) for r in results) - t0
     codes = [r.exit_code for r in results]

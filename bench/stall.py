@@ -10,6 +10,7 @@ Needs root, Open MPI, openssh-server, mpi4py.   Usage: .venv/bin/python bench/st
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import sys
@@ -38,7 +39,7 @@ def main() -> None:
                            hyperparameters=hps("mpi_stall.py", src, sagemaker_mpi_enabled=True,
                                                sagemaker_mpi_num_of_processes_per_host=2))
             out = Recorder()
-            results = run_local(job, Path(tmp) / "cluster", timeout_s=120, out=out)
+            results = run_local(job, Path(tmp) / "cluster", environ=os.environ, timeout_s=120, out=out)
             last = out.last(b"<stdout>:attempt ")  # rank 0's step lines, as mpirun tags them
             gaps = [r.ended_at - last for r in results]
             named = all(r.failure and NAMED.search(r.failure.splitlines()[0]) for r in results)

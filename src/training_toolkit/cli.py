@@ -32,30 +32,37 @@ def _flag_type(field: str):
 
 
 def _add_job_flags(parser) -> None:
-    parser.add_argument("--base-dir", type=_flag_type("base_dir"), help=settings.help_text("base_dir"))
+    from training_toolkit.settings_help import help_text  # deferred: only a command line with flags builds a parser
+
+    parser.add_argument("--base-dir", type=_flag_type("base_dir"), help=help_text("base_dir"))
 
 
 def _add_platform_flag(parser) -> None:
-    parser.add_argument("--platform", type=_flag_type("platform"), help=settings.help_text("platform"))
+    from training_toolkit.settings_help import help_text
+
+    parser.add_argument("--platform", type=_flag_type("platform"), help=help_text("platform"))
 
 
 def _add_grace_flag(parser) -> None:
-    parser.add_argument("--grace-period", type=_flag_type("grace_s"), metavar="SECONDS",
-                        help=settings.help_text("grace_s"))
+    from training_toolkit.settings_help import help_text
+
+    parser.add_argument("--grace-period", type=_flag_type("grace_s"), metavar="SECONDS", help=help_text("grace_s"))
 
 
 def build_parser():
     import argparse  # deferred, like every import `train` does not need on its launch path
 
+    from training_toolkit.settings_help import environment_help
+
     parser = argparse.ArgumentParser(
         prog="training-toolkit",
         description="Run a SageMaker-style training job from /opt/ml on this host.",
-        epilog=settings.environment_help(),
+        epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the job (what `train` does)", description="Run the job described under the base dir.",
-                         epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(run)
     _add_grace_flag(run)
     _add_platform_flag(run)
@@ -72,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["local"]:  # its own parser: every flag after `local` is its own
         from training_toolkit.local.cli import main as local_main
 
-        return local_main(argv[1:])
+        return local_main(argv[1:], dict(os.environ))
     try:
         return _main(argv)
     except BrokenPipeError:  # `training-toolkit plan | head`
@@ -96,8 +103,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return run(None, None, dict(os.environ))
     import argparse
 
+    from training_toolkit.settings_help import environment_help
+
     parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).",
-                                     epilog=settings.environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_job_flags(parser)
     _add_grace_flag(parser)
     _add_platform_flag(parser)

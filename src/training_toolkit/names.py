@@ -94,6 +94,11 @@ TF_MWMS_PORT = 8890
 MPI_BTL_PORT_MIN = 31000
 MPI_BTL_PORT_RANGE = 1000
 
+# The control channel's clocks by default (TRAINING_TOOLKIT_HEARTBEAT, TRAINING_TOOLKIT_PEER_TIMEOUT): the
+# settings' table and cluster/timing.py both take them from here, constants that read nothing
+HEARTBEAT_S = 1.0
+PEER_TIMEOUT_S = 10.0
+
 
 class DefaultPort(NamedTuple):
     port: int

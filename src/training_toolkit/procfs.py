@@ -53,12 +53,19 @@ def read(pid: int) -> Proc | None:
     return Proc(pid, int(fields[1]), int(fields[2]), fields[0] == b"Z", int(fields[19]))
 
 
+def _file(pid: int | str, name: str) -> bytes | None:
+    """``/proc/PID/NAME`` (``stat``, ``environ``, ``task/TID/children``, ...); None when it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _stat(pid: int | str) -> tuple[int, list[bytes]] | None:
     """The pid and the fields after the command name of ``/proc/PID/stat`` (fields[0] is the state)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+    stat = _file(pid, "stat")
+    if stat is None:
         return None
     # the command name may hold spaces and parentheses: fields start after the last ')'
     return int(stat.split(maxsplit=1)[0]), stat[stat.rfind(b")") + 2 :].split()
@@ -144,11 +151,10 @@ def tree(root: int) -> list[int]:
         except OSError:
             continue
         for task in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
+            listed = _file(pid, f"task/{task}/children")
+            if listed is None:
                 continue
+            children = [int(c) for c in listed.split()]
             found += children
             stack += children
     return found
@@ -167,10 +173,8 @@ def has_marker(pid: int, marker: bytes) -> bool:
     """Whether ``marker`` (``NAME=value``) is one of the process's environment entries."""
     deadline = None
     while True:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
+        environ = _file(pid, "environ")
+        if environ is None:
             return False
         if environ or not _may_be_in_exec(pid):
             return marker in environ.split(b"\0")
@@ -194,10 +198,8 @@ def with_marker(marker: bytes) -> list[Seen]:
     found = []
     for pid in pids():
         before = read(pid)  # the start time first: the environment read after it is that process's
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
+        environ = _file(pid, "environ")
+        if environ is None:
             continue
         if before is not None and not before.zombie and marker in environ.split(b"\0"):
             found.append(before.seen)
@@ -226,20 +228,14 @@ def marked_descendants(root: int, marker: bytes, exclude: frozenset[int] = froze
 
 def comm(pid: int) -> str:
     """The process's short name (``sleep``), or ``?`` once it is gone."""
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return "?"
+    name = _file(pid, "comm")
+    return "?" if name is None else name.decode(errors="replace").strip()
 
 
 def cmdline(pid: int) -> str | None:
     """The process's command line, arguments joined by spaces; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return None
+    line = _file(pid, "cmdline")
+    return None if line is None else line.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def describe(pid: int) -> str:
@@ -307,11 +303,10 @@ def catches(pid: int, signum: int) -> bool:
 
 def environ_value(pid: int, name: str) -> str | None:
     """One variable of the process's environment as it started; None if unset or gone."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            entries = f.read().split(b"\0")
-    except OSError:
+    environ = _file(pid, "environ")
+    if environ is None:
         return None
+    entries = environ.split(b"\0")
     prefix = name.encode() + b"="
     for entry in entries:
         if entry.startswith(prefix):

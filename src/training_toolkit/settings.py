@@ -1,9 +1,8 @@
 """Settings: every ``TRAINING_TOOLKIT_*`` variable (and ``SAGEMAKER_BASE_DIR``), parsed once at the start.
 
-One table, ``VARIABLES``, gives each variable its field, type, default and a
-one-line doc; the parsing, README's settings table (``python -m
-training_toolkit.settings`` prints it; test/unit/test_settings.py checks it)
-and the ``--help`` texts all come from it.  A bad value is one ``ConfigError``
+One table, ``VARIABLES``, gives each variable its field, kind of value
+(``settings_values``), default and a one-line doc; the parsing, README's
+settings table and the ``--help`` texts (``settings_help``) all come from it.  A bad value is one ``ConfigError``
 naming the variable and what was expected (exit 78), raised before anything
 starts.  Flags (``--base-dir``, ``--grace-period``) win over variables.  An
 empty variable counts as unset.
@@ -22,13 +21,14 @@ no ``argparse`` (see docs/benchmarks.md).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from training_toolkit import names
+from training_toolkit import settings_values as values
 from training_toolkit.errors import ConfigError
 from training_toolkit.paths import Paths
+from training_toolkit.settings_values import KeyFiles
 
 JOB_SECRET = "TRAINING_TOOLKIT_JOB_SECRET"
 SECRET_VARIABLES = (JOB_SECRET,)  # never passed to a child: the script, pip, mpirun, ssh
@@ -39,7 +39,6 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in SECRET_VARIABLES}
 
 
-MIN_SECRET_BYTES = 16  # shorter secrets could be searched for offline by anyone who saw one join
 # Set by the toolkit for its own children, never by a platform: not settings, yet not typos either.
 SUPERVISOR_VAR = "TRAINING_TOOLKIT_SUPERVISOR"  # marks every descendant of a supervised child (process.py)
 RANK_TAG_VAR = "TRAINING_TOOLKIT_RANK_TAG"  # how each host finds its own MPI ranks (runners/mpi.py)
@@ -66,186 +65,75 @@ class Variable(NamedTuple):
     flag: str | None = None  # the command-line flag that wins over it
 
 
-def _text(raw: str) -> str:
-    return raw
-
-
-def _seconds(raw: str) -> float:
-    """A positive, finite number of seconds."""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("expected a positive number of seconds")
-    return value
-
-
-def _grace(raw: str) -> float:
-    """Seconds, 0 allowed (kill at once)."""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("expected a number of seconds, 0 or more")
-    return value
-
-
-def _port(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ValueError("expected a port number (1-65535)")
-    return int(raw)
-
-
-def _count(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit():
-        raise ValueError("expected a whole number, 0 or more")
-    return int(raw)
-
-
-def _seconds_or_off(raw: str) -> float | None:
-    """Seconds, or 0 for "never" (None)."""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("expected a number of seconds (0: never)")
-    return value or None
-
-
-def _on_off(raw: str) -> bool:
-    if raw.lower() not in ("on", "off"):
-        raise ValueError("expected on or off")
-    return raw.lower() == "on"
-
-
-def _platform(raw: str) -> str:
-    """A platform's name; which names exist is the registry's to say (``platforms.PLATFORMS``), not this table's."""
-    if not raw.isascii() or not raw.replace("-", "").replace("_", "").isalnum() or not raw[0].isalpha():
-        raise ValueError("expected a platform's name (auto, sagemaker, tfjob, pytorchjob, mpijob, jobset, job, pod)")
-    return raw.lower()
-
-
-def _secret(raw: str) -> bytes:
-    value = raw.encode()
-    if len(value) < MIN_SECRET_BYTES:
-        raise ValueError(f"the job secret must be at least {MIN_SECRET_BYTES} bytes")
-    return value
-
-
-class KeyFiles(NamedTuple):
-    """Where mounted ssh keys are, by file name; ``host`` None: no host key is mounted, one is made on the host.
-
-    ``TRAINING_TOOLKIT_SSH_KEYS`` names a directory in the toolkit's own naming; a platform that mounts keys
-    under other names (mpi-operator: ``id_rsa``, no host key) says so with its own ``KeyFiles``.
-    """
-
-    directory: str
-    client: str = "id_ed25519"
-    client_public: str = "id_ed25519.pub"
-    host: str | None = "ssh_host_ed25519_key"
-    host_public: str | None = "ssh_host_ed25519_key.pub"
-
-
-def _key_files(raw: str) -> KeyFiles:
-    return KeyFiles(raw)
-
-
-def _completions(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise ValueError("expected a whole number of pods, 1 or more")
-    return int(raw)
-
-
-def _hosts(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise ValueError("expected a whole number of hosts, 1 or more")
-    return int(raw)
-
-
-def _mpi_launcher(raw: str) -> str:
-    if raw not in names.MPI_LAUNCHERS:
-        raise ValueError(f"expected {' or '.join(names.MPI_LAUNCHERS)}")
-    return raw
-
-
-def _mpi_flavor(raw: str) -> str:
-    if raw not in names.MPI_FLAVORS:
-        raise ValueError(f"expected {' or '.join(names.MPI_FLAVORS)}")
-    return raw
-
-
 VARIABLES = (
-    Variable("SAGEMAKER_BASE_DIR", "base_dir", _text, "/opt/ml", "`/opt/ml`", "the job directory", "--base-dir"),
-    Variable("TRAINING_TOOLKIT_GRACE_PERIOD", "grace_s", _grace, 120.0, "120",
+    Variable("SAGEMAKER_BASE_DIR", "base_dir", values.text, "/opt/ml", "`/opt/ml`", "the job directory", "--base-dir"),
+    Variable("TRAINING_TOOLKIT_GRACE_PERIOD", "grace_s", values.grace, 120.0, "120",
              "seconds between forwarding SIGTERM to the script and killing it", "--grace-period"),
-    Variable(JOB_SECRET, "job_secret", _secret, None, "none",
+    Variable(JOB_SECRET, "job_secret", values.secret, None, "none",
              "the platform's job secret (or the file `input/config/job_secret`); without one, hosts are admitted by "
              "address and every key is random (docs/security.md)"),
-    Variable("TRAINING_TOOLKIT_CONTROL_PORT", "control_port", _port, names.CONTROL_PORT, str(names.CONTROL_PORT),
+    Variable("TRAINING_TOOLKIT_CONTROL_PORT", "control_port", values.port, names.CONTROL_PORT, str(names.CONTROL_PORT),
              "port of the job's control channel on the first host"),
-    Variable("TRAINING_TOOLKIT_JOIN_TIMEOUT", "join_timeout_s", _seconds, 180.0, "180",
+    Variable("TRAINING_TOOLKIT_JOIN_TIMEOUT", "join_timeout_s", values.seconds, 180.0, "180",
              "seconds for every host to join and be ready"),
-    Variable("TRAINING_TOOLKIT_HEARTBEAT", "heartbeat_s", _seconds, 1.0, "1",
+    Variable("TRAINING_TOOLKIT_HEARTBEAT", "heartbeat_s", values.seconds, names.HEARTBEAT_S, f"{names.HEARTBEAT_S:g}",
              "seconds between the control channel's heartbeats"),
-    Variable("TRAINING_TOOLKIT_PEER_TIMEOUT", "peer_timeout_s", _seconds, 10.0, "10",
+    Variable("TRAINING_TOOLKIT_PEER_TIMEOUT", "peer_timeout_s", values.seconds, names.PEER_TIMEOUT_S, f"{names.PEER_TIMEOUT_S:g}",
              "seconds of silence after which a host is declared lost"),
-    Variable("TRAINING_TOOLKIT_SSH_PORT", "ssh_port", _port, names.SSH_PORT, str(names.SSH_PORT),
+    Variable("TRAINING_TOOLKIT_SSH_PORT", "ssh_port", values.port, names.SSH_PORT, str(names.SSH_PORT),
              "port of the toolkit's own sshd on each host (MPI)"),
-    Variable("TRAINING_TOOLKIT_SSH_KEYS", "ssh_keys", _key_files, None, "random",
+    Variable("TRAINING_TOOLKIT_SSH_KEYS", "ssh_keys", values.key_files, None, "random",
              "a directory of mounted keys (`id_ed25519`, `ssh_host_ed25519_key`, with `.pub`, any modes) instead of "
              "keys made for the job"),
-    Variable("TRAINING_TOOLKIT_SSHD", "sshd", _text, None, "`sshd` on PATH", "the sshd binary"),
-    Variable("TRAINING_TOOLKIT_MPI_FLAVOR", "mpi_flavor", _mpi_flavor, None, "detected at run time",
+    Variable("TRAINING_TOOLKIT_SSHD", "sshd", values.text, None, "`sshd` on PATH", "the sshd binary"),
+    Variable("TRAINING_TOOLKIT_MPI_FLAVOR", "mpi_flavor", values.mpi_flavor, None, "detected at run time",
              f"{' or '.join(f'`{f}`' for f in names.MPI_FLAVORS)} (else `mpirun --version` decides)"),
-    Variable("TRAINING_TOOLKIT_PYTHON", "python", _text, None, "the toolkit's python",
+    Variable("TRAINING_TOOLKIT_PYTHON", "python", values.text, None, "the toolkit's python",
              "the interpreter for the user's script"),
-    Variable("TRAINING_TOOLKIT_NUM_GPUS", "num_gpus", _count, None, "probed", "the GPU count, instead of probing"),
+    Variable("TRAINING_TOOLKIT_NUM_GPUS", "num_gpus", values.count, None, "probed", "the GPU count, instead of probing"),
     # Kubernetes (docs/kubernetes.md): what builds /opt/ml when no platform did
-    Variable("TRAINING_TOOLKIT_PLATFORM", "platform", _platform, "auto", "auto",
+    Variable("TRAINING_TOOLKIT_PLATFORM", "platform", values.platform, "auto", "auto",
              "`sagemaker` (use /opt/ml as it is), `tfjob`, `pytorchjob`, `mpijob`, `jobset`, `job` (a plain indexed "
              "Job), `slurm` (docs/slurm.md) or `pod`; `auto`: the first platform whose facts this container has (docs/kubernetes.md)",
              "--platform"),
-    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS", "hyperparameters", _text, None, "none",
+    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS", "hyperparameters", values.text, None, "none",
              "on Kubernetes: a JSON object of hyperparameters, over the mounted file's"),
-    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS_FILE", "hyperparameters_file", _text,
+    Variable("TRAINING_TOOLKIT_HYPERPARAMETERS_FILE", "hyperparameters_file", values.text,
              "/etc/training-toolkit/hyperparameters.json", "/etc/training-toolkit/hyperparameters.json",
              "on Kubernetes: a mounted JSON file of hyperparameters (a ConfigMap), if present"),
-    Variable("TRAINING_TOOLKIT_DNS_TIMEOUT", "dns_timeout_s", _seconds, 300.0, "300",
+    Variable("TRAINING_TOOLKIT_DNS_TIMEOUT", "dns_timeout_s", values.seconds, 300.0, "300",
              "on Kubernetes: seconds to wait for every pod's name to resolve"),
-    Variable("TRAINING_TOOLKIT_TERMINATION_LOG", "termination_log", _text, "/dev/termination-log",
+    Variable("TRAINING_TOOLKIT_TERMINATION_LOG", "termination_log", values.text, "/dev/termination-log",
              "/dev/termination-log", "on Kubernetes: where the verdict's cause goes (`terminationMessagePath`)"),
-    Variable("TRAINING_TOOLKIT_JOBSET_SHAPE", "jobset_shape", _text, None, "none",
+    Variable("TRAINING_TOOLKIT_JOBSET_SHAPE", "jobset_shape", values.text, None, "none",
              "under JobSet: `NAME:JOBS:PODS` per replicated job, in rank order (the pods cannot see it)"),
-    Variable("TRAINING_TOOLKIT_COMPLETIONS", "completions", _completions, None, "none",
+    Variable("TRAINING_TOOLKIT_COMPLETIONS", "completions", values.completions, None, "none",
              "under a plain indexed Job: its `completions`, the number of pods (the pods cannot see it)"),
     # Resilience (docs/resilience.md)
-    Variable("TRAINING_TOOLKIT_STALL_TIMEOUT", "stall_timeout_s", _seconds_or_off, None, "0 (never)",
+    Variable("TRAINING_TOOLKIT_STALL_TIMEOUT", "stall_timeout_s", values.seconds_or_off, None, "0 (never)",
              "seconds the job may go without progress (an output line of any rank, or a heartbeat) before it "
              "counts as stalled: every rank's stack is gathered, then the job ends or restarts"),
-    Variable("TRAINING_TOOLKIT_STALL_STARTUP", "stall_startup_s", _seconds, 600.0, "600",
+    Variable("TRAINING_TOOLKIT_STALL_STARTUP", "stall_startup_s", values.seconds, 600.0, "600",
              "seconds an attempt may take to its first progress (imports, data loading), if longer than the "
              "stall timeout"),
-    Variable("TRAINING_TOOLKIT_PY_SPY", "py_spy", _text, None, "beside the toolkit's python, else on PATH",
+    Variable("TRAINING_TOOLKIT_PY_SPY", "py_spy", values.text, None, "beside the toolkit's python, else on PATH",
              "the py-spy that reads a stalled rank's stack where its faulthandler hook cannot (needs ptrace); "
              "`none`: never use py-spy"),
-    Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", _count, 0, "0",
+    Variable("TRAINING_TOOLKIT_MAX_RESTARTS", "max_restarts", values.count, 0, "0",
              "job-wide restarts after a failure or a stall (every host stops its ranks, meets at a new barrier "
              "and starts them again), counted from the platform's own restart attempt (JobSet); a stopping signal "
              "from the platform never restarts; a pod whose container restarted rejoins the next attempt "
              "(docs/resilience.md)"),
-    Variable("TRAINING_TOOLKIT_MAX_HOSTS", "max_hosts", _hosts, None, "all hosts",
+    Variable("TRAINING_TOOLKIT_MAX_HOSTS", "max_hosts", values.hosts, None, "all hosts",
              "how many of the platform's hosts the job runs on; the others are spares, each taking a lost host's "
              "place at the next restart (docs/resilience.md)"),
-    Variable("TRAINING_TOOLKIT_MIN_HOSTS", "min_hosts", _hosts, None, "the max",
+    Variable("TRAINING_TOOLKIT_MIN_HOSTS", "min_hosts", values.hosts, None, "the max",
              "the fewest hosts the job may go on with after losing hosts with no spare left (it shrinks, "
              "renumbering ranks); below it the job ends (docs/resilience.md)"),
-    Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", _on_off, True, "on",
+    Variable("TRAINING_TOOLKIT_NETSHIM", "netshim", values.on_off, True, "on",
              "`off`: Open MPI's runtime and ranks are not preloaded with the accept() shim that closes connections "
              "from outside the job before Open MPI reads them (docs/security.md)"),
-    Variable("TRAINING_TOOLKIT_MPI_LAUNCHER", "mpi_launcher", _mpi_launcher, names.LAUNCH_SSH, "ssh",
+    Variable("TRAINING_TOOLKIT_MPI_LAUNCHER", "mpi_launcher", values.mpi_launcher, names.LAUNCH_SSH, "ssh",
              "how mpirun starts Open MPI's daemons on the other hosts: `ssh` (the toolkit's own sshd and keys) or "
              "`slurm` (`srun --overlap` inside the job's step: no sshd, no keys; the default under Slurm; "
              "docs/slurm.md)"),
@@ -316,18 +204,19 @@ def parse(environ: Mapping[str, str], read: Callable[[str], bytes | None] | None
     unknown = set(flags) - set(Settings._fields)
     if unknown:
         raise TypeError(f"no such setting: {', '.join(sorted(unknown))}")
-    values = {var.field: value_of(var.field, environ, flags.get(var.field)) for var in VARIABLES}
+    found = {var.field: value_of(var.field, environ, flags.get(var.field)) for var in VARIABLES}
     given = {var.field for var in VARIABLES
              if environ.get(var.name) or flags.get(var.field) not in (None, "")}
-    if values["job_secret"] is None and read is not None:
-        path = str(Paths.at(values["base_dir"]).job_secret_file)
+    if found["job_secret"] is None and read is not None:
+        path = str(Paths.at(found["base_dir"]).job_secret_file)
         data = read(path)
         if data is not None and data.strip():
-            if len(data.strip()) < MIN_SECRET_BYTES:
-                raise ConfigError(path, None, f"the job secret must be at least {MIN_SECRET_BYTES} bytes")
-            values["job_secret"] = data.strip()
+            try:
+                found["job_secret"] = values.secret(data)
+            except ValueError as exc:
+                raise ConfigError(path, None, str(exc)) from None
             given.add("job_secret")
-    return Settings(**values, given=frozenset(given))
+    return Settings(**found, given=frozenset(given))
 
 
 def override(config: Settings, overrides: Overrides) -> Settings:
@@ -367,34 +256,3 @@ def variable(field: str) -> Variable:
 def default(field: str) -> Any:
     """A setting's default, for code that has a value to fall back on when no Settings reach it."""
     return variable(field).default
-
-
-def help_text(field: str) -> str:
-    """A flag's ``--help`` line: the variable's doc, and where its default comes from."""
-    var = variable(field)
-    return f"{_plain(var.doc)} (default: ${var.name}, else {_plain(var.shown_default)})"
-
-
-def environment_help() -> str:
-    """Every variable, for the end of ``--help``."""
-    lines = ["settings (environment variables; an empty one counts as unset):"]
-    for var in VARIABLES:
-        lines += [f"  {var.name} (default: {_plain(var.shown_default)})", f"      {_plain(var.doc)}"]
-    return "\n".join(lines)
-
-
-def _plain(text: str) -> str:
-    return text.replace("`", "")
-
-
-def markdown_table() -> str:
-    """README's settings table."""
-    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    for var in VARIABLES:
-        meaning = var.doc + (f" (`{var.flag}` wins)" if var.flag else "")
-        rows.append(f"| `{var.name}` | {var.shown_default} | {meaning} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

@@ -46,7 +46,7 @@ def ours_running() -> list[str]:
 
 def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120, **kw) -> list[HostResult]:
     """Run on a local cluster; assert no host left a process behind when its train ended."""
-    results = run_local(job, tmp_path / "cluster", timeout_s=timeout_s, out=sys.stdout.buffer, **kw)
+    results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=timeout_s, out=sys.stdout.buffer, **kw)
     for r in results:
         assert not r.survivors, f"{r.host}: processes survived its train: {r.survivors}"
     leftovers = ours_running()

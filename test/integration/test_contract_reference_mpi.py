@@ -18,6 +18,7 @@ The reference's end takes ~30 s of its fixed sleeps on each host.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,7 @@ def run_job(tmp_path: Path, name: str, train: list[str], extra_mounts=None) -> d
         if extra_mounts:
             extra_mounts(cluster)
 
-    results = run_local(job, tmp_path / name, timeout_s=240, out=sys.stdout.buffer, before_start=before_start)
+    results = run_local(job, tmp_path / name, environ=os.environ, timeout_s=240, out=sys.stdout.buffer, before_start=before_start)
     assert [r.exit_code for r in results] == [0] * len(HOSTS), [(r.exit_code, r.failure) for r in results]
     assert not ours_running(), ours_running()
     ranks = {}

@@ -6,6 +6,7 @@ Timed assertions are generous: the machine runs other tests at the same time.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -52,7 +53,7 @@ def test_a_hung_rank_ends_the_job_with_every_ranks_stack_without_ptrace(tmp_path
     env = {"TRAINING_TOOLKIT_STALL_TIMEOUT": "10", "TRAINING_TOOLKIT_PY_SPY": "none", "STALL_RANK": "3"}
     out = Recorder(echo=True)
     results = run_local(mpi_job(src, env, train=[*NO_PTRACE, *default_train()]), tmp_path / "cluster",
-                        timeout_s=120, out=out)
+                        environ=os.environ, timeout_s=120, out=out)
     last = last_output_time(out.lines)
     for r in results:
         assert r.exit_code == EXIT_STALLED and not r.survivors, (r.host, r.exit_code, r.survivors)

@@ -45,7 +45,7 @@ def test_a_process_replaced_since_the_look_is_not_held_and_never_signalled(sleep
 def test_the_process_seen_is_held_and_signalled(sleeper):
     seen = procfs.read(sleeper.pid).seen
     held = pidfd.hold(seen)
-    assert held is not None and (held.fd is not None) is pidfd.PIDFDS
+    assert held is not None and (held.fd is not None) is pidfd.available()
     assert not held.ended()
     assert held.send(signal.SIGKILL)
     assert sleeper.wait(5) == -signal.SIGKILL
@@ -58,11 +58,10 @@ def test_a_check_after_the_pidfd_can_refuse(sleeper):
     assert sleeper.poll() is None
 
 
-def test_without_pidfds_the_pid_is_checked_again_just_before_the_signal(sleeper, monkeypatch):
+def test_without_pidfds_the_pid_is_checked_again_just_before_the_signal(sleeper):
     """The fallback where pidfd_open is missing (ENOSYS): kill(2) by pid, after the same check."""
-    monkeypatch.setattr(pidfd, "PIDFDS", False)
-    assert pidfd.hold(replaced(sleeper)) is None
-    held = pidfd.hold(procfs.read(sleeper.pid).seen)
+    assert pidfd.hold(replaced(sleeper), pidfds=False) is None
+    held = pidfd.hold(procfs.read(sleeper.pid).seen, pidfds=False)
     assert held is not None and held.fd is None
     held = held._replace(start=held.start - 1)  # as if the pid had gone to another process since the hold
     assert not held.send(signal.SIGKILL) and sleeper.poll() is None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit import settings
+from training_toolkit import settings, settings_help, settings_values
 from training_toolkit.errors import EXIT_CONFIG, ConfigError
 from training_toolkit.settings import VARIABLES, Settings, parse
 
@@ -198,14 +198,14 @@ def test_readme_settings_table_is_the_table_in_code():
     readme = (REPO / "README.md").read_text().splitlines()
     start = readme.index("| variable | default | meaning |")
     end = next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
-    assert "\n".join(readme[start:end]) == settings.markdown_table()
+    assert "\n".join(readme[start:end]) == settings_help.markdown_table()
     assert [line.split("`")[1] for line in readme[start + 2:end]] == [var.name for var in VARIABLES]
 
 
 def test_help_texts_come_from_the_table():
-    assert settings.help_text("grace_s") == ("seconds between forwarding SIGTERM to the script and killing it "
+    assert settings_help.help_text("grace_s") == ("seconds between forwarding SIGTERM to the script and killing it "
                                              "(default: $TRAINING_TOOLKIT_GRACE_PERIOD, else 120)")
-    text = settings.environment_help()
+    text = settings_help.environment_help()
     assert all(f"  {var.name} (default: " in text for var in VARIABLES)
 
 
@@ -234,7 +234,7 @@ def test_defaults_used_outside_settings_are_its_own():
 
     assert (timing.HEARTBEAT_S, timing.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
     assert not hasattr(process, "DEFAULT_GRACE_S")  # a stop's grace is always the caller's (Settings.grace_s)
-    assert secret.MIN_SECRET_BYTES is settings.MIN_SECRET_BYTES
+    assert secret.MIN_SECRET_BYTES is settings_values.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
     secret_env = {name: "x" for name in settings.SECRET_VARIABLES}
     assert rank_env.mpirun_environment(secret_env) == {}

@@ -9,7 +9,8 @@ address, and every key is random (docs/security.md).
 
 from __future__ import annotations
 
-from training_toolkit.settings import MIN_SECRET_BYTES, Settings
+from training_toolkit.settings import Settings
+from training_toolkit.settings_values import MIN_SECRET_BYTES
 
 __all__ = ["MIN_SECRET_BYTES", "job_secret"]
 

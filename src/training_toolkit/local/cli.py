@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from training_toolkit import names
@@ -139,7 +139,8 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     return out
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """``training-toolkit local``; ``environ``: the launcher's environment, as ``cli`` read it."""
     from training_toolkit.local.launcher import LocalJob, run_local
 
     args = build_parser().parse_args(list(argv))
@@ -185,9 +186,9 @@ def main(argv: Sequence[str]) -> int:
     job = LocalJob(hosts=hosts, hyperparameters=hps, channels=channels, env=env)
     try:
         if args.image:
-            results = _run_in_containers(job, workdir, args, source)
+            results = _run_in_containers(job, workdir, args, source, environ)
         else:
-            results = run_local(job, workdir, timeout_s=args.timeout, stop_grace_s=args.stop_grace)
+            results = run_local(job, workdir, environ=environ, timeout_s=args.timeout, stop_grace_s=args.stop_grace)
     except ToolkitError as exc:  # the hosts could not start (not root, no engine, no image, ...)
         log(f"local: {exc}")
         return exc.exit_code
@@ -197,12 +198,12 @@ def main(argv: Sequence[str]) -> int:
     return job_exit_code(results)
 
 
-def _run_in_containers(job, workdir: Path, args: argparse.Namespace, source: Path) -> list:
+def _run_in_containers(job, workdir: Path, args: argparse.Namespace, source: Path, environ: Mapping[str, str]) -> list:
     from training_toolkit import hardware
     from training_toolkit.local.container_launcher import run_containers
 
     gpus = args.gpus == "all" or (args.gpus == "auto" and hardware.probe().num_gpus > 0)
-    run = run_containers(job, workdir, image=args.image, source=source, timeout_s=args.timeout,
+    run = run_containers(job, workdir, image=args.image, source=source, environ=environ, timeout_s=args.timeout,
                          stop_grace_s=args.stop_grace, gpus=gpus)
     print(f"\nartifacts: {run.model_tar} and {run.output_tar} (merged from every host, as SageMaker's local mode "
           f"leaves them)", file=sys.stderr)

@@ -16,7 +16,6 @@ the switch be killed too, the next launcher on this machine does, before it star
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import threading
@@ -50,7 +49,7 @@ class ContainerRun:
     leftovers: tuple[str, ...]  # what the engine still held of the job after teardown (should be nothing)
 
 
-def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
+def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path, environ: Mapping[str, str],
                    timeout_s: float = run_loop.DEFAULT_TIMEOUT_S, out: BinaryIO | None = None,
                    stop_grace_s: float = run_loop.DEFAULT_STOP_GRACE_S, gpus: bool = False,
                    client: Any = None, job_id: str | None = None, interface: str | None = INTERFACE,
@@ -61,13 +60,17 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
     stops every container once one has exited, as SageMaker's local mode (docker-compose
     ``--abort-on-container-exit``) does: the image must work under both.
 
+    ``environ`` is the launcher's (its caller's) environment: ``DOCKER_HOST`` names the engine, and the
+    reaper (``reaper.py``) is started with it should the launcher die.
+
     Raises ``engine.EngineError`` (one line) when the job cannot start: no engine, no image, a
     name taken, a container that will not start; nothing is left then either.
     """
     out = out if out is not None else sys.stdout.buffer
-    client = client or engine.connect(pool_size=4 * len(job.hosts) + 8)
+    url = engine.socket_url(environ)
+    client = client or engine.connect(url, pool_size=4 * len(job.hosts) + 8)
     remove_abandoned(client)
-    engine.check_image(client, image)
+    engine.check_image(client, image, url)
     taken = engine.taken_names(client, job.hosts)
     if taken:
         raise engine.EngineError(f"containers named {', '.join(taken)} already exist: remove them "
@@ -81,8 +84,8 @@ def run_containers(job: LocalJob, workdir: Path, *, image: str, source: Path,
                          grace_s=stop_grace_s, gpus=gpus, launcher=procfs.identity())
     # Removes the job should this launcher die (the switch has a session of its own: what kills the
     # caller's process group, a CI job's timeout, does not reach it)
-    reaping = Deadman(then=reaper.command(job_id), env=os.environ)
-    streams = engine.connect(pool_size=2 * len(job.hosts) + 4, timeout_s=None)
+    reaping = Deadman(then=reaper.command(job_id), env=environ)
+    streams = engine.connect(url, pool_size=2 * len(job.hosts) + 4, timeout_s=None)
     watch = _Watch(client, streams, spec, out)
     started_at = None
     with run_loop.stopped_by_signals(threading.Event()) as stop:

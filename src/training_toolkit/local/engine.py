@@ -9,8 +9,7 @@ so a half-made job is cleaned up as fully as a finished one.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from training_toolkit.errors import ClusterError, ConfigError
@@ -26,12 +25,13 @@ class EngineError(ClusterError):
     """No engine, an image that cannot run the job, a name taken, a container that cannot start."""
 
 
-def socket_url() -> str:
-    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+def socket_url(environ: Mapping[str, str]) -> str:
+    """The engine's address: ``DOCKER_HOST`` of the launcher's environment (its caller's), else the SDK's default."""
+    return environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
 
-def connect(pool_size: int = 16, timeout_s: float | None = API_TIMEOUT_S) -> Any:
-    """A ``docker.DockerClient`` on the engine named by ``DOCKER_HOST`` (or the default socket), checked with a ping.
+def connect(url: str, pool_size: int = 16, timeout_s: float | None = API_TIMEOUT_S) -> Any:
+    """A ``docker.DockerClient`` on the engine at ``url`` (``socket_url``), checked with a ping.
 
     ``timeout_s`` None: no read timeout, for log streams (podman's service sends a followed log's
     headers only with its first line, which may come minutes after the start).
@@ -41,7 +41,6 @@ def connect(pool_size: int = 16, timeout_s: float | None = API_TIMEOUT_S) -> Any
     except ImportError:
         raise ConfigError("training-toolkit local", "--image",
                           "needs the docker SDK: pip install 'training-toolkit[containers]'") from None
-    url = socket_url()
     try:
         client = docker.DockerClient(base_url=url, timeout=timeout_s, max_pool_size=pool_size)
         client.ping()
@@ -51,14 +50,14 @@ def connect(pool_size: int = 16, timeout_s: float | None = API_TIMEOUT_S) -> Any
     return client
 
 
-def check_image(client: Any, image: str) -> None:
+def check_image(client: Any, image: str, url: str) -> None:
     """The image exists at the engine (whether it has ``train`` shows when a container starts)."""
     import docker.errors
 
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise EngineError(f"image {image} not found at {socket_url()}: build it there (docs/images.md) "
+        raise EngineError(f"image {image} not found at {url}: build it there (docs/images.md) "
                           "or name one that exists") from None
     except docker.errors.APIError as exc:
         raise EngineError(f"image {image}: {cause(exc)}") from None

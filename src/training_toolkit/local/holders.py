@@ -29,7 +29,7 @@ import selectors
 import subprocess
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +248,29 @@ class EnteredProcess(subprocess.Popen):  # type: ignore[type-arg]
             super().send_signal(sig)  # no command (yet, or at all): nsenter itself
             return
         self._held.send(sig)
+
+
+def run_to_completion(popen: Callable[..., EnteredProcess], timeout: float, **run_kwargs: Any
+                      ) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` over ``popen`` (``check``, ``capture_output``, ``input`` as there): at the timeout
+    the command itself is killed and reaped, then ``TimeoutExpired`` goes on."""
+    check = run_kwargs.pop("check", False)
+    if run_kwargs.pop("capture_output", False):
+        run_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    given = run_kwargs.pop("input", None)
+    if given is not None:
+        run_kwargs["stdin"] = subprocess.PIPE
+    with popen(**run_kwargs) as proc:
+        try:
+            out, err = proc.communicate(given, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        result.check_returncode()
+    return result
 
 
 def _parent(pid: int) -> int | None:

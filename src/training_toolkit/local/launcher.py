@@ -37,14 +37,21 @@ def default_train() -> list[str]:
     return [str(Path(sys.executable).with_name("train"))]
 
 
-def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAULT_TIMEOUT_S,
+def base_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What every host's ``train`` takes of the launcher's environment (pure): ``PATH``, ``LANG``, ``HOME``."""
+    return {"PATH": environ.get("PATH", os.defpath), "LANG": environ.get("LANG", "C.UTF-8"),
+            "HOME": environ.get("HOME", "/root")}
+
+
+def run_local(job: LocalJob, workdir: Path, *, environ: Mapping[str, str], timeout_s: float = run_loop.DEFAULT_TIMEOUT_S,
               out: BinaryIO | None = None, stop_grace_s: float = run_loop.DEFAULT_STOP_GRACE_S,
               before_start: Callable[[NamespaceCluster], None] | None = None,
               on_start: Callable[[Mapping[str, EnteredProcess]], None] | None = None,
               restart: Restart | None = None) -> list[HostResult]:
     """Run ``job`` on local hosts under ``workdir``; every host's result, in host order.
 
-    Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller, or the
+    ``environ`` is the launcher's (its caller's) environment: every host's ``train`` takes its ``PATH``,
+    ``LANG`` and ``HOME`` (``base_environment``), nothing else of it.  Nothing of the cluster survives the call.  SIGINT/SIGTERM to the caller, or the
     timeout, stops every host's ``train`` (which stops its part of the job within
     ``stop_grace_s``: ``run_loop``), then the cluster is torn down.
 
@@ -65,8 +72,7 @@ def run_local(job: LocalJob, workdir: Path, *, timeout_s: float = run_loop.DEFAU
         if before_start is not None:
             before_start(cluster)
         holders = {name: set(pids) for name, pids in cluster.pids().items()}
-        base_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8"),
-                    "HOME": os.environ.get("HOME", "/root"), **run_loop.grace_environment(stop_grace_s), **job.env}
+        base_env = {**base_environment(environ), **run_loop.grace_environment(stop_grace_s), **job.env}
         if job.platform_secret:
             base_env[JOB_SECRET] = secrets.token_hex(32)
         pumps = []

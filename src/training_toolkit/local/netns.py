@@ -9,14 +9,13 @@ with the launcher, so even a launcher killed with SIGKILL leaves nothing (``hold
 
 The parts, each in its own module: names and addresses (``layout``), the bridge and the
 hosts' addresses (``network``), each host's namespaces held by one process (``holders``),
-and ending what runs inside (``teardown``). This module puts them together: start, run
-commands in a host, close.
+ending what runs inside (``teardown``), and what the machine must have (``prerequisites``).
+This module puts them together: start, run commands in a host, close.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,17 +26,12 @@ from typing import Any
 
 from training_toolkit import procfs
 from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.local import holders, layout, network, teardown
+from training_toolkit.local import holders, layout, network, prerequisites, teardown
 from training_toolkit.local.holders import EnteredProcess, Host
 from training_toolkit.local.teardown import leftovers
 from training_toolkit.log import log
 
 __all__ = ["EnteredProcess", "Host", "NamespaceCluster", "leftovers"]
-
-# What start() needs on PATH, with the package that has it.
-_TOOLS = (("ip", "iproute2"), ("nsenter", "util-linux"), ("unshare", "util-linux"), ("setpriv", "util-linux"),
-          ("mount", "mount"), ("umount", "mount"))
-
 
 class NamespaceCluster:
     """Hosts in their own namespaces joined by a bridge, started and torn down as one unit.
@@ -124,7 +118,7 @@ class NamespaceCluster:
         """
         if self._owns_tag:
             raise ClusterError(f"cluster {self._tag} was already started; a cluster starts once, make a new one")
-        self._tools = _require_privileges_and_tools()
+        self._tools = prerequisites.require_privileges_and_tools()
         self._nsenter = self._tools["nsenter"]
         taken = holders.holding(self._tag)
         if taken:
@@ -244,23 +238,8 @@ class NamespaceCluster:
         ``timeout`` is required: a command that hangs inside a namespace must not hang a test;
         at the timeout the command itself is killed, as ``subprocess.run`` would.
         """
-        check = run_kwargs.pop("check", False)
-        if run_kwargs.pop("capture_output", False):
-            run_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        given = run_kwargs.pop("input", None)
-        if given is not None:
-            run_kwargs["stdin"] = subprocess.PIPE
-        with self.popen(host, argv, env=env, cwd=cwd, **run_kwargs) as proc:
-            try:
-                out, err = proc.communicate(given, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise
-        result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        if check:
-            result.check_returncode()
-        return result
+        return holders.run_to_completion(lambda **kw: self.popen(host, argv, env=env, cwd=cwd, **kw), timeout,
+                                         **run_kwargs)
 
     def _check_alive(self, host: Host | str) -> None:
         """Refuse to nsenter a pid that is no longer the holder (it may have been reused)."""
@@ -322,21 +301,3 @@ class NamespaceCluster:
         state = "running" if self._hosts else "stopped"
         return f"NamespaceCluster(tag={self._tag!r}, hosts={list(self._names)!r}, {state})"
 
-
-def _require_privileges_and_tools() -> dict[str, str]:
-    """Fail with every missing prerequisite named at once, before anything is created."""
-    problems = []
-    if os.geteuid() != 0:
-        problems.append(
-            f"needs root (network and mount namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN; "
-            f"running as uid {os.geteuid()})"
-        )
-    tools = {tool: shutil.which(tool) for tool, _package in _TOOLS}
-    missing = [f"`{tool}` ({package})" for tool, package in _TOOLS if tools[tool] is None]
-    if missing:
-        problems.append(f"needs {', '.join(missing)} on PATH")
-    if not Path("/proc/self/ns/pid_for_children").exists():
-        problems.append("needs a kernel with network and PID namespaces (/proc/self/ns/pid_for_children is missing)")
-    if problems:
-        raise ClusterError("a local cluster " + "; ".join(problems))
-    return {tool: path for tool, path in tools.items() if path is not None}

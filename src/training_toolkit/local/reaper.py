@@ -12,11 +12,13 @@ gone).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """``environ`` None: this process's own (what the dead-man switch gave it: the launcher's, DOCKER_HOST included)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         sys.stderr.write("usage: python -m training_toolkit.local.reaper JOB_ID\n")
@@ -27,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from training_toolkit.log import log
 
     try:
-        client = engine.connect()
+        client = engine.connect(engine.socket_url(os.environ if environ is None else environ))
         left = engine.leftovers(client, job_id)
         problems = engine.remove_job(client, job_id) if left else []
     except ToolkitError as exc:

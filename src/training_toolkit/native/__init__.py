@@ -16,7 +16,7 @@ STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"  # preloaded into Open MPI's
 RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
 DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).parent  # absolute already (a module's __file__ is): nothing read at import
 
 
 class NativeMissing(ToolkitError):

@@ -17,7 +17,8 @@ until the check, so it is the one step 1 opened.
 
 Where ``pidfd_open`` does not exist (ENOSYS: Linux before 5.3, some sandboxes) the fallback is the
 same check repeated just before each ``kill(2)`` by pid: the window shrinks to microseconds but is
-not closed.  ``PIDFDS`` says which applies here.
+not closed.  Each ``hold`` finds out by trying (nothing is probed at import); ``available()`` says which
+applies here.
 """
 
 from __future__ import annotations
@@ -31,16 +32,13 @@ from typing import NamedTuple
 from training_toolkit import procfs
 
 
-def _probe() -> bool:
+def available() -> bool:
+    """Whether this kernel (and Python) gives pidfds; without them signals go by pid, checked just before."""
     try:
         os.close(os.pidfd_open(os.getpid()))
         return True
     except (AttributeError, OSError):
         return False
-
-
-#: Whether this kernel (and Python) gives pidfds; without them signals go by pid, checked just before.
-PIDFDS = _probe()
 
 
 def same_process(seen_start: int | None, now: procfs.Proc | None) -> bool:
@@ -82,14 +80,16 @@ class Held(NamedTuple):
             os.close(self.fd)
 
 
-def hold(pid: int, seen_start: int | None = None, check: Callable[[int], bool] | None = None) -> Held | None:
+def hold(pid: int, seen_start: int | None = None, check: Callable[[int], bool] | None = None, *,
+         pidfds: bool = True) -> Held | None:
     """Hold the process at ``pid`` if it is still the one seen (``seen_start``; a ``procfs.Seen``
-    carries its own) and passes ``check``; None when it is gone or another one."""
+    carries its own) and passes ``check``; None when it is gone or another one.  ``pidfds=False``, or
+    a kernel or Python without ``pidfd_open``: the fallback (no descriptor; the pid checked again before a signal)."""
     if seen_start is None:
         seen_start = getattr(pid, "start", None)
     pid = int(pid)
     fd = None
-    if PIDFDS:
+    if pidfds and hasattr(os, "pidfd_open"):
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:

@@ -59,7 +59,7 @@ def attack_while_running(job, tmp_path, results_file, ready):
     attack: dict = {}
     out = io.BytesIO()
     try:
-        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out,
+        results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=150, out=out,
                             before_start=lambda c: start_attack(c, job.hosts, ready, tmp_path, results_file, HOLD_S,
                                                                 attack))
     finally:
@@ -172,7 +172,7 @@ def test_a_daemon_connect_read_off_the_bridge_and_replayed_by_an_outsider_does_n
 
     out = io.BytesIO()
     try:
-        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out, before_start=replay)
+        results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=150, out=out, before_start=replay)
     finally:
         if "capture" in attack:
             attack["capture"].stop()

@@ -115,7 +115,7 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
     state: dict = {}
     out = io.BytesIO()
     try:
-        results = run_local(job, tmp_path / "cluster", timeout_s=150, out=out,
+        results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=150, out=out,
                             before_start=lambda cluster: attack(cluster, go, tmp_path, state, flavor))
     finally:
         if "capture" in state:

@@ -47,7 +47,7 @@ def test_an_outsider_gets_nowhere_and_the_job_still_succeeds(tmp_path, platform_
     out = io.BytesIO()
     started = time.monotonic()
     try:
-        results = run_local(job, tmp_path / "cluster", timeout_s=120, out=out, before_start=start_outsider)
+        results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=120, out=out, before_start=start_outsider)
     finally:
         if "proc" in outsider:
             outsider["proc"].kill()

@@ -34,7 +34,7 @@ QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60"}
 
 @pytest.fixture(scope="module")
 def client():
-    c = engine.connect()
+    c = engine.connect(engine.socket_url(os.environ))
     yield c
     c.close()
 
@@ -65,7 +65,7 @@ def job(src: Path, program: str, hosts: int, **extra) -> LocalJob:
 def run(job_: LocalJob, tmp_path: Path, src: Path, client, **kw):
     out = io.BytesIO()
     started = time.monotonic()
-    result = run_containers(job_, tmp_path / "work", image=IMAGE, source=src, out=out, client=client,
+    result = run_containers(job_, tmp_path / "work", environ=os.environ, image=IMAGE, source=src, out=out, client=client,
                             timeout_s=kw.pop("timeout_s", 240), **kw)
     text = out.getvalue().decode(errors="replace")
     assert result.leftovers == (), result.leftovers
@@ -80,7 +80,7 @@ def test_one_host_job_through_the_cli(tmp_path, nothing_left):
                          "--source", str(REPO / "examples" / "single" / "code"), "--entry-point", "train.py",
                          "--channel", f"train={REPO / 'examples' / 'single' / 'data' / 'train'}",
                          "--hp", "epochs=20", "--workdir", str(work)],
-        capture_output=True, text=True, timeout=120, env=clean_env(DOCKER_HOST=engine.socket_url()))
+        capture_output=True, text=True, timeout=120, env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     host = next(p.name for p in work.iterdir() if p.name.startswith("algo-1-"))
     assert f"[{host}] " in proc.stdout
@@ -195,7 +195,7 @@ def test_sigterm_to_local_gives_every_rank_its_grace_and_removes_every_container
                          "--entry-point", "term.py", "--distribution", "mpi", "--processes-per-host", "2",
                          "--stop-grace", "20", "--env", "TRAINING_TOOLKIT_JOIN_TIMEOUT=60", "--workdir", str(work)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=clean_env(DOCKER_HOST=engine.socket_url()))
+        env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
     deadline = time.monotonic() + 120
     while len(list(work.glob("*/opt/ml/model/started-*"))) < 4 and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
@@ -246,7 +246,7 @@ def test_an_image_that_cannot_run_the_job_is_one_line_and_leaves_nothing(tmp_pat
     proc = subprocess.run(toolkit_cmd() + ["local", "--image", image, "--hosts", "2", "--host-suffix", suffix(),
                                            "--source", str(REPO / "examples" / "single" / "code"), "--entry-point",
                                            "train.py", "--workdir", str(tmp_path / "w")],
-                          capture_output=True, text=True, timeout=60, env=clean_env(DOCKER_HOST=engine.socket_url()))
+                          capture_output=True, text=True, timeout=60, env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
     assert proc.returncode == 69
     lines = [line for line in proc.stderr.strip().splitlines() if expected in line]
     assert len(lines) == 1, proc.stderr
@@ -259,7 +259,7 @@ def test_a_name_clash_is_one_line_and_the_existing_container_is_untouched(tmp_pa
         proc = subprocess.run(toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "2", "--host-suffix", tail,
                                                "--source", str(REPO / "examples" / "single" / "code"), "--entry-point",
                                                "train.py", "--workdir", str(tmp_path / "w")],
-                              capture_output=True, text=True, timeout=60, env=clean_env(DOCKER_HOST=engine.socket_url()))
+                              capture_output=True, text=True, timeout=60, env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
         assert proc.returncode == 69
         assert f"containers named algo-2-{tail} already exist" in proc.stderr
         existing.reload()
@@ -296,7 +296,7 @@ def start_spinning_job(tmp_path: Path, name: str) -> tuple[subprocess.Popen, str
         toolkit_cmd() + ["local", "--image", IMAGE, "--hosts", "2", "--host-suffix", tail, "--source", str(src),
                          "--entry-point", "spin.py", "--workdir", str(work)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env=clean_env(DOCKER_HOST=engine.socket_url()))
+        env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
     deadline = time.monotonic() + 120
     while len(list(work.glob("*/opt/ml/model/started"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
@@ -343,7 +343,7 @@ def test_what_a_killed_local_and_its_killed_reaper_left_the_next_local_removes(t
                          "--source", str(REPO / "examples" / "single" / "code"), "--entry-point", "train.py",
                          "--channel", f"train={REPO / 'examples' / 'single' / 'data' / 'train'}",
                          "--workdir", str(tmp_path / "next")],
-        capture_output=True, text=True, timeout=240, env=clean_env(DOCKER_HOST=engine.socket_url()))
+        capture_output=True, text=True, timeout=240, env=clean_env(DOCKER_HOST=engine.socket_url(os.environ)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"left by a launcher that died (pid {local.pid})" in proc.stderr
     assert of_job(client, tail) == set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import threading
 import time
@@ -38,7 +39,7 @@ OPEN_MPI_LINE = re.compile(r"\[[\w.-]+:\d{3,}\] ")  # Open MPI's own prefix: [al
 
 @pytest.fixture(scope="module")
 def client():
-    c = engine.connect()
+    c = engine.connect(engine.socket_url(os.environ))
     yield c
     c.close()
 
@@ -101,7 +102,7 @@ def test_an_outsider_container_on_the_jobs_network_reaches_no_open_mpi_process(t
     def on_start(_containers) -> None:
         threading.Thread(target=attack, args=(client, job_id, job.hosts, tmp_path, state), daemon=True).start()
 
-    result = run_containers(job, tmp_path / "work", image=IMAGE, source=src, out=out, client=client, job_id=job_id,
+    result = run_containers(job, tmp_path / "work", environ=os.environ, image=IMAGE, source=src, out=out, client=client, job_id=job_id,
                             timeout_s=240, on_start=on_start)
     text = out.getvalue().decode(errors="replace")
     assert result.leftovers == () and engine.leftovers(client, job_id) == []

@@ -155,7 +155,7 @@ def test_a_killed_train_ends_mpi_and_sshd_removes_its_keys_and_the_job_fails_nam
         seen["gone_s"] = wait_all_gone(held, victim)
         seen["dirs_left"] = [d for d in [*seen["ssh_dirs"], *seen["rank_dirs"]] if Path(d).exists()]
 
-    results = run_local(job, tmp_path / "cluster", timeout_s=120, out=sys.stdout.buffer, on_start=kill_train,
+    results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=120, out=sys.stdout.buffer, on_start=kill_train,
                         before_start=lambda cluster: seen.update(init=cluster.host(victim).pid))
     assert expected in seen["names"], seen["names"]  # type: ignore[operator]
     print(f"\n{victim}'s last process gone {seen['gone_s']:.3f} s after its train")

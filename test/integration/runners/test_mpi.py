@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -131,7 +132,7 @@ def test_a_worker_host_vanishing_fails_the_job(tmp_path):
 
 def run_local_no_survivor_check(job, tmp_path, **kw):
     """A SIGKILLed train cannot clean up its own host (callers check the others themselves)."""
-    return run_local(job, tmp_path / "cluster", timeout_s=120, out=sys.stdout.buffer, **kw)
+    return run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=120, out=sys.stdout.buffer, **kw)
 
 
 def squat(host: str, port: int):

@@ -58,7 +58,7 @@ def test_local_refuses_before_anything_is_made(tmp_path, capsys, nothing_starts)
     source.mkdir()
     (source / "train.py").write_text("pass\n")
     workdir = source / "run"
-    code = cli.main(["--source", str(source), "--entry-point", "train.py", "--workdir", str(workdir)])
+    code = cli.main(["--source", str(source), "--entry-point", "train.py", "--workdir", str(workdir)], {})
     assert code == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"--workdir {workdir} is inside --source {source}" in err
@@ -68,7 +68,7 @@ def test_local_refuses_before_anything_is_made(tmp_path, capsys, nothing_starts)
 def test_the_default_workdir_is_checked_before_it_is_made(tmp_path, monkeypatch, capsys, nothing_starts):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "train.py").write_text("pass\n")
-    code = cli.main(["--source", str(tmp_path), "--entry-point", "train.py"])
+    code = cli.main(["--source", str(tmp_path), "--entry-point", "train.py"], {})
     assert code == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"is inside --source {tmp_path}" in err and "the default --workdir is a new directory there" in err
@@ -86,9 +86,9 @@ def test_spares_are_more_hosts_and_the_maximum_is_the_hosts(tmp_path, monkeypatc
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "train.py").write_text("pass\n")
     base = ["--source", str(tmp_path / "code"), "--entry-point", "train.py", "--workdir", str(tmp_path / "w")]
-    cli.main([*base, "--hosts", "3", "--spares", "1", "--env", "TRAINING_TOOLKIT_MAX_RESTARTS=2"])
+    cli.main([*base, "--hosts", "3", "--spares", "1", "--env", "TRAINING_TOOLKIT_MAX_RESTARTS=2"], {})
     assert tuple(seen[0].hosts) == ("algo-1", "algo-2", "algo-3", "algo-4")
     assert seen[0].env == {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2"}
-    cli.main([*base, "--hosts", "2"])  # none: as before
+    cli.main([*base, "--hosts", "2"], {})  # none: as before
     assert tuple(seen[1].hosts) == ("algo-1", "algo-2") and seen[1].env == {}
-    assert cli.main([*base, "--spares", "-1"]) == EXIT_USAGE
+    assert cli.main([*base, "--spares", "-1"], {}) == EXIT_USAGE

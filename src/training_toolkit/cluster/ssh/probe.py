@@ -22,6 +22,7 @@ def wait_for_ssh(
     per_try_timeout_s: float = 10.0,
     ssh: str = "ssh",
     max_parallel: int = 128,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
     """Return once ``ssh host true`` succeeds for every host; raise SshUnreachable naming the rest.
 
@@ -31,6 +32,10 @@ def wait_for_ssh(
     killed at its own timeout, so the call never outlives the deadline by more
     than the time to reap a process.  Beyond ``max_parallel`` hosts, late
     hosts get what is left of the deadline.
+
+    ``environ``: the toolkit's environment as read at the start (``RunContext.environ``), which ssh
+    runs with (secrets left out); None, this process's own, for a caller not handed one (runners/mpi.py
+    does not pass it yet: docs/development.md, "Who reads the environment").
     """
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
@@ -41,7 +46,7 @@ def wait_for_ssh(
     prefix = ssh_command(layout, ssh=ssh)
     # the shared connection a probe leaves (ControlPersist) keeps this environment: the ssh directory's
     # token, by which end_connections finds it and the directory's deadman ends it should train be killed
-    env = {**without_secrets(os.environ), **deadman.environment_for(layout.directory)}
+    env = {**without_secrets(os.environ if environ is None else environ), **deadman.environment_for(layout.directory)}
     workers = max(1, min(len(hosts), max_parallel))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh-probe") as pool:
         errors = list(pool.map(lambda host: _probe_until(prefix, probe_target(layout, host), deadline, per_try_timeout_s, env),
