@@ -60,6 +60,7 @@ class NamespaceCluster:
         self._addresses = layout.host_addresses(self._network, len(self._names))
         self._hosts: tuple[Host, ...] = ()
         self._netns_ids: dict[str, procfs.NamespaceId] = {}  # host name (or "" for the switch) -> its netns
+        self._ended_at: int | None = None  # boot_ticks() once a teardown left nothing running (teardown.processes_in)
         self._holders: list[subprocess.Popen[bytes]] = []  # the switch first, then one per host
         self._children: list[subprocess.Popen[Any]] = []  # started by popen(), to be reaped
         self._owns_tag = False  # True once start() has checked that nothing uses the tag
@@ -265,7 +266,8 @@ class NamespaceCluster:
         the caller's namespace.
         """
         found = leftovers(self._tag)
-        found += teardown.processes_in({ident: name or "switch" for name, ident in self._netns_ids.items()})
+        found += teardown.processes_in({ident: name or "switch" for name, ident in self._netns_ids.items()},
+                                       started_by=self._ended_at)
         found += [f"child process {p.pid} ({procfs.comm(p.pid)}) still running"
                   for p in self._holders + self._children if p.poll() is None]
         return sorted(set(found)) + teardown.mounts_under(self._workdir)
@@ -288,6 +290,8 @@ class NamespaceCluster:
             survivors = teardown.end_everything_in(idents, self._holders + self._children)
             if survivors:
                 log(f"local cluster {self._tag}: processes survived SIGKILL: {', '.join(survivors)}")
+            else:
+                self._ended_at = teardown.boot_ticks()
             for holder in self._holders:
                 if holder.stdout is not None:
                     holder.stdout.close()
