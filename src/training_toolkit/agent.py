@@ -264,8 +264,14 @@ class HostAgent(StallWatch):
             self.attempt_ctx = with_hosts(self.ctx, active)
 
     def _barrier_deadline(self) -> float | None:
-        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace)."""
-        return self.settings.join_timeout_s + self.ctx.grace_s if self.attempt > self.state.first_attempt else None
+        """A host that rejoins waits for the restart its loss caused: the first host stops its part first (grace).
+
+        In a job with spares or a minimum it is a spare until a restart seats it: it waits for the next barrier
+        or the verdict, however long the job runs (the first host's loss still ends the wait).
+        """
+        if self.attempt <= self.state.first_attempt:
+            return None
+        return float("inf") if self.elastic else self.settings.join_timeout_s + self.ctx.grace_s
 
     def _why_this_attempt(self) -> str:
         """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
@@ -411,6 +417,8 @@ class HostAgent(StallWatch):
         return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
+        if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
+            return Outcome(0)
         reason = self.setup_failure(exc)
         with _signals_held():
             actions = self._step(SetupFailed(Outcome(exc.exit_code, reason), time.time()))

@@ -24,13 +24,19 @@ made on the machine's own ``/dev``) but a file in the pod's directory, named by
 for the master's name (the toolkit waits for every name itself) and the operators' status.
 Restarts: a container restarted in its pod (``restartPolicy``, the kubelet's back-off, the
 operator's ``backoffLimit``) is ``helpers/kubelet.py``; a JobSet restart is the same pods
-made again with the next ``restart-attempt`` (``jobset(..., attempt=N)``), fresh.  Nothing here is a real cluster.
+made again with the next ``restart-attempt`` (``jobset(..., attempt=N)``), fresh.  A pod deleted
+and made again under its name (its node lost; the operator recreates a missing replica's pod) is
+``run(..., operator=...)``: the same name, a new address (its DNS record moves with it), a fresh
+emptyDir ``/opt/ml``, fresh ``/run`` and ``/dev/shm``, and the kubelet's ``/etc/hosts`` for the
+new address.  Nothing here is a real cluster.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -42,6 +48,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from helpers.multihost import run as run_job
+from training_toolkit.local.job import INTERFACE, host_tree
 from training_toolkit.local.launcher import LocalJob
 
 API_SERVER = "192.0.2.1"  # what the kubelet puts in KUBERNETES_SERVICE_HOST; never contacted here
@@ -154,6 +161,14 @@ mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 """
 
 
+REPLACED_OFFSET = 100  # a pod made again gets the address this far above its last (the cluster's hosts start at .11)
+
+
+def _no_view(opt_ml: Path) -> None:
+    for name in ("hyperparameters.json", "resourceconfig.json", "inputdataconfig.json"):
+        (opt_ml / "input" / "config" / name).unlink()  # the operator gives no /opt/ml view
+
+
 def kept_under_root() -> list[str]:
     """What of this machine the pods run that lives under /root (the checkout, the venvs, a pyenv python)."""
     from helpers.paths import REPO
@@ -174,6 +189,7 @@ class Simulation:
         self.address: dict[str, str] = {}
         self.cluster = None
         self._lock = threading.Lock()
+        self._replaced: list[str] = []  # the addresses pods had before they were made again
 
     def before_start(self, cluster) -> None:
         self.cluster = cluster
@@ -183,9 +199,7 @@ class Simulation:
         dns = Path(__file__).with_name("kube_dns.py")
         cluster.popen(DNS_HOST, [sys.executable, str(dns), str(self.records_file), self.address[DNS_HOST], "900"])
         for pod in self.pods:
-            opt_ml = cluster.host(pod.name).opt_ml
-            for name in ("hyperparameters.json", "resourceconfig.json", "inputdataconfig.json"):
-                (opt_ml / "input" / "config" / name).unlink()  # the operator gives no /opt/ml view
+            _no_view(cluster.host(pod.name).opt_ml)
             root = k8s_dir(cluster.workdir, pod.name)
             (root / "etc-work").mkdir(parents=True)
             (root / "etc-upper").mkdir()
@@ -205,6 +219,31 @@ class Simulation:
         done = self.cluster.run(pod, ["sh", "-c", FRESH_CONTAINER], timeout=30, capture_output=True, text=True)
         assert done.returncode == 0, f"{pod}: {done.stdout}{done.stderr}"
 
+    def replace(self, pod_name: str, job: LocalJob) -> str:
+        """The pod made again under its name (its container ended already): a new address, a fresh emptyDir; the address.
+
+        Its DNS record moves to the new address when its container starts (``on_start``).
+        """
+        pod = next(p for p in self.pods if p.name == pod_name)
+        old = self.address[pod_name]
+        new = str(ipaddress.ip_address(old) + REPLACED_OFFSET * (1 + sum(a == old for a in self._replaced)))
+        self._replaced.append(old)
+        moved = (f"cidr=$(ip -o -4 addr show dev {INTERFACE} | awk '{{print $4}}'); ip addr del \"$cidr\" dev {INTERFACE}"
+                 f" && ip addr add {new}/${{cidr#*/}} dev {INTERFACE} && cat > /etc/hosts")
+        done = self.cluster.run(pod_name, ["sh", "-c", moved], input=kubelet_hosts(pod, new), timeout=30,
+                                capture_output=True, text=True)
+        assert done.returncode == 0, f"{pod_name}: {done.stdout}{done.stderr}"
+        opt_ml = self.cluster.host(pod_name).opt_ml
+        for child in opt_ml.iterdir():  # an emptyDir is the pod's: a new pod has a new one
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        host_tree(opt_ml, job, pod_name)
+        _no_view(opt_ml)
+        self.address[pod_name] = new
+        return new
+
     def _wait_for_dns(self, cluster) -> None:
         """Until the DNS host answers its own name, as a pod's resolver asks it."""
         probe = self.pods[0].name
@@ -223,23 +262,24 @@ class Simulation:
                     for name in pod.records:
                         self.records.setdefault(name, []).append(self.address[pod.name])
             self._publish()
-        threading.Thread(target=self._watch, args=(dict(procs),), daemon=True).start()
+            at = {name: self.address[name] for name in procs}  # a pod made again later has another
+        threading.Thread(target=self._watch, args=(dict(procs), at), daemon=True).start()
 
-    def _watch(self, procs: Mapping[str, object]) -> None:
+    def _watch(self, procs: Mapping[str, object], at: Mapping[str, str]) -> None:
         running = dict(procs)
         deadline = time.monotonic() + 900
         while running and time.monotonic() < deadline:
             for name, proc in list(running.items()):
                 if proc.poll() is not None:  # type: ignore[attr-defined]
                     del running[name]
-                    self._remove(name)
+                    self._remove(name, at[name])
             time.sleep(0.02)
 
-    def _remove(self, pod_name: str) -> None:
+    def _remove(self, pod_name: str, address: str) -> None:
         pod = next(p for p in self.pods if p.name == pod_name)
         with self._lock:
             for name in pod.records:
-                left = [a for a in self.records.get(name, []) if a != self.address[pod_name]]
+                left = [a for a in self.records.get(name, []) if a != address]
                 if left:
                     self.records[name] = left
                 else:
@@ -254,12 +294,16 @@ class Simulation:
 
 def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, object], *, env=None, channels=None,
         timeout_s: float = 180, on_start: Callable | None = None, start: Sequence[str] | None = None,
-        kubelet: Callable[[str, int], float | None] | None = None, etc_mode: str = ""):
+        kubelet: Callable[[str, int], float | None] | None = None, etc_mode: str = "",
+        operator: Callable[[str, int], float | None] | None = None, before_start: Callable | None = None):
     """Run the pods' ``train`` on a local cluster as the operator would start them; every scheduled pod's result.
 
     ``kubelet`` (``helpers.kubelet.Kubelet``): each pod is a container that ends with its ``train`` and
     is restarted in place as its ``restartPolicy`` says; ``on_start`` hears of each restarted ``train``
     too (its record is back in DNS by then).  Without it, no container is ever restarted.
+    ``operator`` (pod, exit code) -> seconds, or None: asked when the kubelet does not restart a pod's
+    container; seconds: the pod is made again under its name (``Simulation.replace``) and its
+    container starts that much later.  ``before_start`` (the cluster) after the pods are laid out.
     """
     workdir = tmp_path / "cluster"
     sim = Simulation(pods, workdir, etc_mode)
@@ -282,11 +326,19 @@ def run(pods: Sequence[Pod], tmp_path: Path, hyperparameters: Mapping[str, objec
                    env=dict(env or {}), host_env=host_env, platform_secret=False, start_hosts=start,
                    outsiders=[DNS_HOST])
     def restart(pod: str, exit_code: int) -> float | None:
+        delay = kubelet(pod, exit_code) if kubelet is not None else None  # first: it may wait for a node to die
         sim.container_ended(pod)
-        return kubelet(pod, exit_code)
+        if delay is None and operator is not None and (delay := operator(pod, exit_code)) is not None:
+            sim.replace(pod, job)
+        return delay
 
-    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=sim.before_start, on_start=started,
-                   restart=restart if kubelet is not None else None)
+    def laid_out(cluster) -> None:
+        sim.before_start(cluster)
+        if before_start is not None:
+            before_start(cluster)
+
+    return run_job(job, tmp_path, timeout_s=timeout_s, before_start=laid_out, on_start=started,
+                   restart=restart if kubelet is not None or operator is not None else None)
 
 
 # -- what each operator gives ------------------------------------------------------------------

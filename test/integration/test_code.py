@@ -280,8 +280,10 @@ def test_plan_shows_the_mpirun_line_without_the_secret(job_dir):
     doc = json.loads(out.stdout)
     mpirun = doc["mpirun"]
     assert mpirun[:5] == ["mpirun", "--host", "algo-1:1,algo-2:1", "-np", "2"]
-    # every rank runs the rank program, which reads the file its own host names (TRAINING_TOOLKIT_RANK_FILE)
-    assert Path(mpirun[-1]).name == "training-toolkit-rank"
+    # every rank runs the rank program, which reads the file its own host names (TRAINING_TOOLKIT_RANK_FILE) once
+    # that file is the attempt's
+    assert Path(mpirun[-3]).name == "training-toolkit-rank" and mpirun[-2:] == ["--attempt", "0"]
+    assert doc["rank_environment_added"]["TRAINING_TOOLKIT_RANK_ATTEMPT"] == "0"  # the file's, for the rank program
     assert doc["rank_file"].startswith("TRAINING_TOOLKIT_RANK_FILE=/") and "/training-toolkit-ranks-JOBID-RANDOM/rank.env" in doc["rank_file"]
     assert "a b" not in mpirun  # nothing of the job on mpirun's line: each host's ranks read it from their own file
     assert doc["rank_command"][-3:] == ["train.py", "--msg", "a b"]

@@ -156,17 +156,6 @@ def test_multi_worker_mirrored_a_spare_takes_the_seat_of_a_worker_host_killed_wh
     assert workers[0]["w"] == workers[1]["w"]
 
 
-@pytest.mark.mpi
-def test_mpi_refuses_spares_on_every_host_before_anything_starts(tmp_path):
-    src = source_dir(tmp_path, "torch_spares.py")  # never run
-    job = LocalJob(hosts=H3[:2], env={**FAST, "TRAINING_TOOLKIT_MIN_HOSTS": "1"},
-                   hyperparameters=hps("torch_spares.py", src, sagemaker_mpi_enabled=True))
-    results = run(job, tmp_path, timeout_s=180)
-    for r in results:
-        assert r.exit_code == 78, (r.host, r.failure)
-        assert "not supported by the mpi runner yet" in r.failure, r.failure
-
-
 @pytest.mark.torch
 def test_the_first_hosts_loss_still_ends_the_job_on_every_host_the_spare_included_named(tmp_path):
     job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",

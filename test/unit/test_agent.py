@@ -18,6 +18,7 @@ from training_toolkit.job import build_job
 from training_toolkit.paths import Paths
 from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
+from training_toolkit.errors import JobFailed
 from training_toolkit.report import Outcome
 from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec
 
@@ -36,6 +37,7 @@ class FakeSeat:
         self.job_attempt = (0, False)
         self.introductions = {}
         self.told: list = []
+        self.deadlines: list = []  # each barrier's deadline_s
         self._answer = answer  # what the first host answers a report with
         self._fail_barrier = fail_barrier
         self._active = active  # the attempt's active hosts, as the first host's go names them (None: not said)
@@ -47,6 +49,7 @@ class FakeSeat:
 
     def barrier(self, attempt=0, deadline_s=None, choose=None, alive_only=False):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
+        self.deadlines.append(deadline_s)
         if self._fail_barrier:
             raise self._fail_barrier
         if choose is not None:  # the first host chooses: every host here is alive and ready
@@ -402,3 +405,36 @@ def test_a_job_of_one_seat_has_no_spares(tmp_path):
     spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {})], solo=True)
     agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "2"})), spec)
     assert agent.run() == Outcome(0) and agent.active == ("algo-1",) and not agent.elastic
+
+
+@pytest.mark.parametrize("env, deadline", [
+    ({"TRAINING_TOOLKIT_MAX_HOSTS": "2"}, float("inf")),  # a spare until a restart seats it, however long that is
+    ({}, 180.0 + 5.0),  # the restart its own loss caused: the join deadline plus the grace
+])
+def test_a_host_that_rejoins_a_started_attempt_waits_for_the_next_barrier_without_a_deadline_when_it_may_be_a_spare(
+        tmp_path, env, deadline):
+    """A Kubernetes pod made again under its name joins a job that went on without it (docs/kubernetes.md)."""
+    seats: list[FakeSeat] = []
+
+    def rejoining(*args):
+        seat = FakeSeat(*args, active=("algo-1", "algo-2"), answer=Verdict(0, None, "algo-1"))
+        seat.job_attempt = (1, True)  # attempt 2 of the job runs: this host takes part in the next
+        seats.append(seat)
+        return seat
+
+    ctx = context(tmp_path, "algo-3")
+    config = settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_GRACE_PERIOD": "5", **env})
+    agent = HostAgent(ctx._replace(settings=config), script(), rejoining)
+    agent.events.put(Verdict(0, None, "algo-1"))
+    agent.run()
+    assert seats[0].told[1] == ("barrier", 2) and seats[0].deadlines == [deadline]
+
+
+def test_a_host_waiting_at_a_barrier_that_hears_the_job_succeed_ends_with_its_success_and_reports_nothing(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-3")
+    config = settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_MAX_HOSTS": "2"})
+    agent = HostAgent(ctx._replace(settings=config), script(),
+                      seat_factory(seats, fail_barrier=JobFailed("the job ended with code 0", 0)))
+    assert agent.run() == Outcome(0)
+    assert not [t for t in seats[0].told if isinstance(t, tuple) and t[0] == "failed"], seats[0].told

@@ -75,6 +75,8 @@ class Owner:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.running(self.unrelated):  # its shell leads its own group: the sleep in it goes too
+            os.killpg(self.unrelated, signal.SIGKILL)
         for fd in self.fds.values():
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)

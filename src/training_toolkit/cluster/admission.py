@@ -3,8 +3,9 @@
 With a platform secret, a peer proves it knows the secret; where it connects
 from does not matter.  Without one (as SageMaker starts jobs), a seat is
 admitted by address: ``algo-2`` only from an address that the name
-``algo-2`` resolves to on the first host, the first such claimant wins and
-keeps the seat (the server lets the same address take it again before the
+``algo-2`` resolves to on the first host (looked up again when a claimant's
+address is not among them: a pod replaced under its name has a new one), the
+first such claimant wins and keeps the seat (the server lets the same address take it again before the
 host said ready: ``ControlServer._stale_seat``); anything else is refused
 before its handshake.  This trusts
 the network to deliver packets from the address they claim (an outsider
@@ -42,11 +43,16 @@ class Addresses:
         self._looked: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def of(self, host: str) -> frozenset[str]:
-        """The addresses ``host`` resolved to, pinned once found; a name not found yet is looked up at most once a second."""
+    def of(self, host: str, address: str | None = None) -> frozenset[str]:
+        """The addresses ``host`` resolved to, pinned once found; a name not found yet is looked up at most once a second.
+
+        ``address`` not among the pinned ones (a pod replaced under the same name, with a new address):
+        the name is looked up again, at most once a second, and what it resolves to now replaces them.
+        """
         with self._lock:
-            if host in self._known:
-                return self._known[host]
+            known = self._known.get(host)
+            if known is not None and (address is None or address in known):
+                return known
             now = self._clock()
             last = self._looked.get(host)
             if last is None or now - last >= RESOLVE_EVERY_S:
@@ -59,7 +65,7 @@ class Addresses:
     def holds(self, address: str) -> bool:
         """Whether ``address`` is one of the job's hosts' (resolving the ones not seen there yet)."""
         address = _plain(address)
-        return any(address in self.of(host) for host in self._hosts)
+        return any(address in self.of(host, address) for host in self._hosts)
 
 
 class Admission:
@@ -104,7 +110,7 @@ class Admission:
             return f"{host!r} is not a host of this job"
         if host in seated:
             return f"{host!r} has joined already"
-        if self.by_address and _plain(address) not in self.addresses.of(host):
+        if self.by_address and _plain(address) not in self.addresses.of(host, _plain(address)):
             return f"{host!r} does not resolve to {address}"
         return None
 

@@ -28,7 +28,12 @@ accept() shim preloaded into Open MPI, runners/netshim.py, closes those
 connections before Open MPI reads them).  Without
 ``pidfd_getfd`` it stops: only the platform's network protects these ports.
 
-``sweep_actions`` is the decision, pure; ``ListenerGuard`` the shell.
+The job's addresses follow its hosts' names: when new listeners appear (an attempt's start), the
+names are looked up again (at most once a second) and each host's addresses are what its name
+resolves to now, its last ones where it resolves to none (``followed``): a Kubernetes pod made again
+under its name has a new address, and the next attempt's listeners admit it (docs/kubernetes.md).
+
+``sweep_actions`` and ``followed`` are the decisions, pure; ``ListenerGuard`` the shell.
 """
 
 from __future__ import annotations
@@ -103,6 +108,11 @@ def sweep_actions(pid: int, sockets: Mapping[int, TcpSocket], fds: Mapping[int, 
     return actions
 
 
+def followed(last: Mapping[str, frozenset[str]], found: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """Each host's addresses: what its name resolves to now (``found``), else its ``last`` ones."""
+    return {host: found.get(host) or addresses for host, addresses in last.items()}
+
+
 @dataclass(frozen=True)
 class GuardSpec:
     """Which listeners of a job's processes a runner has guarded (``RunnerSpec.guard``)."""
@@ -119,13 +129,17 @@ class ListenerGuard:
     """Filters the selected listeners on this host until ``stop()``; ``start()`` runs it in a thread.
 
     ``root``: the process whose descendants are watched (``train``);
-    ``allowed``: the job's hosts' addresses.
+    ``allowed``: the job's hosts' addresses; ``hosts``: each host's, followed by name (``resolver``) as new
+    listeners appear (``follow``).
     """
 
     root: int
     allowed: frozenset[str]
     spec: GuardSpec
     say: Callable[[str], None] = log
+    hosts: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    resolver: Callable[[str], frozenset[str]] = netaddr.resolve
+    _followed_at: float = float("-inf")
     guarded: set[int] = field(default_factory=set)  # inodes filtered, or cut
     filtered: int = 0
     unavailable: str | None = None  # why the kernel refused, once it did
@@ -174,6 +188,7 @@ class ListenerGuard:
         new = listeners.listening_inodes(nl) - self._seen
         if not new:
             return False
+        self.follow()
         table = listeners.tcp_sockets(nl)
         for pid in self._pids():
             fds = listeners.socket_fds(pid)
@@ -186,6 +201,20 @@ class ListenerGuard:
                     return True
         self._seen |= new
         return True
+
+    def follow(self) -> None:
+        """The hosts' names looked up again (at most once a second): a host's new address is admitted from now on."""
+        if not self.hosts or time.monotonic() - self._followed_at < 1.0:
+            return
+        self._followed_at = time.monotonic()
+        hosts = followed(self.hosts, {host: self.resolver(host) for host in self.hosts})
+        allowed = frozenset().union(*hosts.values())
+        if allowed != self.allowed:
+            self._program = sockfilter.admit_only(sorted(allowed))
+            moved = sorted(h for h in hosts if hosts[h] != self.hosts[h])
+            self.say(f"listener guard: {', '.join(moved)} now at {', '.join(sorted(allowed - self.allowed))}")
+            self.allowed = allowed
+        self.hosts = hosts
 
     def _pids(self) -> list[int]:
         """The processes below train, and below the spec's other roots (in order, once each)."""
@@ -265,7 +294,7 @@ def start_guard(spec: GuardSpec | None, hosts: Sequence[str]) -> ListenerGuard |
     try:
         if missing:  # a filter without a host's address would cut the job in two
             raise ValueError(f"{', '.join(missing)} does not resolve here")
-        guard = ListenerGuard(os.getpid(), frozenset().union(*resolved.values()), spec)
+        guard = ListenerGuard(os.getpid(), frozenset().union(*resolved.values()), spec, hosts=resolved)
     except ValueError as exc:  # or more hosts than one filter program holds
         log(f"listener guard off: {exc}; the job's listeners stay open to the whole network (docs/security.md)")
         return None

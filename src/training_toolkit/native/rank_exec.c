@@ -1,5 +1,5 @@
 /*
- * training-toolkit-rank [FILE]: what every MPI rank runs, instead of the user's command.
+ * training-toolkit-rank [--attempt N] [FILE]: what every MPI rank runs, instead of the user's command.
  *
  * Without FILE, the file is the one TRAINING_TOOLKIT_RANK_FILE names: that variable is set on each
  * host by its own train, for the process that starts its ranks there (mpirun's environment on the
@@ -18,17 +18,27 @@
  * FILE's; PWD is the rank's directory.  Nothing else of the inherited environment (sshd's
  * session) survives, so a rank sees the same on every host.  Then it enters CWD and execs the command: no
  * process stays between the runtime and the user's program, and no Python starts.
+ *
+ * --attempt N (mpirun's line: the attempt it launches): FILE must hold the entry
+ * TRAINING_TOOLKIT_RANK_ATTEMPT=N, which its host's train writes once it knows the attempt's hosts
+ * (after the barrier that chose them, while mpirun may already be starting daemons): until it does,
+ * the file is read again every 20 ms, for at most ATTEMPT_WAIT_S seconds, then the rank fails naming
+ * the file and both attempts.  So no rank of attempt N starts from an earlier attempt's file (other
+ * hosts, another world size).  That entry is the file's own: the rank's environment leaves it out.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAGIC "training-toolkit-rank-1"
 #define LIBPATH "LD_LIBRARY_PATH="
 #define RANK_FILE_VAR "TRAINING_TOOLKIT_RANK_FILE"
+#define ATTEMPT_ENTRY "TRAINING_TOOLKIT_RANK_ATTEMPT="
+#define ATTEMPT_WAIT_S 60
 
 extern char **environ;
 
@@ -124,11 +134,73 @@ static char *read_file(const char *path, size_t *size)
 
 #include "nodepath.h"
 
+/* Whether the NUL-separated records of data[0..size) hold exactly `entry`. */
+static int holds(const char *data, size_t size, const char *entry)
+{
+    for (size_t i = 0; i < size; i += strlen(data + i) + 1)
+        if (strcmp(data + i, entry) == 0)
+            return 1;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* FILE once it holds the attempt's entry (read again until then, bounded); NULL with a message otherwise. */
+static char *read_attempt(const char *path, const char *attempt, size_t *size)
+{
+    size_t entry_size = strlen(ATTEMPT_ENTRY) + strlen(attempt) + 1;
+    char *entry = malloc(entry_size);
+    if (!entry) {
+        fail("out of memory for", path);
+        return NULL;
+    }
+    snprintf(entry, entry_size, "%s%s", ATTEMPT_ENTRY, attempt);
+    double deadline = now_s() + ATTEMPT_WAIT_S;
+    for (;;) {
+        char *data = read_file(path, size);
+        if (data && holds(data, *size, entry)) {
+            free(entry);
+            return data;
+        }
+        if (!data) { /* rewritten by rename: never missing while its train holds it */
+            fail("cannot read", path);
+            free(entry);
+            return NULL;
+        }
+        free(data);
+        if (now_s() > deadline) {
+            fprintf(stderr, "training-toolkit-rank: %s holds no ranks of attempt %s after %d s: its host's train "
+                            "did not write this attempt's file (a host that is not the attempt's?)\n",
+                    path, attempt, ATTEMPT_WAIT_S);
+            free(entry);
+            return NULL;
+        }
+        struct timespec pause = {0, 20 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    const char *attempt = NULL;
+    if (argc >= 3 && strcmp(argv[1], "--attempt") == 0) {
+        attempt = argv[2];
+        argv[2] = argv[0];
+        argv += 2;
+        argc -= 2;
+        if (!*attempt || strspn(attempt, "0123456789") != strlen(attempt)) {
+            fprintf(stderr, "training-toolkit-rank: --attempt takes a number, not '%s'\n", attempt);
+            return 64;
+        }
+    }
     const char *named = argc == 1 ? node_path(getenv(RANK_FILE_VAR)) : NULL;
     if (argc > 2 || (argc == 1 && (!named || !*named))) {
-        fprintf(stderr, "usage: training-toolkit-rank [FILE] (FILE, else $" RANK_FILE_VAR ": written by train; "
+        fprintf(stderr, "usage: training-toolkit-rank [--attempt N] [FILE] (FILE, else $" RANK_FILE_VAR ": written by train; "
                         "see runners/rank_env.py)\n");
         return 64;
     }
@@ -140,9 +212,9 @@ int main(int argc, char **argv)
         argv = given;
     }
     size_t size = 0;
-    char *data = read_file(argv[1], &size);
+    char *data = attempt ? read_attempt(argv[1], attempt, &size) : read_file(argv[1], &size);
     if (!data)
-        return fail("cannot read", argv[1]);
+        return attempt ? 127 : fail("cannot read", argv[1]);
     /* split into records */
     size_t records = 0;
     for (size_t i = 0; i < size; i++)
@@ -194,8 +266,8 @@ int main(int argc, char **argv)
     runtime_count = n;
     for (size_t i = 0; i < file_count; i++) {
         const char *entry = saved[i];
-        if (!strchr(entry, '=') || present(env, runtime_count, entry))
-            continue;
+        if (!strchr(entry, '=') || present(env, runtime_count, entry) || strncmp(entry, ATTEMPT_ENTRY, strlen(ATTEMPT_ENTRY)) == 0)
+            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it */
         if (runtime_libs && strncmp(entry, LIBPATH, strlen(LIBPATH)) == 0) {
             char *merged = merge_paths(runtime_libs, entry + strlen(LIBPATH));
             if (!merged)

@@ -1,18 +1,17 @@
 """MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
 
-Every host joins the channel, fetches the code, writes the job's ssh directory
-and starts its own sshd; the first host waits until all are ready, checks it
-can log in to each, and runs mpirun.  mpirun's end is the job's end: its
-verdict goes to every host at once.  Every host writes its own ranks' command and
-environment to a file first (``rank_env``): each rank sees its own host's contract,
-and mpirun carries nothing of the job across the network.
+Every host joins the channel, fetches the code, writes the job's ssh directory and starts
+its own sshd (``mpi_ssh``), spares included; the first host waits until all are ready, checks it
+can log in to each, and runs mpirun over the attempt's active hosts (``mpi_launch``).  mpirun's
+end is the job's end: its verdict goes to every host at once.  Every host writes its own ranks' command and
+environment to a file (``rank_env``), rewritten for each attempt once its hosts are known: each
+rank sees its own host's contract, and mpirun carries nothing of the job across the network.
 
 Under Slurm (``TRAINING_TOOLKIT_MPI_LAUNCHER=slurm``, the Slurm platform's default) there is no
 ssh at all: no keys, no sshd; mpirun starts its daemons with ``srun --overlap`` inside the job's
 step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, not under its
 ``train``, which finds them by their mark in the environment (docs/slurm.md).
 """
-
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ from training_toolkit.runspec import Local, Proc, RunContext, RunnerSpec, Seatin
 from training_toolkit.stopping import stop_processes
 from training_toolkit.supervise.deadman import Deadman
 
+STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
@@ -57,9 +57,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
                       after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
                       stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched,
-                      follows_active_hosts=False)  # mpirun's hosts and the rank files are the job's (issue 25)
-
-STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
+                      follows_active_hosts=True)  # mpirun, the rank files, sshd's from=: each attempt's hosts
 
 
 class MpiHost:
@@ -83,7 +81,9 @@ class MpiHost:
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
         self.ssh = None if self.via_slurm else SshPart(self.host, self.is_master, ctx.settings)
-        self._shim: Shim | None = None  # the accept() shim, with the job's addresses resolved once (prepare)
+        self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
+        self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
+        self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
 
@@ -99,10 +99,12 @@ class MpiHost:
             self.cleanup()
 
     def prepare(self, seat: Seating) -> None:
-        self.ctx = seat.ctx
+        """Every host, spares included (a spare may be seated later): the rank file's place, and sshd elsewhere than
+        on the first host, admitting the job's every host until an attempt names its own (``start``)."""
+        self.ctx = self._attempt = seat.ctx
         self.rank_tag = seat.job_id
-        # sshd's from= and the shim's list are one list, resolved once: the rank file (rewritten at each
-        # restart), sshd's sessions and mpirun all take this shim
+        self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
+        # the daemons' shim (sshd's sessions) and sshd's first from= are one list, resolved once
         addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file(seat)
@@ -127,26 +129,44 @@ class MpiHost:
             self.ssh.repin(seat)
 
     def _write_rank_file(self, seat: Seating) -> None:
-        """This host's ranks' command and environment, written before any rank can start, at a path of its own."""
+        """This host's ranks' file, at a path of its own: of no attempt yet, so no rank starts from it (``start``)."""
         # through Slurm every daemon gets mpirun's one environment: each host's directory is named after its node,
         # and the daemons find theirs from a path they complete with their own node's name (slurm_paths)
         path = self._rank_file = (rank_env.node_rank_file_path(self.rank_tag, self.host) if self.via_slurm
                                   else rank_env.new_rank_file_path(self.rank_tag))
         self._rank_tripwire = Deadman([f"{RANK_TAG_VAR}={self.rank_tag}"], [path.parent])
-        rank_env.write_rank_file(path, self._rank_file_data(seat))
+        rank_env.write_rank_file(path, self._rank_file_data(seat, self._shim, attempt=None))
 
-    def _rank_file_data(self, seat: Seating) -> bytes:
+    def _rank_file_data(self, seat: Seating, shim: Shim | None, attempt: int | None) -> bytes:
         # the attempt and the stall watch's variables (the agent's job_env) are this host's too
-        env = rank_environment(self.ctx, self.rank_tag, seat.job_env(self.ctx.script_env), self._shim,
-                               stop_flag=str(self._stop_flag()))
-        return rank_env.encode_rank_file(str(self.ctx.code_dir), user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ)),
-                                         env)
+        ctx = seat.ctx
+        env = rank_environment(ctx, self.rank_tag, seat.job_env(ctx.script_env), shim,
+                               stop_flag=str(self._stop_flag()), attempt=attempt)
+        return rank_env.encode_rank_file(str(ctx.code_dir), self._command, env)
 
     def prepare_attempt(self, seat: Seating) -> None:
-        """Before a restart's barrier, so no rank of the new attempt can start from the old file."""
+        """Before a restart's barrier: a stop that came during the last attempt holds no kill of the next one.
+
+        The rank file is rewritten once the attempt's hosts are known (``start``); a rank of the new attempt that
+        starts before then waits for it (``training-toolkit-rank --attempt``, native/rank_exec.c).
+        """
         if self._rank_file is not None:
-            self._stop_flag().unlink(missing_ok=True)  # (a stop that came during a restart) the new attempt's runtime ends its job on a failure
-            rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat))
+            self._stop_flag().unlink(missing_ok=True)
+
+    def _seat_attempt(self, seat: Seating) -> Shim | None:
+        """An active host, once the attempt's hosts are known: its ranks' file, its shim and sshd's from= name them.
+
+        ``seat.ctx`` is the attempt's (its active hosts in rank order: ``SM_HOSTS``, ``SM_TRAINING_ENV``,
+        ``SM_RESOURCE_CONFIG``); a spare (never asked) keeps the job's every host in sshd's from=.
+        """
+        assert self._rank_file is not None
+        self._attempt = seat.ctx
+        addresses = tuple(job_addresses(seat.ctx.plan.hosts))
+        shim = netshim(seat.ctx, addresses)
+        if self.ssh is not None:
+            self.ssh.allow(addresses)
+        rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt))
+        return shim
 
     def _stop_flag(self) -> Path:
         """While this file exists, Open MPI's runtime on this host sees no rank end and kills none (native/stophold.c)."""
@@ -167,24 +187,27 @@ class MpiHost:
             self._stop_flag().touch(mode=0o600, exist_ok=True)
 
     def start(self, seat: Seating) -> list[Proc]:
+        """The attempt's processes (an active host only): mpirun on the first host, over the attempt's hosts."""
+        shim = self._seat_attempt(seat)
         if not self.is_master:
             return []
+        ctx = seat.ctx
         assert (self.ssh is None or self.ssh.layout is not None) and self._rank_file is not None
-        flavor = mpi_flavor(self.ctx.settings.mpi_flavor, self.ctx.environ)
-        command = build_command(self.ctx, self.ssh.layout if self.ssh else None, flavor)
+        flavor = mpi_flavor(ctx.settings.mpi_flavor, ctx.environ)
+        command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
-        preload, extra = mpirun_preload(self.ctx, self._shim)
+        preload, extra = mpirun_preload(ctx, shim)
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         if self.via_slurm:
-            extra.update(slurm_environment(self.ctx))
+            extra.update(slurm_environment(ctx))
             extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))
-            if not self.ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
+            if not ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
                 extra["HOME"] = home()
-        env = rank_env.mpirun_environment(self.ctx.environ, preload, extra)
-        return [Proc("mpirun", tuple(command), env, str(self.ctx.code_dir), program=False)]
+        env = rank_env.mpirun_environment(ctx.environ, preload, extra)
+        return [Proc("mpirun", tuple(command), env, str(ctx.code_dir), program=False)]
 
     def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
         """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
@@ -227,8 +250,8 @@ class MpiHost:
     def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
         local.child.drain()
         tail = tuple(local.child.tail.lines(100))
-        options = mpi_options(self.ctx)
-        reason = describe_mpi_failure(tail, self.ctx.plan.hosts, options.processes_per_host, status)
+        options = mpi_options(self._attempt)  # the attempt's hosts: its ranks' numbers
+        reason = describe_mpi_failure(tail, self._attempt.plan.hosts, options.processes_per_host, status)
         return Outcome(status.exit_code, reason, tuple(local.child.argv), tail)
 
     def cleanup(self) -> None:
@@ -251,9 +274,10 @@ def describe(ctx: RunContext) -> dict:
     rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"
-    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True))
+    ranks = rank_environment(ctx, "JOBID", shim=netshim(ctx, addresses=("ADDRESSES",), shown_only=True),
+                             attempt=ctx.first_attempt)
     return {"mpi_flavor": shown, "mpi_launcher": ctx.settings.mpi_launcher,
-            "mpirun": build_command(ctx, layout, flavor or OPENMPI4),
+            "mpirun": build_command(ctx, layout, flavor or OPENMPI4, ctx.first_attempt),
             **({"mpirun_slurm_environment": slurm_environment(ctx)} if via_slurm else {}),
             "rank_file": f"{rank_env.RANK_FILE_VAR}={rank_file} (each host's own)",
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ctx.environ, ask=False)),

@@ -77,15 +77,20 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
 
 
 def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None,
-                     shim: Shim | None = None, stop_flag: str | None = None) -> dict[str, str]:
+                     shim: Shim | None = None, stop_flag: str | None = None,
+                     attempt: int | None = None) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
 
     The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
     ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c).
+    ``attempt``: the attempt these ranks are of (``rank_env.ATTEMPT_VAR``), what mpirun's ``--attempt`` waits for;
+    None: of no attempt (the file a host writes before any attempt's hosts are known).
     """
     hostname = hostname_preload(ctx.plan.current_host)
     preload = [hostname] if hostname else []
     extra = {**smddp_env(ctx), RANK_TAG_VAR: rank_tag}
+    if attempt is not None:
+        extra[rank_env.ATTEMPT_VAR] = str(attempt)
     if shim is not None:
         preload.append(shim.library)
         extra.update(shim.environment(BTL_PORTS))
@@ -190,15 +195,17 @@ def home() -> str:
         return "/"
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str) -> list[str]:
-    """mpirun's line: every rank runs ``training-toolkit-rank``, which reads the file its host names; nothing of the job."""
+def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str, attempt: int) -> list[str]:
+    """mpirun's line over ``ctx``'s hosts (an attempt's active hosts, in rank order): every rank runs
+    ``training-toolkit-rank --attempt N``, which reads the file its host names once it is the attempt's; nothing
+    of the job."""
     options = mpi_options(ctx)
     job = MpiJob(
         hosts=ctx.plan.hosts,
         processes_per_host=options.processes_per_host,
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
-        rank_command=(str(native.path_of(native.RANK_PROGRAM)),),
+        rank_command=(str(native.path_of(native.RANK_PROGRAM)), rank_env.ATTEMPT_FLAG, str(attempt)),
         rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,

@@ -5,7 +5,14 @@ naming), the others as workers; the toolkit itself runs a CPU-only
 ``tf.distribute.Server`` for each ps task.  When the chief's script ends, the
 job ends: every worker script and ps server is stopped, on every host, at
 once (a ps's ``join()`` never returns, which is why the reference can hang).
-A ps or worker dying fails the job everywhere.
+A ps or worker dying fails the attempt everywhere.
+
+Each attempt's ``TF_CONFIG`` comes from its active hosts (``processes`` sees the attempt's
+``Seating.ctx``): with spares or a minimum (``TRAINING_TOOLKIT_MAX_HOSTS``/``MIN_HOSTS``) a spare
+runs neither script nor ps server, a spare seated in a lost host's place takes its worker and ps
+indexes, and a job that shrinks renumbers the workers after the lost one (docs/contract.md).  A
+lost ps host is a lost host like any other: every ps server starts empty at the restart and the
+chief restores the variables from its checkpoint (docs/resilience.md).
 """
 
 from __future__ import annotations

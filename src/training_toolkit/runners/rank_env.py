@@ -43,6 +43,10 @@ FILE_MAGIC = "training-toolkit-rank-1"  # native/rank_exec.c reads this version 
 DIR_PREFIX = "training-toolkit-ranks-"
 FILE_NAME = "rank.env"
 RANK_FILE_VAR = settings.RANK_FILE_VAR  # native/rank_exec.c reads the file it names when given none
+# mpirun runs ``training-toolkit-rank --attempt N``: the rank waits until its host's file holds ATTEMPT_VAR=N (the
+# file of the attempt's hosts, written after the barrier that chose them), at most 60 s (native/rank_exec.c)
+ATTEMPT_FLAG = "--attempt"
+ATTEMPT_VAR = settings.RANK_ATTEMPT_VAR
 _JOB_ID = re.compile(r"^[0-9a-f]{1,64}$")
 
 

@@ -45,8 +45,32 @@ def test_a_name_that_resolves_late_is_looked_up_again_at_most_once_a_second():
     assert len(calls) == 2
     now[0] = 5.0
     table["algo-2"] = frozenset({"192.0.2.99"})
-    assert addresses.of("algo-2") == frozenset({"192.0.2.12"})  # pinned once found: never looked up again
+    assert addresses.of("algo-2") == frozenset({"192.0.2.12"})  # pinned once found
+    assert addresses.of("algo-2", "192.0.2.12") == frozenset({"192.0.2.12"})
     assert len(calls) == 2
+
+
+def test_a_name_replaced_under_a_new_address_is_looked_up_again_for_that_address_only_once_a_second():
+    """A Kubernetes pod deleted and made again under its name: a new address (docs/kubernetes.md)."""
+    now = [0.0]
+    table = {"algo-2": frozenset({"192.0.2.12"}), "algo-3": frozenset({"192.0.2.13"})}
+    admission = by_address(table, lambda: now[0])
+    assert admission.seat("algo-2", "192.0.2.12", seated=()) is None  # pinned
+    table["algo-2"] = frozenset({"192.0.2.22"})  # the pod replaced
+    now[0] = 5.0
+    assert admission.check_peer("192.0.2.22") is None
+    assert admission.seat("algo-2", "192.0.2.22", seated=()) is None
+    assert admission.seat("algo-2", "192.0.2.12", seated=()) == "'algo-2' does not resolve to 192.0.2.12"
+    assert admission.seat("algo-3", "192.0.2.22", seated=()) == "'algo-3' does not resolve to 192.0.2.22"
+    assert admission.seat("algo-2", "192.0.2.22", seated=["algo-2"]) == "'algo-2' has joined already"  # a live seat
+    calls = []
+    addresses = Addresses(["algo-2"], lambda name: calls.append(name) or frozenset({"192.0.2.12"}), lambda: now[0])
+    assert addresses.of("algo-2") == frozenset({"192.0.2.12"})
+    for _ in range(3):  # an outsider's address: one look-up a second at most
+        assert not addresses.holds("203.0.113.7")
+    assert len(calls) == 1
+    now[0] = 6.5
+    assert not addresses.holds("203.0.113.7") and len(calls) == 2
 
 
 def test_handshakes_at_once_are_bounded_per_address_and_in_all():

@@ -168,3 +168,38 @@ def test_the_guard_looks_fast_while_listeners_appear_and_slowly_once_none_has_fo
     assert look_interval(9.99) == 0.02
     assert look_interval(10.0) == 0.25
     assert look_interval(3600.0) == 0.25
+
+
+def test_the_guard_follows_the_hosts_names_a_host_that_resolves_to_none_keeps_its_last_addresses():
+    from training_toolkit.cluster.guard import followed
+
+    last = {"algo-1": frozenset({"192.0.2.11"}), "algo-2": frozenset({"192.0.2.12"}), "algo-3": frozenset({"192.0.2.13"})}
+    found = {"algo-1": frozenset({"192.0.2.11"}), "algo-2": frozenset({"192.0.2.22"}), "algo-3": frozenset()}
+    assert followed(last, found) == {"algo-1": frozenset({"192.0.2.11"}), "algo-2": frozenset({"192.0.2.22"}),
+                                     "algo-3": frozenset({"192.0.2.13"})}
+
+
+def test_a_pod_made_again_under_its_name_is_admitted_at_its_new_address_once_a_second_at_most(monkeypatch):
+    import os
+
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    now = [100.0]
+    monkeypatch.setattr(guard_module.time, "monotonic", lambda: now[0])
+    table = {"algo-1": frozenset({"192.0.2.11"}), "algo-2": frozenset({"192.0.2.12"})}
+    looked = []
+    said = []
+    guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.11", "192.0.2.12"}), GuardSpec(ports=frozenset({1})),
+                          say=said.append, hosts=dict(table), resolver=lambda h: looked.append(h) or table[h])
+    guard.follow()
+    assert guard.allowed == frozenset({"192.0.2.11", "192.0.2.12"}) and not said and len(looked) == 2
+    table["algo-2"] = frozenset({"192.0.2.22"})  # the pod replaced
+    now[0] += 0.5
+    guard.follow()  # within the second: not looked up
+    assert len(looked) == 2 and "192.0.2.22" not in guard.allowed
+    now[0] += 0.6
+    program = guard._program
+    guard.follow()
+    assert guard.allowed == frozenset({"192.0.2.11", "192.0.2.22"}) and guard._program != program
+    assert said == ["listener guard: algo-2 now at 192.0.2.22"]

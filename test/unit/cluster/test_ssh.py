@@ -24,6 +24,7 @@ from training_toolkit.cluster.ssh import (
     ssh_command,
     write_client_side,
     write_server_side,
+    allow_from,
 )
 from training_toolkit.cluster.ssh.config import (
     render_authorized_keys,
@@ -223,6 +224,20 @@ def test_server_side_modes_and_contents(tmp_path):
     assert layout.sshd_config.read_text() == render_sshd_config(
         host_key=layout.host_key, authorized_keys=layout.authorized_keys, pid_file=layout.pid_file, port=2222,
         user="root", listen_addresses=["192.0.2.12"], strict_modes=False)
+
+
+def test_an_attempts_hosts_replace_the_addresses_the_client_key_is_admitted_from(tmp_path):
+    host, client = generate_keypair("h"), generate_keypair("c")
+    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, client_public=client.public,
+                               allowed_from=["192.0.2.11", "192.0.2.12", "192.0.2.13"], port=2222, user="root")
+    allow_from(layout, client.public, ["192.0.2.11", "192.0.2.13"])
+    assert layout.authorized_keys.read_text() == render_authorized_keys(client.public, ["192.0.2.11", "192.0.2.13"])
+    assert layout.authorized_keys.read_text().startswith('from="192.0.2.11,192.0.2.13",restrict ')
+    assert mode(layout.authorized_keys) == 0o600
+    assert sorted(p.name for p in layout.directory.iterdir()) == ["authorized_keys", "host_key", "sshd_config"]
+    with pytest.raises(SshLayoutError, match="no address"):
+        allow_from(layout, client.public, [])  # an empty list would admit from anywhere: refused
+    assert layout.authorized_keys.read_text() == render_authorized_keys(client.public, ["192.0.2.11", "192.0.2.13"])
 
 
 def test_client_side_modes_and_contents():

@@ -99,6 +99,42 @@ def test_the_rank_program_reads_the_file_its_host_names_when_given_none(tmp_path
     assert proc.returncode == 127 and str(tmp_path / "gone").encode() in proc.stderr
 
 
+def test_the_rank_program_of_an_attempt_waits_for_its_hosts_file_of_that_attempt(tmp_path):
+    """mpirun may start a rank before its host's train rewrote the file for the attempt's hosts: it waits for it."""
+    import threading
+    import time
+
+    path = tmp_path / "rank.env"
+
+    def write(attempt: int | None, said: str) -> None:
+        env = {"PATH": "/usr/bin:/bin", "SAID": said}
+        if attempt is not None:
+            env[rank_env.ATTEMPT_VAR] = str(attempt)
+        data = rank_env.encode_rank_file(str(tmp_path), ["sh", "-c", 'echo "$SAID ${TRAINING_TOOLKIT_RANK_ATTEMPT-}"'],
+                                         env)
+        rank_env.rewrite_rank_file(path, data) if path.exists() else path.write_bytes(data)
+
+    program = str(native.path_of(native.RANK_PROGRAM))
+    write(None, "before any attempt")
+    later = threading.Timer(0.5, write, (2, "attempt two's"))
+    later.start()
+    started = time.monotonic()
+    proc = subprocess.run([program, rank_env.ATTEMPT_FLAG, "2"], env={rank_env.RANK_FILE_VAR: str(path)},
+                          capture_output=True, timeout=30)
+    later.join()
+    assert (proc.returncode, proc.stdout) == (0, b"attempt two's \n"), proc.stderr  # the file's entry, not the rank's
+    assert time.monotonic() - started >= 0.5  # it waited: the file before was of no attempt
+    write(1, "attempt one's")  # an earlier attempt's file is never taken for a later one (nor a later for an earlier)
+    proc = subprocess.run([program, rank_env.ATTEMPT_FLAG, "1", str(path)], env={}, capture_output=True, timeout=30)
+    assert (proc.returncode, proc.stdout) == (0, b"attempt one's \n"), proc.stderr
+    for bad in ("", "x", "-1", "1a"):
+        proc = subprocess.run([program, rank_env.ATTEMPT_FLAG, bad, str(path)], env={}, capture_output=True, timeout=30)
+        assert proc.returncode == 64 and b"--attempt takes a number" in proc.stderr, (bad, proc.stderr)
+    proc = subprocess.run([program, rank_env.ATTEMPT_FLAG, "1", str(tmp_path / "gone")], env={}, capture_output=True,
+                          timeout=30)
+    assert proc.returncode == 127 and b"cannot read" in proc.stderr  # no wait for a file that is not there
+
+
 def run_rank(tmp_path, argv, env, inherited, cwd=None):
     path = tmp_path / "rank.env"
     path.write_bytes(rank_env.encode_rank_file(str(cwd or tmp_path), argv, env))

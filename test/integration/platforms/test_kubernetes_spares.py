@@ -1,0 +1,175 @@
+"""Spares on the simulated Kubernetes operators: replicas = hosts + spares, a pod lost and made again under its name.
+
+A PyTorchJob's pods (helpers/kubernetes.py: what training-operator gives each) run the real ``train``;
+``restartPolicy: Never`` (our manifests).  A worker pod's node is lost: everything in the pod is
+killed at once (``helpers/deadhost.py``), and the operator makes the pod again under its name (a
+replica's missing pod): a new address, its DNS record moved there, a fresh emptyDir ``/opt/ml``
+(``Simulation.replace``).  The made-again pod's ``train`` joins the job that went on without it (the
+first host looks its name up again: docs/security.md) and waits as a spare.  Nothing here is a real cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import kubernetes as k8s
+from helpers.deadhost import HostKiller, wait_for
+from helpers.kubelet import Kubelet
+from helpers.multihost import hps, source_dir
+from training_toolkit.names import CONTROL_PORT
+
+pytestmark = [pytest.mark.root]
+
+MASTER, LOST = "ptj-master-0", "ptj-worker-0"
+BASE = {"TRAINING_TOOLKIT_DNS_TIMEOUT": "60", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_GRACE_PERIOD": "10",
+        "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "STEPS": "20", "STEP_S": "0.3"}
+
+
+class Node:
+    """``lost``'s node dies once attempt 0 made 3 steps (``progress``); the operator makes its pod again once attempt 1
+    runs ``seated`` processes; the test's ``release`` file is made once that pod holds a link to the first host's
+    control channel."""
+
+    def __init__(self, tmp_path: Path, seated: int, first: str = MASTER, lost: str = LOST, progress: str = "step-0-0"):
+        self.shared = tmp_path / "shared"
+        self.shared.mkdir()
+        self.killer = HostKiller()
+        self._never = Kubelet("Never")
+        self.seated = seated
+        self.first, self.lost, self.progress = first, lost, progress
+        self.replaced: list[int] = []
+        self.errors: list[BaseException] = []
+        self.rejoined_at: float | None = None
+        self.dead = threading.Event()  # everything in the lost pod was killed
+
+    def kubelet(self, pod: str, exit_code: int) -> float | None:
+        """restartPolicy Never (our manifests); a dead node's pod is looked at once nothing runs in it."""
+        if pod == self.lost and not self.replaced:
+            assert self.dead.wait(60), f"{pod}: its node never died"
+        return self._never(pod, exit_code)
+
+    def env(self, **extra) -> dict:
+        return {**BASE, "SHARED_DIR": str(self.shared), "HOLD_FILE": str(self.shared / "release"), **extra}
+
+    def start(self, cluster) -> None:
+        self.killer.before_start(cluster)
+        threading.Thread(target=self._kill_then_watch, args=(cluster,), daemon=True).start()
+
+    def operator(self, pod: str, exit_code: int) -> float | None:
+        """The pod made again (once, and not before the job went on without it); 0: its container starts at once."""
+        if pod != self.lost or self.replaced:
+            return None
+        self.replaced.append(exit_code)
+        end = time.monotonic() + 240
+        while len(list(self.shared.glob("seen-1-*.json"))) < self.seated:  # as a node's loss takes minutes to be seen
+            assert time.monotonic() < end, "attempt 2 never started"
+            time.sleep(0.1)
+        return 0.0
+
+    def _kill_then_watch(self, cluster) -> None:
+        try:
+            wait_for(self.shared / self.progress, timeout_s=300, at_least=3)
+            self.killer.kill(self.lost)
+            self.dead.set()
+            new = str(ipaddress.ip_address(cluster.host(self.lost).address) + k8s.REPLACED_OFFSET)
+            end = time.monotonic() + 240
+            while not self._linked(cluster, self.first, new):
+                assert time.monotonic() < end, f"{self.lost} never linked again from {new}"
+                time.sleep(0.2)
+            self.rejoined_at = time.monotonic()
+            time.sleep(3)  # its ready for the next attempt follows its welcome
+            (self.shared / "release").write_text("")
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors = self.errors
+            errors.append(exc)
+            (self.shared / "release").write_text("")
+
+    @staticmethod
+    def _linked(cluster, first: str, address: str) -> bool:
+        done = cluster.run(first, ["ss", "-Htn", "state", "established", f"( sport = :{CONTROL_PORT} )"], timeout=15,
+                           capture_output=True, text=True)
+        return f"{address}:" in done.stdout
+
+
+def seen(shared: Path, attempt: int) -> list[tuple[int, str]]:
+    infos = [json.loads(f.read_text()) for f in shared.glob(f"seen-{attempt}-*.json")]
+    return sorted((i["rank"], i["host"]) for i in infos)
+
+
+def infos(shared: Path, attempt: int) -> list[dict]:
+    return [json.loads(f.read_text()) for f in shared.glob(f"seen-{attempt}-*.json")]
+
+
+@pytest.mark.torch
+def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits_as_a_spare(tmp_path, capfd):
+    src = source_dir(tmp_path, "torch_spares.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
+    node = Node(tmp_path, seated=3)
+    results = {r.host: r for r in k8s.run(
+        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), timeout_s=420,
+        kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
+    assert not node.errors, node.errors
+    assert node.replaced == [-9] and node.rejoined_at is not None
+    for pod in (MASTER, "ptj-worker-1", "ptj-worker-2", LOST):  # the pod made again too: it heard the verdict
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    assert seen(node.shared, 0) == [(0, MASTER), (1, LOST), (2, "ptj-worker-1")]
+    assert seen(node.shared, 1) == [(0, MASTER), (1, "ptj-worker-2"), (2, "ptj-worker-1")]  # the spare in its seat
+    assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
+    assert not list(node.shared.glob("seen-2-*")), "no restart was made for the pod that came back"
+    assert k8s.termination_log(tmp_path / "cluster", LOST) == "training completed (exit code 0)\n"  # a new pod's
+    out = capfd.readouterr().out
+    assert f"{LOST} lost" in out and "ptj-worker-2 takes its place" in out, out[-3000:]
+
+
+@pytest.mark.torch
+def test_a_pod_made_again_is_seated_at_the_next_restart_while_the_job_is_below_its_maximum(tmp_path, capfd):
+    src = source_dir(tmp_path, "torch_spares.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=2, nproc=1)  # 3 replicas, no spare: the job may shrink to 2
+    node = Node(tmp_path, seated=2)
+    results = {r.host: r for r in k8s.run(
+        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MIN_HOSTS="2", HOLD_EXIT="3"),
+        timeout_s=420, kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
+    assert not node.errors, node.errors
+    for pod in (MASTER, "ptj-worker-1", LOST):
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    assert seen(node.shared, 1) == [(0, MASTER), (1, "ptj-worker-1")]  # shrunk while the pod was away
+    # attempt 2's rank 0 failed once the pod made again had joined: the restart seats it, back at 3
+    assert seen(node.shared, 2) == [(0, MASTER), (1, "ptj-worker-1"), (2, LOST)]
+    third = infos(node.shared, 2)
+    assert all(i["world"] == i["env_world"] == 3 and i["hosts"] == [MASTER, "ptj-worker-1", LOST] for i in third)
+    assert len({i["start"] for i in third}) == 1 and third[0]["start"] >= 3
+    out = capfd.readouterr().out
+    assert f"{LOST} seated" in out, out[-3000:]
+    assert f"listener guard: {LOST} now at" in out, out[-3000:]  # torch's store admits its new address
+
+
+@pytest.mark.tensorflow
+def test_a_tfjob_parameter_server_job_seats_its_spare_worker_in_a_lost_workers_place(tmp_path):
+    """TFJob Chief + 2 Workers, ``MAX_HOSTS=2``: worker 1 is the spare; worker 0's pod (worker 0, ps 1) is lost."""
+    src = source_dir(tmp_path, "ps_spares.py")
+    pods = k8s.tfjob("tfj", "ns1", {"Chief": 1, "Worker": 2})
+    chief, lost, spare = (f"tfj-{t}.ns1.svc" for t in ("chief-0", "worker-0", "worker-1"))
+    node = Node(tmp_path, seated=2, first="tfj-chief-0", lost="tfj-worker-0", progress="epoch-0")
+    env = node.env(TRAINING_TOOLKIT_MAX_HOSTS="2", TRAINING_TOOLKIT_GRACE_PERIOD="5", TF_CPP_MIN_LOG_LEVEL="2",
+                   EPOCHS="12", EPOCH_S="0.5", TRAINING_TOOLKIT_MAX_RESTARTS="1")
+    results = {r.host: r for r in k8s.run(pods, tmp_path, hps("ps_spares.py", src), env=env, timeout_s=480,
+                                          kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
+    assert not node.errors, node.errors
+    for pod in pods:  # the pod made again too: it waited as a spare and heard the verdict
+        assert results[pod.name].exit_code == 0, (pod.name, results[pod.name].exit_code, results[pod.name].failure)
+    first = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-0-*.json")}
+    assert first["seen-0-worker-0.json"]["host"] == lost and len(first) == 2  # the spare ran nothing
+    second = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-1-*.json")}
+    assert second["seen-1-worker-0.json"]["host"] == spare and len(second) == 2  # in the lost worker's seat
+    assert all(t["cluster"] == {"chief": [f"{chief}:2222"], "worker": [f"{spare}:2222"],
+                                "ps": [f"{chief}:2223", f"{spare}:2223"]} for t in second.values()), second
+    assert second["seen-1-chief-0.json"]["start"] >= 3  # the chief resumed from its checkpoint
+    done = json.loads((node.shared / "done-1.json").read_text())
+    assert abs(done["w"] - 3.0) < 0.3 and abs(done["b"] + 1.0) < 0.3, done
+    assert not list(node.shared.glob("seen-2-*"))

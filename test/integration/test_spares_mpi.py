@@ -1,0 +1,150 @@
+"""Spares and a job that shrinks under MPI, end to end: real train, sshd and mpirun on local hosts, mpi4py.
+
+The twin of test_spares.py's torch tests (``fixtures/scripts/mpi_spares.py`` is ``torch_spares.py``'s): a
+host is killed whole mid-run (``helpers/deadhost.py``), and the next attempt's mpirun runs over the attempt's
+active hosts only: its ``--host`` and ``-np``, each host's rank file (``SM_HOSTS``, ``SM_TRAINING_ENV``,
+``SM_RESOURCE_CONFIG``, the resource config file), sshd's ``from=``.  Timed waits are generous and nothing
+asserts a duration: the machine runs other work at the same time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.deadhost import HostKiller
+from helpers.multihost import hps, run, source_dir
+from integration.test_spares import FAST, H3, H4, ROOM, by_host, kill_at, seen
+from training_toolkit.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.local.launcher import LocalJob
+
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
+
+PER_HOST = 2
+
+
+def mpi_job(tmp_path: Path, hosts, env: dict, per_host: int = PER_HOST) -> tuple[LocalJob, Path]:
+    src = source_dir(tmp_path, "mpi_spares.py")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = LocalJob(hosts=hosts, env={**FAST, "SHARED_DIR": str(shared), **env},
+                   hyperparameters=hps("mpi_spares.py", src, sagemaker_mpi_enabled=True,
+                                       sagemaker_mpi_num_of_processes_per_host=per_host))
+    return job, shared
+
+
+def placed(info: dict[int, dict]) -> list[tuple[int, str]]:
+    return sorted((rank, i["host"]) for rank, i in info.items())
+
+
+def sees_hosts(info: dict[int, dict], hosts: list[str]) -> bool:
+    """Every rank was given these hosts, in rank order, by every name the contract has for them."""
+    return all(i["hosts"] == i["resource_hosts"] == i["file_hosts"] == i["training_env_hosts"] == hosts
+               for i in info.values())
+
+
+def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path, capfd):
+    job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                         **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    assert "algo-2" in killer.killed
+    for host in ("algo-1", "algo-3", "algo-4"):  # every surviving host, the spare included, succeeds
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    first = seen(shared, 0)  # the spare ran no rank: 3 hosts x 2
+    assert placed(first) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2"), (4, "algo-3"),
+                             (5, "algo-3")], first
+    assert sees_hosts(first, list(H3)) and all(i["world"] == i["env_world"] == 6 for i in first.values()), first
+    second = seen(shared, 1)  # the spare in algo-2's seat: the survivors keep their ranks, the world its size
+    assert placed(second) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-4"), (3, "algo-4"), (4, "algo-3"),
+                              (5, "algo-3")], second
+    assert sees_hosts(second, ["algo-1", "algo-4", "algo-3"]), second
+    assert all(i["world"] == i["env_world"] == 6 and i["env_rank"] == r for r, i in second.items()), second
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second  # every rank resumed from the one checkpoint
+    assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
+    assert not list(shared.glob("seen-2-*")), "one restart was enough"
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "algo-4: a spare: waiting (attempt 1 runs on algo-1, algo-2, algo-3)" in text
+    assert "algo-4: seated in attempt 2 (rank order: algo-1, algo-4, algo-3)" in text
+
+
+def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
+    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                         **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-3"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)  # two hosts left: mpirun's -np 4, algo-3's ranks renumbered 2 and 3, the data resharded
+    assert placed(second) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-3"), (3, "algo-3")], second
+    assert sees_hosts(second, ["algo-1", "algo-3"]), second
+    assert all(i["world"] == i["env_world"] == 4 and i["env_rank"] == r for r, i in second.items()), second
+    assert sorted(i["shard"] for i in second.values()) == [list(range(r, 12, 4)) for r in range(4)]
+    assert sorted(i["shard"] for i in seen(shared, 0).values()) == [list(range(r, 12, 6)) for r in range(6)]
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(4)]
+
+
+def test_the_first_hosts_loss_ends_the_job_on_every_host_the_spare_included_named(tmp_path):
+    """mpirun runs on the first host: its loss is the job's end, spare or not (docs/resilience.md)."""
+    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                         "STEPS": "200"})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 2, "algo-1")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-2", "algo-3"):  # the active worker and the spare
+        assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
+        assert "lost the first host algo-1" in results[host].failure, results[host].failure
+    assert not list(shared.glob("seen-1-*"))
+
+
+def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_path, capfd):
+    """The spare's sshd is gone, but mpirun never named it: the job completes in its first attempt."""
+    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
+                                         **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-3")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-2"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2")]
+    assert sees_hosts(seen(shared, 0), ["algo-1", "algo-2"])
+    assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
+    assert sorted(p.name for p in shared.glob("done-0-*")) == [f"done-0-{r}" for r in range(4)]
+    assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
+
+
+@pytest.mark.horovod
+def test_horovod_a_spare_takes_the_seat_of_a_host_killed_whole(tmp_path):
+    """horovod.tensorflow under mpirun: hvd.size() and hvd.rank() are the attempt's, as mpi4py's are."""
+    job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                         "HOROVOD": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **ROOM},
+                          per_host=1)
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-1", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-2"), (2, "algo-3")]
+    second = seen(shared, 1)
+    assert placed(second) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-3")], second
+    assert sees_hosts(second, ["algo-1", "algo-4", "algo-3"]) and all(i["world"] == 3 for i in second.values())
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]
