@@ -61,6 +61,9 @@ class NamespaceCluster:
         self._hosts: tuple[Host, ...] = ()
         self._netns_ids: dict[str, procfs.NamespaceId] = {}  # host name (or "" for the switch) -> its netns
         self._ended_at: int | None = None  # boot_ticks() once a teardown left nothing running (teardown.processes_in)
+        # one open file per namespace, from its start to the teardown's end: a namespace's number is not given to
+        # another (another test's cluster, whose processes the teardown's scan would kill) while it is held
+        self._pins: list[int] = []
         self._holders: list[subprocess.Popen[bytes]] = []  # the switch first, then one per host
         self._children: list[subprocess.Popen[Any]] = []  # started by popen(), to be reaped
         self._owns_tag = False  # True once start() has checked that nothing uses the tag
@@ -173,6 +176,7 @@ class NamespaceCluster:
                 # Should never happen; if it did, teardown would kill the caller's processes.
                 raise ClusterError(f"host {name or 'switch'}: its network namespace is not a new one")
             self._netns_ids[name] = ident
+            self._pins.append(os.open(f"/proc/{held}/ns/net", os.O_RDONLY))
             if name:
                 inits.append(held)
         return inits
@@ -279,8 +283,9 @@ class NamespaceCluster:
 
         Idempotent and safe on a half-started cluster. Processes are found by membership of
         the cluster's network namespaces (so daemons and their children die too, and nothing
-        outside does), SIGKILLed, and waited for; with the last of them the kernel frees the
-        namespaces, the bridge, the veth pairs and the holders' mounts. Problems are logged,
+        outside does), SIGKILLed, and waited for; with the last of them and the cluster's own open
+        files on the namespaces, the kernel frees the namespaces, the bridge, the veth pairs and the
+        holders' mounts. Problems are logged,
         not raised: teardown runs in ``finally`` blocks.
         """
         if not self._owns_tag:
@@ -300,6 +305,9 @@ class NamespaceCluster:
             log(f"local cluster {self._tag}: teardown failed: {exc!r}")
         finally:
             self._hosts = ()
+            for pin in self._pins:  # the namespaces' numbers may go to others from now on
+                os.close(pin)
+            self._pins = []
 
     def __repr__(self) -> str:
         state = "running" if self._hosts else "stopped"
