@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from queue import Empty, SimpleQueue
 
+from training_toolkit.agent import barrier
 from training_toolkit.cluster.client import ControlClient
 from training_toolkit.cluster.events import Verdict
 from training_toolkit.cluster.server import ControlServer
@@ -123,6 +124,23 @@ def worker(first: int, last: int, master: str, port: int, timeout_s: float) -> N
 # The first host ------------------------------------------------------------------------------------
 
 
+def wait_ready(server: ControlServer, events: SimpleQueue, hosts: list[str], timeout_s: float) -> None:
+    """The first host's barrier as the agent decides it (the server only posts): its events through the pure rules."""
+    roll = barrier.Roll()
+    gate = barrier.Barrier(0, tuple(hosts[1:]), time.monotonic() + timeout_s, timeout_s)
+    while True:
+        outcome = barrier.decide(hosts[0], roll, gate, time.monotonic())
+        if isinstance(outcome, barrier.Passed):
+            return
+        if isinstance(outcome, barrier.Failed):
+            raise SystemExit(f"control plane: {outcome.outcome.reason}")
+        try:
+            roll = barrier.note(roll, events.get(timeout=max(0.0, outcome.until - time.monotonic())),
+                                time.monotonic(), 0)
+        except Empty:
+            pass
+
+
 def run(n: int, workers: int, window_s: float, timeout_s: float) -> dict:
     master = address(0)
     port = free_port(master)
@@ -140,7 +158,7 @@ def run(n: int, workers: int, window_s: float, timeout_s: float) -> dict:
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", str(a), str(b), master, str(port), str(timeout_s)],
                 stdout=subprocess.PIPE, text=True))
-        server.wait_ready(timeout_s)
+        wait_ready(server, events, hosts, timeout_s)
         ready = time.monotonic()
         server.release()
         released = time.monotonic()

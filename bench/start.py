@@ -51,7 +51,7 @@ def compiled_env() -> dict[str, str]:
 
 
 def warm_up() -> None:
-    subprocess.run([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"],
+    subprocess.run([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent.loop, training_toolkit.runners.mpi"],
                    env=compiled_env(), check=True)
 
 
@@ -147,7 +147,7 @@ def main() -> None:
             figures["python"].append(timed([str(PYTHON), "-c", "pass"], compiled_env()))
             figures["python + imports"].append(timed([str(PYTHON), "-c", "import training_toolkit.cli"], compiled_env()))
             figures["python + an MPI host's imports"].append(
-                timed([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"],
+                timed([str(PYTHON), "-c", "import training_toolkit.cli, training_toolkit.agent.loop, training_toolkit.runners.mpi"],
                       compiled_env()))
             to_script, to_exit = train_round(tree)
             figures["train to script"].append(to_script)
@@ -161,7 +161,7 @@ def main() -> None:
             unit, scale = ("MB", 1) if "MB" in name else ("ms", 1000)
             print(f"| {name} | {min(values) * scale:.1f} {unit} | {statistics.median(values) * scale:.1f} {unit} |")
         for statement in ("import training_toolkit.cli",
-                          "import training_toolkit.cli, training_toolkit.agent, training_toolkit.runners.mpi"):
+                          "import training_toolkit.cli, training_toolkit.agent.loop, training_toolkit.runners.mpi"):
             imports = import_times(rounds, statement)
             total = sum(us for name, us in imports)
             print(f"\n`{statement}`: {len(imports)} modules, self times (min over {rounds} runs) {total / 1000:.1f} ms in all")

@@ -183,7 +183,8 @@ def _read_bytes(path: str) -> bytes | None:
 
 def _run(job, first_attempt: int = 0):
     """Fetch the code and hand the job to its runner (the side effects ``plan`` leaves out)."""
-    from training_toolkit import agent, code, contract
+    from training_toolkit import code, contract
+    from training_toolkit.agent import loop as agent
     from training_toolkit.process import become_subreaper
     from training_toolkit.runspec import RunContext
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import procfs, settings
-from training_toolkit.agent import HostAgent
-from training_toolkit.cluster.events import PeerFailed, Verdict
+from training_toolkit.agent.loop import HostAgent
+from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerReady, Verdict
 from training_toolkit.errors import ClusterError, CodeError
 from training_toolkit.hardware import Hardware
 from training_toolkit.job import build_job
@@ -29,7 +29,7 @@ class FakeSeat:
     """A seat in a job that exists only in this test: what the agent told it is in ``told``."""
 
     def __init__(self, secret, hosts, current, channel_settings, events, introduction, *, answer=None,
-                 fail_barrier=None, welcomed=None, active=None):
+                 fail_barrier=None, welcomed=None, active=None, ready=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
         self.is_master = current == self.hosts[0]
@@ -41,20 +41,29 @@ class FakeSeat:
         self._answer = answer  # what the first host answers a report with
         self._fail_barrier = fail_barrier
         self._active = active  # the attempt's active hosts, as the first host's go names them (None: not said)
+        self._ready = ready  # first host: the other hosts its channel says joined and are ready (None: every one)
+        self._releases = 0
 
     def open(self):
         self.told.append("open")
         if self._welcomed is not None:
             self.hosts = tuple(self._welcomed)
+        if self.is_master:  # what the first host's channel would post: the others joined and said ready
+            for host in self.hosts[1:] if self._ready is None else self._ready:
+                self.events.put(PeerJoined(host))
+                self.events.put(PeerReady(host, 0))
 
-    def barrier(self, attempt=0, deadline_s=None, choose=None, alive_only=False):
+    def barrier(self, attempt=0, deadline_s=None):
         self.told.append("barrier" if attempt == 0 else ("barrier", attempt))
         self.deadlines.append(deadline_s)
         if self._fail_barrier:
             raise self._fail_barrier
-        if choose is not None:  # the first host chooses: every host here is alive and ready
-            return choose(frozenset(self.hosts), {})
         return self._active
+
+    def release(self, active):
+        """The first host's barrier passed (the agent decided it): the go, with the attempt's active hosts."""
+        self.told.append("barrier" if not self._releases else ("barrier", self._releases))
+        self._releases += 1
 
     def report_failure(self, reason, exit_code, at=None, attempt=0, stopped=False):
         self.told.append(("failed", reason, exit_code, at))
@@ -83,6 +92,9 @@ class FakeSeat:
 
     def send_stacks(self, stacks):
         self.told.append(("stacks", stacks))
+
+    def interrupt(self):
+        self.told.append("interrupt")
 
     def close(self):
         self.told.append("close")
@@ -301,7 +313,7 @@ def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_ret
 
 
 def decisions_event(name: str, *args):
-    from training_toolkit import decisions
+    from training_toolkit.agent import decisions
 
     return getattr(decisions, name)(*args)
 
@@ -405,6 +417,134 @@ def test_a_job_of_one_seat_has_no_spares(tmp_path):
     spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {})], solo=True)
     agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "2"})), spec)
     assert agent.run() == Outcome(0) and agent.active == ("algo-1",) and not agent.elastic
+
+
+# The first host's barrier: the loop, on the channel's events and Ticks ---------------------------------------------
+
+
+def test_the_first_hosts_barrier_deadline_is_decided_on_a_tick_and_names_who_is_missing(tmp_path):
+    seats: list[FakeSeat] = []
+    ctx = context(tmp_path, "algo-1")
+    started = []
+    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_JOIN_TIMEOUT": "1"})),
+                      RunnerSpec(lambda seat: started.append(seat) or []), seat_factory(seats, ready=("algo-2",)))
+    t0 = time.monotonic()
+    outcome = agent.run()
+    assert outcome == Outcome(69, "algo-1: hosts not ready within 1 s (never joined: algo-3)")
+    assert 1.0 <= time.monotonic() - t0 < 5 and started == []
+    assert seats[0].told == ["open", ("verdict", Verdict(69, outcome.reason, "algo-1")), "close"]
+
+
+def test_a_stop_during_the_first_hosts_barrier_is_an_event_that_ends_setup(tmp_path):
+    """The signal's handler only posts it; the loop's step says Interrupt, and nothing has started."""
+    import os
+    import signal
+
+    seats: list[FakeSeat] = []
+    started = []
+    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: started.append(seat) or []),
+                      seat_factory(seats, ready=()))  # no host ever comes: the barrier waits its 180 s
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    t0 = time.monotonic()
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")
+    assert time.monotonic() - t0 < 5 and started == []
+    assert seats[0].told == ["open", ("verdict", Verdict(143, outcome.reason, "algo-1")), "close"]
+
+
+# A stop during a host's blocking setup steps: the handler posts it, the seat's wait ends, the loop steps it --------
+
+
+def stop_soon(delay_s: float = 0.5) -> threading.Timer:
+    import os
+    import signal
+
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    return timer
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def real_seat_context(tmp_path, port: int, hosts) -> tuple[RunContext, tuple[str, ...]]:
+    env = {"TRAINING_TOOLKIT_CONTROL_PORT": str(port), "TRAINING_TOOLKIT_JOB_SECRET": "s" * 32}
+    ctx = context(tmp_path, "algo-2")
+    ctx.job.paths.resource_config_file.parent.mkdir(parents=True)  # the first host's hosts are written there
+    return ctx._replace(settings=settings.parse(env)), tuple(hosts)
+
+
+def test_a_stop_while_joining_ends_the_join_at_once_and_is_the_verdict_here(tmp_path):
+    """No first host listens: the join would retry for its 180 s; the stop ends it within a retry."""
+    ctx, hosts = real_seat_context(tmp_path, free_port(), ("127.0.0.1", "algo-2"))
+    started = []
+    agent = HostAgent(ctx, RunnerSpec(lambda seat: started.append(seat) or []), hosts=hosts)
+    timer = stop_soon()
+    t0 = time.monotonic()
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-2: stopped by SIGTERM before the job started")
+    assert time.monotonic() - t0 < 5 and started == []
+
+
+def test_a_stop_while_waiting_for_the_go_ends_the_wait_and_the_first_host_hears_it(tmp_path):
+    """Joined and ready, the first host never says go: the stop ends the wait, reported as a stop."""
+    from queue import SimpleQueue
+
+    from training_toolkit.cluster.server import ControlServer
+
+    port, first_events = free_port(), SimpleQueue()
+    server = ControlServer(b"s" * 32, ["algo-2"], port, first_events, bind="127.0.0.1", hosts=("127.0.0.1", "algo-2"))
+    server.start()
+    try:
+        ctx, hosts = real_seat_context(tmp_path, port, ("127.0.0.1", "algo-2"))
+        agent = HostAgent(ctx, RunnerSpec(lambda seat: []), hosts=hosts)
+        timer = stop_soon(1.0)
+        t0 = time.monotonic()
+        outcome = agent.run()
+        timer.join()
+        assert outcome == Outcome(143, "algo-2: stopped by SIGTERM before the job started")
+        assert time.monotonic() - t0 < 5
+        seen = []  # the report crosses the socket: the first host's reader posts it within a moment
+        while not any(isinstance(e, PeerFailed) for e in seen) and len(seen) < 10:
+            seen.append(first_events.get(timeout=5))
+        assert [type(e).__name__ for e in seen][:2] == ["PeerJoined", "PeerReady"]
+        failed = [e for e in seen if isinstance(e, PeerFailed)]
+        assert [(e.host, e.reason, e.exit_code) for e in failed] == [("algo-2", outcome.reason, 143)]
+    finally:
+        server.close()
+
+
+def test_a_stop_during_the_runners_hold_never_raises_into_it(tmp_path):
+    """The hold (sshd starting, say) finishes and is let go: the stop is stepped after it, not raised inside it."""
+    from contextlib import contextmanager
+
+    order = []
+
+    @contextmanager
+    def hold(seat):
+        time.sleep(1.0)  # a signal handler that raised would end the hold here, half made
+        order.append("held")
+        try:
+            yield
+        finally:
+            order.append("let go")
+
+    seats: list[FakeSeat] = []
+    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: order.append("started") or [], hold=hold),
+                      seat_factory(seats))
+    timer = stop_soon(0.3)
+    outcome = agent.run()
+    timer.join()
+    assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")
+    assert order == ["held", "let go"] and "barrier" not in seats[0].told and "interrupt" in seats[0].told
 
 
 @pytest.mark.parametrize("env, deadline", [

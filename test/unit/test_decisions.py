@@ -8,7 +8,7 @@ from training_toolkit.records import replace
 import pytest
 
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.decisions import (ENDED, FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING,
+from training_toolkit.agent.decisions import (ENDED, FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING,
                                         SETUP, Announce, Failure, Finish, Forward, GotSignal, Interrupt, LocalExit,
                                         PartStopped, Report, ReportDone, SetupFailed, Started, Tick, first_host,
                                         other_host, root_cause, step)

@@ -7,7 +7,7 @@ from training_toolkit.records import replace
 
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
-from training_toolkit.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart,
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart,
                                         Finish, Forward, GatherStacks, GotSignal, Interrupt, LocalExit, PartEnded,
                                         Phase, Progress, Rejoin, Report, SendStacks, SetupFailed, ShareProgress,
                                         StacksGathered, Started, StopPart, Tick, Watch, first_host, next_deadline,
@@ -225,14 +225,14 @@ def test_a_worker_whose_restart_barrier_fails_reports_it_bare_and_ends_with_ever
 
 
 def test_a_joining_host_takes_the_jobs_attempt_if_not_started_else_the_next():
-    from training_toolkit.decisions import attempt_to_join
+    from training_toolkit.agent.decisions import attempt_to_join
 
     table = {(0, False): 0, (0, True): 1, (2, False): 2, (2, True): 3}
     assert {key: attempt_to_join(*key) for key in table} == table
 
 
 def test_joined_sets_the_attempt_of_a_host_in_setup_only():
-    from training_toolkit.decisions import Joined
+    from training_toolkit.agent.decisions import Joined
 
     rows = [  # (state, event) -> attempt after
         (other_host("algo-2", 1), Joined(0, False), 0),
@@ -248,7 +248,7 @@ def test_joined_sets_the_attempt_of_a_host_in_setup_only():
 
 
 def test_a_rejoined_host_follows_the_attempt_it_came_in_at():
-    from training_toolkit.decisions import Joined
+    from training_toolkit.agent.decisions import Joined
 
     state, _ = run(other_host("algo-2", 1), (0.0, Joined(0, True)), (0.0, Started(("script",))))
     assert (state.attempt, state.phase) == (1, Phase.RUNNING)

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.decisions import (FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, RUNNING, Announce, Finish,
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, RUNNING, Announce, Finish,
                                         GotSignal, LocalExit, PartStopped, Say, Started, Tick, active_workers,
                                         first_host, other_host, step, stop_wait)
 from training_toolkit.errors import EXIT_CLUSTER_ERROR

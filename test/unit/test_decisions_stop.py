@@ -12,10 +12,10 @@ import signal
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 import pytest
 
-from training_toolkit.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce,
-                                        Finish, Forward,
-                                        GotSignal, LocalExit, PartStopped, Report, Started, Tick, first_host,
-                                        next_deadline, other_host, step, stop_wait)
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce,
+                                              Finish, Forward,
+                                              GotSignal, LocalExit, PartStopped, Report, Started, Tick, first_host,
+                                              next_deadline, other_host, step, stop_wait)
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
 

@@ -2,7 +2,9 @@
 
 The listener guard (cluster/guard.py: dataclasses, inspect, socket) is imported where a runner names
 listeners to guard, and the channel's ``secrets`` (hmac, hashlib, random) where a job has peers:
-each cost the launch of every single-host job milliseconds and megabytes it never used.
+each cost the launch of every single-host job milliseconds and megabytes it never used.  The agent
+loads the channel's code (membership, secret, clocks), the barrier's rules, the roster, the other hosts'
+rules and the progress watch only where a job has peers, several hosts or a stall watch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from pathlib import Path
 
 NOT_FOR_ONE_HOST = {"training_toolkit.cluster.guard", "training_toolkit.cluster.listeners",
                     "training_toolkit.cluster.sockfilter", "training_toolkit.cluster.server",
-                    "training_toolkit.cluster.client", "dataclasses", "inspect", "secrets", "hmac", "socket",
+                    "training_toolkit.cluster.client", "training_toolkit.cluster.membership",
+                    "training_toolkit.cluster.secret", "training_toolkit.cluster.timing", "training_toolkit.roster",
+                    "training_toolkit.agent.barrier", "training_toolkit.agent.follow", "training_toolkit.agent.progress",
+                    "dataclasses", "inspect", "secrets", "hmac", "socket",
                     "tarfile", "tempfile", "argparse", "psutil"}
 
 

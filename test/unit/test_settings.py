@@ -177,7 +177,7 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     from training_toolkit.process import TOKEN_VAR
     from training_toolkit.runners.mpi_launch import RANK_TAG_VAR
 
-    from training_toolkit.agent_watch import RESTART_COUNT_VAR
+    from training_toolkit.settings import RESTART_COUNT_VAR
     from training_toolkit.stacks import script_env
 
     from training_toolkit.runners.netshim import Shim

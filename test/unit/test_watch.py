@@ -8,8 +8,8 @@ from queue import Empty, SimpleQueue
 
 import pytest
 
-from training_toolkit.agent_events import Progress
-from training_toolkit.watch import ProgressWatch, latest_mtime
+from training_toolkit.agent.events import Progress
+from training_toolkit.agent.progress import ProgressWatch, latest_mtime
 
 
 def events_within(queue: SimpleQueue, seconds: float) -> list:

@@ -145,3 +145,15 @@ class RefusalLog:
             repeats, self._repeats = self._repeats, Counter()
         for address, count in sorted(repeats.items()):
             self._log(f"control channel: refused {count} more connection(s) from {address}")
+
+
+def may_retake(peer: str, address: str, ready_attempt: int, attempt: int) -> bool:
+    """A seated host joining again may take its seat back: from the same address, before it said ready for ``attempt``.
+
+    A host whose welcome came after its own join deadline joins again while its seat is held:
+    refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
+    proof as any join, from the same address, before any message: nothing said is lost.
+    A host whose link is gone (its ``train`` restarted: a container restarted in its pod) needs
+    no stale seat: its seat is free, and it takes it by the same rules as any join.
+    """
+    return peer == address and ready_attempt < attempt

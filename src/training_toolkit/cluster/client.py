@@ -20,6 +20,10 @@ RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 0.25
 
 
+class Interrupted(ClusterError):
+    """The agent stopped a join or a wait for the go (a stopping signal during setup): not the channel's failure."""
+
+
 class ControlClient:
     """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
 
@@ -63,8 +67,10 @@ class ControlClient:
         self._go = -1  # the last attempt the first host started
         self._active: tuple[str, ...] = ()  # its active hosts (the others are spares)
         self._ended: Verdict | str | None = None
-        self._state = threading.Condition()
+        self._state = threading.Condition()  # its lock is an RLock: ``interrupt`` may take it from a signal handler
         self._closed = threading.Event()
+        self._interrupted = threading.Event()
+        self._joining: socket.socket | None = None  # the socket of a join in progress (``interrupt`` shuts it)
 
     def connect(self, deadline_s: float) -> None:
         """Join, retrying until the deadline: the first host may start after us."""
@@ -73,17 +79,19 @@ class ControlClient:
         last = "no attempt"
         while True:
             try:
+                self._check_interrupted()
                 self._join(min(JOIN_ATTEMPT_S, max(0.5, end - time.monotonic())))
                 return
             except Refused as exc:
                 raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
             except (OSError, ValueError, ConnectionError) as exc:
                 last = str(exc) or type(exc).__name__
+            self._check_interrupted()
             if time.monotonic() + delay >= end:
                 raise ClusterError(
                     f"could not reach the control channel on {self.master}:{self.port} within {deadline_s:g} s: {last}"
                 )
-            time.sleep(delay)
+            self._interrupted.wait(delay)
             delay = min(delay * 1.5, RETRY_MAX_S)
 
     def _join(self, timeout: float) -> None:
@@ -92,7 +100,9 @@ class ControlClient:
                                         source_address=(self._source, 0) if self._source else None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link = Link(sock, self.master)
+        self._joining = sock
         try:
+            self._check_interrupted()  # shut before it was known: the join's reads would wait their timeout
             challenge = link.recv_raw(deadline)
             server_nonce = challenge.get("nonce")
             if challenge.get("t") != "challenge" or challenge.get("v") != wire.PROTOCOL or not wire.is_nonce(server_nonce):
@@ -117,6 +127,8 @@ class ControlClient:
         except BaseException:
             link.close()
             raise
+        finally:
+            self._joining = None
         link.key = keys.session
         self.job_id, self.introduction, self.job_attempt, self.hosts = job_id or "", introduction, at, hosts
         sock.settimeout(self._timeout_s)
@@ -200,11 +212,31 @@ class ControlClient:
                     raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)
                 if isinstance(self._ended, str):
                     raise ClusterError(self._ended)
+                self._check_interrupted()
                 left = end - time.monotonic()
                 if left <= 0:
                     raise ClusterError(f"the first host {self.master} did not start the job within {deadline_s:g} s")
                 self._state.wait(min(left, 1.0))
             return self._active
+
+    def interrupt(self) -> None:
+        """End a join or a wait for the go now, with ``Interrupted``: the agent got a stopping signal during setup.
+
+        Called from the agent's signal handler: it sets a flag, shuts a joining socket, and wakes the wait.
+        """
+        self._interrupted.set()
+        sock = self._joining
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        with self._state:
+            self._state.notify_all()
+
+    def _check_interrupted(self) -> None:
+        if self._interrupted.is_set():
+            raise Interrupted(f"{self.host}: setup interrupted by a stopping signal")
 
     def close(self) -> None:
         self._closed.set()

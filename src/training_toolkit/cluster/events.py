@@ -1,22 +1,17 @@
 """What the control channel tells the runner: events posted to its queue, and the verdict.
 
 ``at``: the wall clock (time.time()) when it happened, as the failed host says (a failure), or
-when this host learnt of it; it orders failures (decisions.root_cause), it is not the event's identity.
+when this host learnt of it; it orders failures (``agent.failures.root_cause``), it is not the event's identity.
+
+The channel's server only posts these (joins, readiness, losses with their reason, failure reports): what they
+mean for a barrier or a running job is decided by the agent (``agent.barrier``, ``agent.decisions``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TypeVar
 
 from training_toolkit.records import record
-
-T = TypeVar("T")
-
-# After the first failure, how long reports of earlier failures may take to arrive (a worker's report crosses
-# the network and waits for the failed process's last stderr lines); then the earliest is the root cause.
-FAILURE_WINDOW_S = 0.5
 
 # A failure report's own time is believed within this much before its arrival (clocks differ; a report
 # is sent within a second of the failure), and never after its arrival.
@@ -31,6 +26,21 @@ class PeerFailed:
     at: float | None = None
     attempt: int = 0  # the attempt the host was in: a report from an attempt already over is stale
     stopped: bool = False  # the host was stopped by a signal (the platform's stop): never a cause to restart
+
+
+@record
+class PeerJoined:
+    """First host: a host took its seat (welcomed); it is linked until a ``PeerLost``."""
+
+    host: str
+
+
+@record
+class PeerReady:
+    """First host: a host said it is ready for ``attempt`` (its part prepared, waiting for the go)."""
+
+    host: str
+    attempt: int = 0
 
 
 @record
@@ -86,10 +96,3 @@ def reported_time(value: object, received: float) -> float:
         return received
     return min(received, max(float(value), received - MAX_REPORT_AGE_S))
 
-
-def earliest(failures: Sequence[T], at: Callable[[T], float | None]) -> T:
-    """The root cause: the earliest failure by the time it happened; unknown times last; ties by arrival.
-
-    The one rule, for a barrier (the channel's server) and for a running job (``decisions``) alike.
-    """
-    return min(failures, key=lambda f: (at(f) is None, at(f) or 0.0))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from training_toolkit.cluster import wire
+from training_toolkit.errors import ClusterError
+from training_toolkit.limits import open_files_needed, raise_open_files
 
 
 class Link:
@@ -113,3 +115,21 @@ def start_thread(target, name: str, *args) -> threading.Thread:
     thread = threading.Thread(target=target, name=name, args=args, daemon=True)
     thread.start()
     return thread
+
+
+def listen(bind: str, port: int, hosts: int, log: Callable[[str], None]) -> socket.socket:
+    """The first host's listening socket for a job of ``hosts`` hosts (its open-files limit raised for them)."""
+    needed = open_files_needed(hosts)  # a socket per host here, an ssh session per host in mpirun
+    soft, hard = raise_open_files(needed)
+    if soft < needed:
+        log(f"control channel: {hosts} hosts need about {needed} open files, and the hard "
+            f"limit is {hard} (ulimit -Hn): hosts past it may not join")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+    except OSError as exc:
+        sock.close()
+        raise ClusterError(f"control channel: cannot listen on port {port}: {exc.strerror or exc}") from None
+    sock.listen(max(1024, (hosts - 1) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
+    return sock

@@ -1,22 +1,21 @@
 """This host's seat in the job: the channel's server on the first host, a client elsewhere.
 
-Runners see one small interface whatever the host's role: open, barrier,
-report, end.  Deadlines and ports are settings (``settings.py``), so a platform
-can set them without flags.
+Runners see one small interface whatever the host's role: open, barrier (the
+first host: release, once the agent decided its barrier passed), report, end.
+Deadlines and ports are settings (``settings.py``), so a platform can set them
+without flags.  A job of one host has no seat here (``agent.seats.SoloSeat``):
+it imports none of this.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
-from typing import Protocol
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from training_toolkit.cluster.events import Verdict
+from training_toolkit.cluster.timing import ChannelSettings
 from training_toolkit.errors import ClusterError
-from training_toolkit.records import record
-from training_toolkit.settings import Settings
 
 if TYPE_CHECKING:
     from training_toolkit.cluster.client import ControlClient
@@ -24,27 +23,8 @@ if TYPE_CHECKING:
 
 VERDICT_LINGER_S = 10.0
 
-# first host, at a restart's barrier: (the hosts alive and ready, why each lost host was lost) -> the attempt's
-# active hosts in rank order (or a ToolkitError: the job cannot go on)
-Chooser = Callable[[frozenset, Mapping[str, str]], tuple]
-
-
 #: A host other than the first waits this much longer than the barrier's deadline for the first host's word.
 FIRST_HOST_MARGIN_S = 5.0
-
-
-@record
-class ChannelSettings:
-    port: int
-    join_timeout_s: float
-    heartbeat_s: float
-    peer_timeout_s: float
-    first_attempt: int = 0  # the attempt the job starts at (the platform restarted it: JobSet's restart-attempt)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, first_attempt: int = 0) -> "ChannelSettings":
-        return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s,
-                   first_attempt)
 
 
 class Seat(Protocol):
@@ -67,8 +47,9 @@ class Seat(Protocol):
 
     def open(self) -> None: ...
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
-                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...] | None: ...
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...] | None: ...
+
+    def release(self, active: Sequence[str]) -> None: ...
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None: ...
@@ -86,6 +67,8 @@ class Seat(Protocol):
     def fail(self, reason: str, exit_code: int, at: float | None = None) -> None: ...
 
     def announce(self, verdict: Verdict) -> None: ...
+
+    def interrupt(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -146,26 +129,23 @@ class Membership:
             self._client.connect(self.settings.join_timeout_s)
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
-                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...]:
-        """Every host ready for ``attempt``, or a ClusterError naming who is not (default: the join deadline).
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...]:
+        """A host other than the first: say it is ready for ``attempt``, and wait for the first host's go.
 
-        The attempt's active hosts, in rank order, on every host.  The first host chooses them with
-        ``choose`` (from the hosts ready; None: every host) and sends them with its go.  ``alive_only``
-        (a restart's barrier in a job with spares or a minimum): it waits only for the hosts still
-        linked, and a host's loss meanwhile is no failure.
+        The attempt's active hosts, in rank order, as the go lists them.  The first host's barrier
+        is the agent's decision (``agent.barrier``), on what its server posts; it then ``release``s.
         """
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
-        if self._server:
-            alive = self._server.wait_ready(deadline_s, alive_only=alive_only)
-            active = tuple(choose(alive, self._server.lost_reasons())) if choose is not None else self.hosts
-            self._server.release(active)
-            return active
         assert self._client is not None
         self._client.ready(attempt)
         # the first host decides the barrier and names who is missing; this host's own deadline, a
         # margin later, is for a first host that went silent (its verdict would otherwise race ours)
         return self._client.wait_go(deadline_s + FIRST_HOST_MARGIN_S, attempt) or self.hosts
+
+    def release(self, active: Sequence[str]) -> None:
+        """First host: the barrier passed; every host hears the attempt's active hosts and starts."""
+        if self._server:
+            self._server.release(active)
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
@@ -208,6 +188,11 @@ class Membership:
             self._server.broadcast(verdict)
             self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
 
+    def interrupt(self) -> None:
+        """End a join or a wait for the go now (a stopping signal during setup); safe from a signal handler."""
+        if self._client:
+            self._client.interrupt()
+
     def close(self) -> None:
         if self._server:
             self._server.close()
@@ -228,55 +213,3 @@ def job_hosts(own: Sequence[str], current: str, given: Sequence[str]) -> tuple[s
         raise ClusterError(f"the first host {given[0]} does not list this host, {current}, among the job's hosts: "
                            f"{', '.join(given)}")
     return tuple(given)
-
-
-class SoloSeat:
-    """The seat of a job of one host (the single runner): no channel, no port, nothing to tell anyone.
-
-    The agent runs the same phases and attempts on it; the barrier is this host alone.
-    """
-
-    is_master = True
-    job_id = ""
-    introductions: Mapping[str, Mapping[str, str]] = {}
-    job_attempt = (0, False)
-
-    def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
-                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
-        self.current = current
-        self.hosts = tuple(hosts)
-
-    def open(self) -> None:
-        pass
-
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None,
-                choose: Chooser | None = None, alive_only: bool = False) -> tuple[str, ...]:
-        return self.hosts
-
-    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
-                       stopped: bool = False) -> None:
-        pass
-
-    def report_done(self, exit_code: int) -> None:
-        pass
-
-    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
-        pass
-
-    def announce(self, verdict: Verdict) -> None:
-        pass
-
-    def restart(self, attempt: int, reason: str) -> None:
-        pass
-
-    def progress(self, heartbeat: bool) -> None:
-        pass
-
-    def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
-        return {}
-
-    def send_stacks(self, stacks: list) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

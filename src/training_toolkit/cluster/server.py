@@ -1,4 +1,9 @@
-"""The control channel's first host: admits the others, runs the barrier, hears reports, sends the verdict."""
+"""The control channel's first host: admits the others, hears them, sends the go, restarts and the verdict.
+
+It decides nothing: every join, readiness, loss (with its reason) and failure report is posted to the agent's
+event queue (``cluster.events``); who is missing at a barrier, and which failure is the root cause, is the
+agent's pure decision (``agent.barrier``, ``agent.failures``).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.admission import Admission, RefusalLog
-from training_toolkit.cluster.events import (FAILURE_WINDOW_S, PeerDone, PeerFailed, PeerLost, PeerProgress, Verdict,
-                                             earliest, reported_time)
-from training_toolkit.cluster.link import Link, Refused, close_quietly, reject, start_thread
+from training_toolkit.cluster.admission import Admission, RefusalLog, may_retake
+from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
+                                             Verdict, reported_time)
+from training_toolkit.cluster.link import Link, Refused, close_quietly, listen, reject, start_thread
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
-from training_toolkit.errors import EXIT_CLUSTER_ERROR, ClusterError, JobFailed
-from training_toolkit.limits import open_files_needed, raise_open_files
 from training_toolkit.log import log as log_line
 
 
@@ -69,34 +72,17 @@ class ControlServer:
         self._joining: set[str] = set()  # in the handshake: the seat is taken, the link cannot sign yet
         self._joined: set[str] = set()  # every host that ever joined (lost ones included)
         self._verdict: Verdict | None = None
-        self._ready: dict[str, int] = {}  # the last attempt each host said it is ready for
-        self._attempt = first_attempt  # the job's attempt: a ready or a failure of another attempt does not count
+        self._ready: dict[str, int] = {}  # the last attempt each host said it is ready for (a stale seat's test)
+        self._attempt = first_attempt  # the job's attempt, as the welcome tells it
         self._released = -1  # the last attempt whose processes were started (its go sent)
         self._stacks: dict[str, object] = {}  # answers to the last request for stacks, by host
-        # failures of this attempt or a later one (a host that rejoined and failed before the restart was
-        # called): (when it happened, when it arrived, what, the attempt, whether it is a host's loss)
-        self._failures: list[tuple[float, float, JobFailed, int, bool]] = []
-        self._lost_why: dict[str, str] = {}  # why each host that left was lost (the last time), for the attempt's line
         self._state = threading.Condition()
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
         self._reader = LinkReader(self._on_message, self._lost, timeout_s)
 
     def start(self) -> None:
-        needed = open_files_needed(len(self.expected) + 1)  # a socket per host here, an ssh session per host in mpirun
-        soft, hard = raise_open_files(needed)
-        if soft < needed:
-            self._log(f"control channel: {len(self.expected) + 1} hosts need about {needed} open files, and the hard "
-                      f"limit is {hard} (ulimit -Hn): hosts past it may not join")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self._bind, self.port))
-        except OSError as exc:
-            sock.close()
-            raise ClusterError(f"control channel: cannot listen on port {self.port}: {exc.strerror or exc}") from None
-        sock.listen(max(1024, len(self.expected) * 2))  # a flood must not fill it: a dropped SYN costs a joining host 1 s
-        self._sock = sock
+        self._sock = listen(self._bind, self.port, len(self.expected) + 1, self._log)
         self._reader.start()
         start_thread(self._accept_loop, "control-accept")
         start_thread(self._heartbeat_loop, "control-heartbeat")
@@ -198,10 +184,7 @@ class ControlServer:
                 over = self._closed.is_set()
                 if not over:
                     at = {"n": self._attempt, "go": self._released == self._attempt}  # where a rejoining host comes in
-                    members = list(self.hosts)
-                    link.send_raw({"t": "welcome", "job": self.job_id, "intro": self._introduction, "at": at,
-                                   "hosts": members,
-                                   "mac": wire.mac(keys.auth, *wire.welcome_signed(self.job_id, self._introduction, at, members))})
+                    link.send_raw(wire.welcome(keys.auth, self.job_id, self._introduction, at, list(self.hosts)))
                     link.key = keys.session  # seated only once it can sign: a broadcast never reaches a half-joined link
                     stale = self._links.get(host)
                     self._links[host] = link
@@ -218,22 +201,16 @@ class ControlServer:
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
             self._joined.add(host)
             self._state.notify_all()
+        self._events.put(PeerJoined(host))
         if stale is not None:
             stale.close()  # the reader hears it end; no loss: it is no longer the host's link
         return host
 
     def _stale_seat(self, host: str, address: str) -> Link | None:
-        """The seat ``host`` may take again: its link from the same address, before it said ready (this attempt).
-
-        A host whose welcome came after its own join deadline joins again while its seat is held:
-        refused, and the old link's end failed the job (1,000 hosts joining at once).  The same
-        proof as any join, from the same address, before any message: nothing said is lost.
-        A host whose link is gone (its ``train`` restarted: a container restarted in its pod) needs
-        no stale seat: its seat is free, and it takes it by the same rules as any join.
-        """
+        """The seat ``host`` may take again (``admission.may_retake``): its link, else None."""
         link = self._links.get(host)
-        return link if link is not None and link.peer == address and self._ready.get(host, -1) < self._attempt \
-            else None
+        ok = link is not None and may_retake(link.peer, address, self._ready.get(host, -1), self._attempt)
+        return link if ok else None
 
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
@@ -242,15 +219,10 @@ class ControlServer:
             with self._state:
                 if attempt >= self._attempt:  # a host that rejoined may be ready for a restart not yet called
                     self._ready[host] = attempt
-                self._state.notify_all()
+            self._events.put(PeerReady(host, attempt))
         elif kind == "failed":
             reason, code = wire.text(message, "reason") or "failed", wire.exit_code(message)
             at = reported_time(message.get("at"), time.time())
-            named = reason if reason.startswith(f"{host}:") else f"{host}: {reason}"
-            with self._state:
-                if attempt >= self._attempt:
-                    self._failures.append((at, time.monotonic(), JobFailed(named, code), attempt, False))
-                self._state.notify_all()
             self._events.put(PeerFailed(host, reason, code, at, attempt, message.get("stop") is True))
         elif kind == "done":
             self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
@@ -267,10 +239,6 @@ class ControlServer:
             if self._closed.is_set() or self._links.get(host) not in (link, None):
                 return  # the job is over, or the seat was taken again (_stale_seat): no loss
             self._links.pop(host, None)
-            self._lost_why[host] = reason
-            self._failures.append((time.time(), time.monotonic(),
-                                   JobFailed(f"{host}: left the job ({reason})", EXIT_CLUSTER_ERROR), self._attempt,
-                                   True))
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
 
@@ -284,47 +252,6 @@ class ControlServer:
                 except OSError:
                     pass
 
-    def lost_reasons(self) -> dict[str, str]:
-        """Why each host that left the job was lost (its last loss), by host."""
-        with self._state:
-            return dict(self._lost_why)
-
-    def wait_ready(self, deadline_s: float, alive_only: bool = False) -> frozenset[str]:
-        """Block until every expected host is ready; name the ones that are not at the deadline.
-
-        ``alive_only`` (a restart's barrier in a job with spares or a minimum): wait only for the hosts
-        still linked; a host's loss then is no failure, and the hosts ready are returned (this one too).
-        """
-        end = time.monotonic() + deadline_s
-        with self._state:
-            while True:
-                failures = [f for f in self._failures if f[3] == self._attempt and not (alive_only and f[4])]
-                if failures:  # the earliest, once reports of earlier failures had the window to arrive
-                    window_ends = failures[0][1] + FAILURE_WINDOW_S
-                    if time.monotonic() >= window_ends:
-                        raise earliest(failures, lambda f: f[0])[2]
-                    self._state.wait(max(0.0, window_ends - time.monotonic()))
-                    continue
-                missing = [h for h in self.expected if self._ready.get(h) != self._attempt
-                           and (not alive_only or h in self._links)]
-                if not missing:
-                    ready = {h for h in self.expected if self._ready.get(h) == self._attempt and h in self._links}
-                    return frozenset({*self.hosts[:1], *ready})
-                left = end - time.monotonic()
-                if left <= 0:
-                    joined = [h for h in missing if h in self._links]
-                    left_job = [h for h in missing if h not in self._links and h in self._joined]
-                    absent = [h for h in missing if h not in self._links and h not in self._joined]
-                    parts = []
-                    if absent:
-                        parts.append(f"never joined: {', '.join(absent)}")
-                    if left_job:
-                        parts.append(f"left the job and did not join again: {', '.join(left_job)}")
-                    if joined:
-                        parts.append(f"joined but never ready: {', '.join(joined)}")
-                    raise ClusterError(f"hosts not ready within {deadline_s:g} s ({'; '.join(parts)})")
-                self._state.wait(min(left, 1.0))
-
     def release(self, active: Sequence[str] | None = None) -> None:
         """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
         with self._state:
@@ -335,8 +262,6 @@ class ControlServer:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
         with self._state:
             self._attempt = attempt
-            self._failures = [f for f in self._failures if f[3] >= attempt]
-            self._state.notify_all()
         self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
 
     def request_stacks(self, timeout_s: float) -> dict[str, object]:

@@ -122,6 +122,12 @@ def welcome_signed(job_id: str, intro: dict, at: dict, members: list[str] | tupl
     return ("welcome", job_id, canonical(intro), canonical(at), canonical(list(members)))
 
 
+def welcome(auth: bytes, job_id: str, intro: dict, at: dict, members: list[str]) -> dict:
+    """The first host's welcome: the job's id, its introduction, where the job is (``at``) and its hosts, signed."""
+    return {"t": "welcome", "job": job_id, "intro": intro, "at": at, "hosts": members,
+            "mac": mac(auth, *welcome_signed(job_id, intro, at, members))}
+
+
 def introduction(message: dict) -> dict[str, str]:
     """What a host tells the others about itself (e.g. its ssh host key): a small map of strings."""
     value = message.get("intro", {})

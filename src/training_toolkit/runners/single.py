@@ -1,6 +1,6 @@
 """Single: one process, the user's script, run by the agent as a job of one seat.
 
-No channel and no port (``solo``: a ``SoloSeat``): the agent gives the single
+No channel and no port (``solo``: an ``agent.seats.SoloSeat``): the agent gives the single
 runner what it gives every runner (signals forwarded with the grace period, a
 stall watch, restarts), through the same phases, so there is one runner shell.
 A job of several hosts without a distribution runs the script on each host on

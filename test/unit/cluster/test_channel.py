@@ -13,6 +13,8 @@ from training_toolkit.cluster.events import MAX_REPORT_AGE_S, PeerDone, PeerFail
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.errors import ClusterError, JobFailed
 
+from helpers.first_host import FirstHost
+
 SECRET = b"s" * 32
 
 
@@ -31,7 +33,7 @@ def start_server(timeout_s: float = TIMEOUT_S):
     events = SimpleQueue()
     srv = ControlServer(SECRET, ["w1", "w2"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=timeout_s)
     srv.start()
-    return srv, events
+    return srv, FirstHost(srv, events)  # what the server posts, read (and its barriers decided) as the agent does
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def test_barrier_release_and_verdict(server):
     c2.connect(5)
     c1.ready()
     c2.ready()
-    srv.wait_ready(5)
+    events.wait_ready(5)
     srv.release()
     c1.wait_go(5)
     c2.wait_go(5)
@@ -74,12 +76,12 @@ def test_barrier_release_and_verdict(server):
 
 
 def test_barrier_deadline_names_missing_hosts(server):
-    srv, _ = server
+    srv, events = server
     c1, _ = client(srv, "w1")
     c1.connect(5)
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"never joined: w2; joined but never ready: w1"):
-        srv.wait_ready(0.5)
+        events.wait_ready(0.5)
     assert time.monotonic() - t0 < 5
     c1.close()
 
@@ -90,7 +92,7 @@ def test_failure_during_barrier_is_named(server):
     c1.connect(5)
     c1.failed("w1: sshd could not listen on port 22", 69)
     with pytest.raises(JobFailed, match="^w1: sshd could not listen on port 22$") as failed:
-        srv.wait_ready(5)
+        events.wait_ready(5)
     assert failed.value.exit_code == 69
     assert get(events) == PeerFailed("w1", "w1: sshd could not listen on port 22", 69)
 
@@ -163,7 +165,7 @@ def test_a_host_that_joins_again_before_it_is_ready_takes_its_seat_back(server):
     other, _ = client(srv, "w2")
     other.connect(10)
     again.ready(), other.ready()
-    srv.wait_ready(10)
+    events.wait_ready(10)
     srv.release()
     again.wait_go(10)
     with pytest.raises(Empty):  # the first link's end was no loss
@@ -268,7 +270,7 @@ def table_server(table, lines, **kw):
                         job_id="j0b", introduction={"ssh_client_key": "ssh-ed25519 AAAA c"}, admission=admission,
                         log=lines.append, handshake_timeout_s=1.0)
     srv.start()
-    return srv, events
+    return srv, FirstHost(srv, events)  # what the server posts, read (and its barriers decided) as the agent does
 
 
 LOOPBACK = {"w1": frozenset({"127.0.0.1"}), "w2": frozenset({"127.0.0.2"})}

@@ -15,6 +15,9 @@ from training_toolkit.cluster.events import PeerFailed
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
 from training_toolkit.errors import ClusterError, JobFailed
+
+from helpers.first_host import FirstHost
+
 SECRET = b"s" * 32
 
 
@@ -41,30 +44,31 @@ def job():
         clients.append((c, client_events))
     for c, _ in clients:
         c.ready(0)
-    srv.wait_ready(5)
+    first = FirstHost(srv, events)
+    first.wait_ready(5)
     srv.release()
     for c, _ in clients:
         c.wait_go(5, 0)
-    yield srv, events, clients
+    yield srv, first, clients
     for c, _ in clients:
         c.close()
     srv.close()
 
 
 def test_a_restart_reaches_every_host_and_the_next_barrier_counts_only_its_own_readies(job):
-    srv, events, [(c1, e1), (c2, e2)] = job
+    srv, first, [(c1, e1), (c2, e2)] = job
     c1.failed("w1: boom", 1, attempt=0)
-    assert get(events).host == "w1"
-    srv.restart(1, "w1: boom")
+    assert first.get().host == "w1"
+    first.restart(1, "w1: boom")
     assert get(e1) == RestartCalled(1, "w1: boom") and get(e2) == RestartCalled(1, "w1: boom")
     c2.failed("w2: a consequence, sent late", 1, attempt=0)  # of the attempt that is over: no barrier failure
-    assert get(events) == PeerFailed("w2", "w2: a consequence, sent late", 1, attempt=0)
+    assert first.get() == PeerFailed("w2", "w2: a consequence, sent late", 1, attempt=0)
     c1.ready(0)  # a stale ready does not count
     with pytest.raises(ClusterError, match="joined but never ready: w1, w2"):
-        srv.wait_ready(0.5)
+        first.wait_ready(0.5)
     c1.ready(1)
     c2.ready(1)
-    srv.wait_ready(5)
+    first.wait_ready(5)
     srv.release()
     c1.wait_go(5, 1)
     c2.wait_go(5, 1)
@@ -79,12 +83,12 @@ def test_a_client_waits_for_the_go_of_its_own_attempt(job):
 
 
 def test_progress_and_stops_are_told_to_the_first_host(job):
-    _, events, [(c1, _), (c2, _)] = job
+    _, first, [(c1, _), (c2, _)] = job
     c1.progress(False)
     c2.progress(True)
-    assert {get(events), get(events)} == {PeerProgress("w1", False), PeerProgress("w2", True)}
+    assert {first.get(), first.get()} == {PeerProgress("w1", False), PeerProgress("w2", True)}
     c1.failed("w1: stopped by SIGTERM", 143, attempt=0, stopped=True)
-    assert get(events).stopped is True
+    assert first.get().stopped is True
 
 
 def test_stacks_are_asked_of_every_host_within_a_bound(job):
@@ -112,14 +116,14 @@ def test_at_a_barrier_the_earliest_failure_is_the_cause_not_the_first_report(job
     """The same rule as a running job's (decisions.root_cause): reports of earlier failures may arrive later."""
     from training_toolkit.errors import JobFailed
 
-    srv, events, [(c1, _), (c2, _)] = job
-    srv.restart(1, "again")
+    srv, first, [(c1, _), (c2, _)] = job
+    first.restart(1, "again")
     now = time.time()
     c1.failed("w1: a consequence", 69, at=now, attempt=1)
     time.sleep(0.1)
     c2.failed("w2: the cause", 66, at=now - 1.0, attempt=1)
     with pytest.raises(JobFailed, match="w2: the cause"):
-        srv.wait_ready(5)
+        first.wait_ready(5)
 
 
 # A host whose train restarted (a container restarted in its pod) --------------------------------------------
@@ -129,19 +133,19 @@ def test_a_host_whose_link_ended_joins_again_told_the_attempt_and_fits_into_the_
     """Its old link's end is a loss (a failure); it joins again by the same rules and readies for the next attempt."""
     from training_toolkit.cluster.events import PeerLost
 
-    srv, events, [(c1, _), (c2, e2)] = job
+    srv, first, [(c1, _), (c2, e2)] = job
     c1.close()  # its train died: the link ends
-    assert isinstance(get(events), PeerLost)
+    assert isinstance(first.get(), PeerLost)
     again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
                           introduction={"ssh_host_key": "made anew"})
     again.connect(5)
     assert again.job_attempt == (0, True)  # attempt 0 runs without it: it comes in at attempt 1
     assert srv.introductions["w1"] == {"ssh_host_key": "made anew"}  # the old run's is gone with it
     again.ready(1)  # before the first host calls the restart its loss causes: kept
-    srv.restart(1, "w1: left the job")
+    first.restart(1, "w1: left the job")
     assert get(e2) == RestartCalled(1, "w1: left the job")
     c2.ready(1)
-    srv.wait_ready(5)
+    first.wait_ready(5)
     srv.release()
     again.wait_go(5, 1)
     c2.wait_go(5, 1)
@@ -149,10 +153,10 @@ def test_a_host_whose_link_ended_joins_again_told_the_attempt_and_fits_into_the_
 
 
 def test_a_host_joining_during_a_restarts_barrier_is_told_that_attempt_not_started(job):
-    srv, events, [(c1, _), (c2, _)] = job
+    srv, first, [(c1, _), (c2, _)] = job
     c1.close()
-    get(events)
-    srv.restart(1, "w1: left the job")
+    first.get()
+    first.restart(1, "w1: left the job")
     again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
     again.connect(5)
     assert again.job_attempt == (1, False)
@@ -160,13 +164,13 @@ def test_a_host_joining_during_a_restarts_barrier_is_told_that_attempt_not_start
 
 
 def test_a_host_that_does_not_come_back_is_named_as_such_at_the_barrier(job):
-    srv, events, [(c1, _), (c2, _)] = job
+    srv, first, [(c1, _), (c2, _)] = job
     c1.close()
-    get(events)
-    srv.restart(1, "w1: left the job")
+    first.get()
+    first.restart(1, "w1: left the job")
     c2.ready(1)
     with pytest.raises(ClusterError, match=r"hosts not ready within 0.5 s \(left the job and did not join again: w1\)"):
-        srv.wait_ready(0.5)
+        first.wait_ready(0.5)
 
 
 def test_a_live_hosts_seat_is_not_taken_by_a_second_claimant_after_it_said_ready(job):
@@ -181,12 +185,13 @@ def test_a_job_the_platform_restarted_starts_at_its_attempt():
     srv = ControlServer(SECRET, ["w1"], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=2.0,
                         first_attempt=2)
     srv.start()
+    first = FirstHost(srv, events, attempt=2)
     c = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
     try:
         c.connect(5)
         assert c.job_attempt == (2, False)
         c.ready(2)
-        srv.wait_ready(5)
+        first.wait_ready(5)
         srv.release()
         c.wait_go(5, 2)
     finally:
@@ -211,17 +216,17 @@ def test_a_rejoined_host_that_fails_before_the_restart_is_called_fails_that_rest
     from training_toolkit.cluster.events import PeerLost
     from training_toolkit.errors import JobFailed
 
-    srv, events, [(c1, _), (c2, _)] = job
+    srv, first, [(c1, _), (c2, _)] = job
     c1.close()
-    assert isinstance(get(events), PeerLost)
+    assert isinstance(first.get(), PeerLost)
     again = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
     again.connect(5)
     again.failed("w1: its code did not install", 66, attempt=1)  # the attempt it came in at
-    assert get(events).attempt == 1
-    srv.restart(1, "w1: left the job")
+    assert first.get().attempt == 1
+    first.restart(1, "w1: left the job")
     c2.ready(1)
     with pytest.raises(JobFailed, match="w1: its code did not install"):
-        srv.wait_ready(5)
+        first.wait_ready(5)
     again.close()
 
 
@@ -233,6 +238,7 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
     srv = ControlServer(SECRET, hosts[1:], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1, timeout_s=2.0,
                         hosts=hosts)
     srv.start()
+    first = FirstHost(srv, events)
     clients = {}
     try:
         for host in hosts[1:]:
@@ -241,17 +247,17 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
             c.hosts = hosts  # what Membership takes from the welcome
             clients[host] = c
             c.ready(0)
-        assert srv.wait_ready(5) == frozenset(hosts)
+        assert first.wait_ready(5) == frozenset(hosts)
         srv.release(("m", "w1", "w2"))
         assert {h: c.wait_go(5, 0) for h, c in clients.items()} == {h: ("m", "w1", "w2") for h in hosts[1:]}
         clients["w1"].close()  # w1 is lost: its seat goes to the spare w3
-        assert get(events).host == "w1"
-        srv.restart(1, "w1: left the job")
+        assert first.get().host == "w1"
+        first.restart(1, "w1: left the job")
         for host in ("w2", "w3"):
             clients[host].ready(1)
-        alive = srv.wait_ready(5, alive_only=True)  # no failure for w1's loss, and no wait for it
+        alive = first.wait_ready(5, alive_only=True)  # no failure for w1's loss, and no wait for it
         assert alive == frozenset({"m", "w2", "w3"})
-        assert "w1" in srv.lost_reasons()
+        assert "w1" in first.why
         srv.release(("m", "w3", "w2"))
         assert clients["w2"].wait_go(5, 1) == clients["w3"].wait_go(5, 1) == ("m", "w3", "w2")
     finally:
@@ -262,19 +268,21 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
 
 def test_without_spares_a_loss_during_a_restarts_barrier_is_still_the_jobs_failure():
     hosts = ("m", "w1")
-    srv = ControlServer(SECRET, hosts[1:], free_port(), SimpleQueue(), bind="127.0.0.1", heartbeat_s=0.1,
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, hosts[1:], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1,
                         timeout_s=2.0, hosts=hosts)
     srv.start()
+    first = FirstHost(srv, events)
     c = ControlClient(SECRET, "w1", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0)
     try:
         c.connect(5)
         c.ready(0)
-        srv.wait_ready(5)
+        first.wait_ready(5)
         srv.release()
-        srv.restart(1, "boom")
+        first.restart(1, "boom")
         c.close()
         with pytest.raises(JobFailed, match="w1: left the job"):
-            srv.wait_ready(5)
+            first.wait_ready(5)
     finally:
         c.close()
         srv.close()

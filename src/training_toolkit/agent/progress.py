@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from queue import SimpleQueue
 
-from training_toolkit.agent_events import Progress
+from training_toolkit.agent.events import Progress
 
 INTERVAL_S = 0.5
 

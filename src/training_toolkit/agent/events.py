@@ -1,16 +1,17 @@
 """What the agent's pure step reads (events) and returns (actions), and the phases it moves through.
 
-Kept apart from ``decisions`` (the rules) so that the rules module stays
-readable on its own; ``decisions`` re-exports every name here.
+Kept apart from the rules (``decisions``, ``barrier``, ``first_host``) so that
+each stays readable on its own; ``decisions`` re-exports every name here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Union
 
-from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled,
-                                             StacksWanted, Verdict)
+from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
+                                             RestartCalled, StacksWanted, Verdict)
 from training_toolkit.process import ExitStatus
 from training_toolkit.records import record
 from training_toolkit.report import Outcome
@@ -23,6 +24,8 @@ class Phase(str, Enum):
     """Where a host is in the job.  Transitions (``decisions.step``)::
 
         SETUP (join, prepare, barrier 0, start) --Started--> RUNNING
+        SETUP or BARRIER, first host: BarrierOpened --Release (every host ready)--> the shell starts the attempt;
+                                                     --a failure, or the deadline on a Tick--> ENDED
         SETUP --Joined a job already past attempt 0's start (a host that rejoins)--> SETUP at the next attempt
         RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
         RUNNING --no progress within the stall timeout (first host)--> GATHERING --stacks--> as a failure
@@ -30,8 +33,9 @@ class Phase(str, Enum):
         BARRIER (barrier n+1, start) --Started--> RUNNING;  --SetupFailed--> ENDED
         any --a stopping signal--> ends the job (never a restart)
 
-    SETUP and BARRIER are run by the shell in order (they block); a signal then
-    interrupts them (``Interrupt``).
+    SETUP and BARRIER are run by the shell in order; the first host's barrier is
+    decided here on the channel's events and Ticks; a stopping signal ends them
+    (``Interrupt``).
     """
 
     SETUP = "setup"
@@ -122,6 +126,16 @@ class StacksGathered:
 
 
 @record
+class BarrierOpened:
+    """First host: the barrier of the current attempt begins; ``expected`` (every other host, in rank order) must be
+    ready within ``deadline_s`` (``alive_only``: only the hosts still linked; a loss is then no failure)."""
+
+    expected: tuple[str, ...]
+    deadline_s: float
+    alive_only: bool = False
+
+
+@record
 class PartEnded:
     """This host's part of ``attempt`` is stopped (every local process gone), for a restart."""
 
@@ -129,7 +143,8 @@ class PartEnded:
 
 
 Event = Union[LocalExit, GotSignal, PartStopped, Started, Joined, SetupFailed, Tick, Progress, StacksGathered, PartEnded,
-              PeerDone, PeerFailed, PeerLost, PeerProgress, RestartCalled, StacksWanted, Verdict]
+              BarrierOpened, PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady, RestartCalled,
+              StacksWanted, Verdict]
 
 
 # Actions: what the shell does ------------------------------------------------------------------------
@@ -222,6 +237,17 @@ class Rejoin:
 
 
 @record
+class Release:
+    """First host: the barrier passed; choose the attempt's active hosts among ``ready`` and send every host the go.
+
+    ``why``: why each host that was lost was lost (its last loss), for the roster's line.
+    """
+
+    ready: frozenset[str]
+    why: Mapping[str, str]
+
+
+@record
 class Say:
     """Log one line (what happened that is no failure: a spare lost)."""
 
@@ -229,4 +255,4 @@ class Say:
 
 
 Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, GatherStacks, SendStacks,
-               AnnounceRestart, StopPart, Rejoin, Say]
+               AnnounceRestart, StopPart, Rejoin, Release, Say]

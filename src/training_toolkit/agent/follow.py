@@ -1,0 +1,45 @@
+"""A host other than the first: it reports to the first host and takes its verdict (pure; ``decisions.step`` dispatches here)."""
+
+from __future__ import annotations
+
+from training_toolkit.agent.events import (Action, Event, LocalExit, Phase, Progress, Report, ReportDone,
+                                           ShareProgress, StopPart, Tick)
+from training_toolkit.agent.state import REPORT_WAIT_S, AgentState
+from training_toolkit.agent.verdicts import end, failure_of
+from training_toolkit.cluster.events import PeerLost, RestartCalled, Verdict
+from training_toolkit.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.records import replace
+from training_toolkit.report import Outcome
+
+
+def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    own = state.failures[0].outcome if state.failures else None
+    if isinstance(event, Verdict):
+        outcome = Outcome(0) if event.exit_code == 0 else Outcome(
+            event.exit_code, event.reason or f"the job failed with code {event.exit_code}")
+        return end(state, outcome)
+    if isinstance(event, PeerLost):  # the first host is gone: this host's own failure, if any, is the best cause
+        return end(state, own or Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: {event.reason}"))
+    if isinstance(event, RestartCalled):
+        if event.attempt != state.attempt + 1 or state.phase != Phase.RUNNING or state.stop_signal is not None:
+            return state, ()
+        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, event.reason), failures=(), deadline=None)
+        return state, (StopPart(state.attempt),)
+    if isinstance(event, Progress):
+        return state, (ShareProgress(event.heartbeat),) if state.phase == Phase.RUNNING else ()
+    if isinstance(event, Tick):
+        if own is not None and state.deadline is not None and now >= state.deadline:
+            return end(state, own)  # the first host never answered this host's report
+        return state, ()
+    if isinstance(event, LocalExit) and state.stop_signal is None and event.status.ok and event.name in state.primaries:
+        if own is not None:
+            return state, ()
+        state = replace(state, finished=state.finished | {event.name})
+        return state, (ReportDone(0),) if state.primaries <= state.finished else ()
+    failure = failure_of(state, event)
+    if failure is None or own is not None:
+        return state, ()
+    report = Report(failure.outcome.reason or "", failure.outcome.exit_code, failure.at, state.attempt, failure.stopped)
+    # stopped: the first host's verdict waits for every host's part, so this host waits as long for it
+    wait = max(REPORT_WAIT_S, state.stop_wait_s) if failure.stopped else REPORT_WAIT_S
+    return replace(state, failures=(failure,), deadline=now + wait), (report,)

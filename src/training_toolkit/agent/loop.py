@@ -1,0 +1,316 @@
+"""The agent's loop: the one shell every runner runs in on every host, the single one included (a job of one seat).
+
+    join the channel -> the runner's hold (e.g. sshd) -> barrier 0 -> start the attempt's processes
+    -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
+                 `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
+
+A runner is a value (``runspec.RunnerSpec``), not a subclass.  The order is here, once; what each
+event means and what every host is told is decided in ``decisions`` (a pure
+step, tested without processes); the loop turns exits, peers' messages (the
+channel's server only posts them), signals and the passing of time (``Tick``)
+into events, and carries out the step's actions (``actions``).  The first host's
+barrier is one more run of the loop (``_barrier``): the step says when every host is ready (``Release``) or why not.
+
+What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
+leftover scan, the seat, the runner's hold, the guard, and the attempt's own
+stack (its processes), left in that order reversed.  Nothing is left running.
+The seat (``Membership``) comes from ``membership_factory`` (a test's fake); a
+job of one (``spec.solo``) sits in a ``SoloSeat``, importing no membership code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
+
+from training_toolkit.agent import actions as carry, decisions
+from training_toolkit.agent.actions import Ended, Stopped
+from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, LocalExit, Phase, Release, SetupFailed,
+                                           Started, Tick)
+from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
+from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
+from training_toolkit.agent.stall import StallWatch
+from training_toolkit.errors import JobFailed, ToolkitError
+from training_toolkit.log import log
+from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
+from training_toolkit.report import Outcome
+from training_toolkit.runspec import Local, RunContext, RunnerSpec, Seating
+from training_toolkit.runspec import failure_of as described_failure
+
+if TYPE_CHECKING:
+    from training_toolkit.cluster.membership import Seat
+    from training_toolkit.cluster.timing import ChannelSettings
+
+FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
+
+# (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat (solo: no channel)
+MembershipFactory = Callable[[bytes | None, Sequence[str], str, "ChannelSettings | None", SimpleQueue,
+                              Mapping[str, str] | None], "Seat"]
+
+
+def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
+    """Run this host's part of the job, as ``spec`` says, to the job's verdict."""
+    return HostAgent(ctx, spec).run()
+
+
+def _seat_of(spec: RunnerSpec) -> MembershipFactory:
+    if spec.solo:
+        return SoloSeat
+    from training_toolkit.cluster.membership import Membership  # a job of one seat imports no membership code
+
+    return Membership
+
+
+class HostAgent:
+    def __init__(self, ctx: RunContext, spec: RunnerSpec, membership_factory: MembershipFactory | None = None,
+                 hosts: Sequence[str] | None = None):
+        self.spec = spec
+        host = ctx.plan.current_host
+        self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)))
+        self.host, self.is_master = host, self.seats.is_master
+        self.membership: Seat | None = None  # this host's seat, from run() on
+        # the platform's secret (None: it gave none) and the channel's port and clocks: a job of one seat has neither
+        self.secret: bytes | None = None
+        self.settings: ChannelSettings | None = None
+        if not spec.solo:  # imported only here: a job of one seat loads no channel code
+            from training_toolkit.cluster.secret import job_secret
+            from training_toolkit.cluster.timing import ChannelSettings
+
+            self.secret, self.settings = job_secret(ctx.settings), ChannelSettings.from_settings(ctx.settings,
+                                                                                                 ctx.first_attempt)
+        self._membership_factory = membership_factory or _seat_of(spec)
+        self.events: SimpleQueue = SimpleQueue()
+        self.part = Part(self.events, spec, ctx.grace_s)
+        self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
+        self._in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
+        self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
+        config = ctx.settings
+        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched)
+        watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
+        stop_s = decisions.stop_wait(ctx.grace_s)
+        self.state = (decisions.first_host(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
+                                           spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_master
+                      else decisions.other_host(host, config.max_restarts, ctx.first_attempt, stop_s))
+
+    ctx = property(lambda self: self.seats.ctx)
+    hosts = property(lambda self: self.seats.hosts)
+    active = property(lambda self: self.seats.active)
+    elastic = property(lambda self: self.seats.elastic)
+    locals = property(lambda self: self.part.locals)
+
+    @property
+    def attempt(self) -> int:
+        return self.state.attempt
+
+    def seating(self, attempt: bool = False) -> Seating:
+        """The attempt's membership as the runner's hooks see it, now.  ``attempt``: the job as this attempt runs it
+        (its active hosts, ranks renumbered); else every host of the job (what the runner holds, the guard)."""
+        seat = self.membership
+        return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master,
+                       seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
+                       self.ctx.settings.join_timeout_s)
+
+    def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
+        """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
+        return Supervised(argv, self.job_env(env), cwd=cwd, on_output=self.stall.on_output(self.attempt), **kw)
+
+    def job_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's: ``Seating``)."""
+        return self.stall.process_env(env, self.attempt)
+
+    # The template -----------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        spec = self.spec
+        if self.secret is None and self.is_master and len(self.hosts) > 1:
+            log("no job secret from the platform: hosts are admitted by address and every key is random "
+                "(docs/security.md)")
+        try:  # a host that cannot take part joins all the same, to tell the job why
+            introduction, unusable = (({}, self.ctx.setup_error) if self.ctx.setup_error else
+                                      (dict(spec.introduction()) if spec.introduction else {}, None))
+        except ToolkitError as exc:
+            introduction, unusable = {}, exc
+        membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
+                                                                self.settings, self.events, introduction)
+        with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, the hold, the seat, ...
+            job.callback(self.stall.close)
+            job.callback(end_leftovers)
+            job.callback(membership.close)
+            with SignalForwarder(self._on_signal):
+                try:
+                    membership.open()
+                    self._check_stop()
+                    self._step_held(Joined(*membership.job_attempt))
+                    if unusable is not None:
+                        raise unusable
+                    self.seats.take_hosts(membership.hosts)
+                    self.seats.take_limits(spec)
+                    self.stall.start(membership.job_id)
+                    if spec.hold is not None:
+                        job.enter_context(spec.hold(self.seating()))
+                    if spec.prepare is not None:
+                        spec.prepare(self.seating())
+                    self._check_stop()
+                    self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
+                    if self.is_master and spec.after_barrier is not None:
+                        spec.after_barrier(self.seating())
+                    guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
+                    if guarded is not None:  # imported only here: a job of one seat never loads it
+                        from training_toolkit.cluster.guard import start_guard
+
+                        guard = start_guard(guarded, self.ctx.plan.hosts)  # every host of the job: a spare may be seated
+                        if guard is not None:
+                            job.callback(guard.stop)
+                    job.callback(lambda: self._attempt.close())  # whichever attempt is the last
+                    if self.host in self.active:  # a spare said it waits
+                        self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
+                    self._check_stop()
+                    self._start()
+                except Ended as ended:
+                    return ended.outcome
+                except ToolkitError as exc:
+                    return self._failed_before_start(exc)
+                except OSError as exc:  # a program that cannot be started (missing, not executable)
+                    return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
+                outcome = self._started()
+                while outcome is None:
+                    outcome = carry.carry_out(self, self._step(self._next_event()))
+        return outcome
+
+    def _start(self) -> None:
+        """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end).
+
+        A spare (not among the attempt's active hosts) starts none: it stays joined, and waits.
+        """
+        procs = self.spec.processes(self.seating(attempt=True)) if self.host in self.active else ()
+        self.part.locals = started = []
+        self._attempt.callback(stop_locals, started, FAILURE_GRACE_S)
+        for proc in procs:
+            child = self.supervise(proc.argv, proc.env, cwd=proc.cwd)
+            started.append(Local(proc.name, child, proc.primary, proc.rank, proc.program))
+
+    def _started(self) -> Outcome | None:
+        self.stall.attempt_started(self.attempt)
+        self.part.watch(self.attempt)
+        actions = self._step_held(Started(tuple(local.name for local in self.locals if local.primary), self.active))
+        return carry.carry_out(self, actions)
+
+    def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> tuple[str, ...]:
+        """Every host ready for this attempt: its active hosts, in rank order, on every host.  A host other than the
+        first says it is ready and waits for the go.  The first host runs the loop: the channel's events and Ticks go
+        to the step until every host is ready (``Release``: it chooses the active hosts, sends the go) or the job
+        ends (``Ended``)."""
+        assert self.membership is not None
+        if self.spec.solo:  # no other host: nothing to wait for, nothing to tell
+            return self.hosts
+        if not self.is_master:
+            return tuple(self.membership.barrier(self.attempt, deadline_s) or self.hosts)
+        deadline_s = self.ctx.settings.join_timeout_s if deadline_s is None else deadline_s
+        self._in_barrier = True
+        try:
+            actions = self._step_held(BarrierOpened(self.hosts[1:], deadline_s, alive_only))
+            while not any(isinstance(action, Release) for action in actions):
+                outcome = carry.carry_out(self, actions)
+                if outcome is not None:
+                    raise Ended(outcome)
+                actions = self._step_held(self._next_event())
+        finally:
+            self._in_barrier = False
+        release = next(action for action in actions if isinstance(action, Release))
+        active = self.seats.choose(self.attempt == self.state.first_attempt, release, self.state.cause_hosts)
+        self.membership.release(active)
+        return active
+
+    def _seat(self, active: Sequence[str] | None) -> None:
+        self.seats.seat(active, self.attempt, self._attempts())
+
+    def _say_attempt(self, reason: str) -> None:
+        self.seats.say_attempt(self.attempt, self._attempts(), reason)
+
+    def _attempts(self) -> int:
+        return self.state.first_attempt + self.ctx.settings.max_restarts + 1
+    # The shell --------------------------------------------------------------------------------
+
+    def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+        self.state, actions = decisions.step(self.state, event, time.monotonic())
+        return actions
+
+    def _step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+        with signals_held():  # the handler steps too while setting up: never both at once
+            return self._step(event)
+
+    def _next_event(self) -> decisions.Event:
+        deadline = decisions.next_deadline(self.state)
+        try:
+            event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except Empty:
+            return Tick()
+        if isinstance(event, LocalExit) and event.attempt == self.attempt:
+            local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
+            status = self.spec.judge(local, event.status) if self.spec.judge else event.status
+            if not status.ok:
+                event = LocalExit(event.name, status, event.at, self.failure_of(local, status), event.attempt)
+        return event
+
+    def failure_of(self, local: Local, status: ExitStatus) -> Outcome:
+        """The outcome of a local process that failed, as the runner describes it, else naming this host."""
+        if self.spec.failure is not None:
+            return self.spec.failure(local, status)
+        return described_failure(local, status, None if self.spec.solo else self.host)
+
+    def rejoin(self, attempt: int, reason: str) -> Outcome | None:
+        """Meet every host at the barrier of the new attempt and start this host's part again."""
+        try:
+            self._say_attempt(reason)
+            self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
+            self.part.locals = []
+            if self.spec.before_restart is not None:
+                self.spec.before_restart(self.seating())
+            # a host may still be giving its ranks their grace period: that is not a host that did not come back
+            self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+            if self.is_master and self.spec.after_restart_barrier is not None:
+                self.spec.after_restart_barrier(self.seating())
+            self._check_stop()
+            self._start()
+        except Ended as ended:
+            return ended.outcome
+        except ToolkitError as exc:
+            return self._failed_before_start(exc)
+        except OSError as exc:
+            return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
+        return self._started()
+
+    def _on_signal(self, signum: int) -> None:
+        """A signal is an event: the loop steps it.  During setup's blocking steps (the join, the runner's hold and
+        prepare, a host's wait for the go), a stopping one also ends the seat's wait (``interrupt``) and is stepped
+        at the next safe point (``_check_stop``); the handler never raises into setup."""
+        self.events.put(GotSignal(signum))
+        if (signum in STOPPING_SIGNALS and self.state.phase in (Phase.SETUP, Phase.BARRIER) and not self._in_barrier
+                and self._stop_signum is None):
+            self._stop_signum = signum
+            if self.membership is not None:
+                self.membership.interrupt()
+
+    def _check_stop(self) -> None:
+        """Between setup's steps: a stopping signal that came is stepped now (``Interrupt`` raises ``Stopped``)."""
+        if self._stop_signum is not None:
+            carry.carry_out(self, self._step_held(GotSignal(self._stop_signum)))
+
+    def _failed_before_start(self, exc: ToolkitError) -> Outcome:
+        if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
+            return Outcome(0)
+        if self._stop_signum is not None and not isinstance(exc, Stopped):  # a wait the stop ended (Interrupted)
+            try:
+                self._check_stop()
+            except Stopped as stopped:
+                exc = stopped
+        reason = carry.setup_failure(self.host, self.spec.solo, exc)
+        outcome = carry.carry_out(self, self._step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time())))
+        assert outcome is not None
+        return outcome
+
+
+__all__ = ["Ended", "HostAgent", "Stopped", "run"]

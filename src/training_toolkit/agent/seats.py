@@ -1,0 +1,196 @@
+"""Who takes part in each attempt (``roster.py``): the first host chooses each attempt's active hosts, every host takes them.
+
+And the seat of a job of one host (``SoloSeat``), which has no other host to take part.
+
+``Seats`` holds this host's view of the job's hosts (the first host's list,
+once taken), the limits of active hosts, the roster and the attempt's own
+``RunContext`` (its active hosts only); the agent asks it, and logs what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from queue import SimpleQueue
+from typing import TYPE_CHECKING
+
+from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.log import log
+from training_toolkit.runspec import RunContext, RunnerSpec, with_hosts, write_resource_config
+
+if TYPE_CHECKING:
+    from training_toolkit import roster
+    from training_toolkit.agent.events import Release
+
+
+class Seats:
+    def __init__(self, ctx: RunContext, hosts: Sequence[str]):
+        self.ctx = ctx  # the job's every host (a spare may be seated later)
+        self.host = ctx.plan.current_host
+        self.hosts = tuple(hosts)  # the job's hosts as seen here
+        self.is_master = self.hosts[0] == self.host
+        self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``with_hosts``)
+        self.active: tuple[str, ...] = self.hosts
+        self.roster: roster.Roster | None = None  # the first host's, from barrier 0 (a job of one host has none)
+        self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
+        self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
+        self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
+
+    def take_hosts(self, hosts: Sequence[str]) -> None:
+        """A host other than the first takes the job's hosts from the first host's welcome, never from its own view."""
+        hosts = tuple(hosts)
+        if self.is_master or hosts == self.ctx.plan.hosts:
+            return
+        log(f"{self.host}: host of {', '.join(hosts)} (from the first host)")
+        self.ctx = with_hosts(self.ctx, hosts)
+        self.hosts = hosts
+
+    def take_limits(self, spec: RunnerSpec) -> None:
+        """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
+        host's list, taken already) before anything starts: a ConfigError, exit 78, that the first host announces."""
+        config = self.ctx.settings
+        if spec.solo or (config.max_hosts is None and config.min_hosts is None):
+            return
+        from training_toolkit import roster  # a job of one host never loads it
+
+        try:
+            self.max_hosts, self.min_hosts = roster.limits(len(self.hosts), config.max_hosts, config.min_hosts)
+        except ValueError as exc:
+            raise ConfigError("settings", None, f"{exc}: the job's hosts are {', '.join(self.hosts)}") from None
+        self.elastic = roster.elastic(len(self.hosts), self.max_hosts, self.min_hosts)
+        if self.elastic and not spec.follows_active_hosts:
+            raise ConfigError("settings", None, f"TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS are not "
+                              f"supported by the {self.ctx.plan.runner} runner yet (its processes do not follow an "
+                              f"attempt's hosts): unset them")
+        if self.elastic and self.ctx.job.resource.instance_groups:
+            raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
+                              "job without instance groups (a group names its hosts)")
+        self.roster = roster.first_roster(self.hosts, self.max_hosts)
+
+    def choose(self, first: bool, release: Release, cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
+        """First host, its barrier passed: the attempt's active hosts (the first roster at barrier 0, else the next)."""
+        return self.first_choice() if first else self.next_choice(release.ready, release.why, cause_hosts)
+
+    def first_choice(self) -> tuple[str, ...]:
+        """Barrier 0: the first roster (every host joined and ready)."""
+        from training_toolkit import roster
+
+        self.roster = self.roster or roster.Roster(self.hosts)
+        self._turn = roster.Turn(self.roster)
+        return self.roster.active
+
+    def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
+        """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
+        from training_toolkit import roster
+
+        last = self.roster or roster.Roster(self.hosts)
+        for host in self.hosts:  # a host that left and came back waits as a spare
+            if host in alive and host not in (*last.active, *last.spares, *last.retired):
+                last = roster.joined(last, host)
+        retire = roster.to_retire(tuple(cause_hosts)) if self.elastic else frozenset()
+        turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, retire=retire,
+                                  why=why)
+        if isinstance(turn, roster.Shortfall):
+            raise ClusterError(turn.reason())
+        self.roster, self._turn = turn.roster, turn
+        return turn.roster.active
+
+    def first_deadline(self, attempt: int, first_attempt: int) -> float | None:
+        """This ``train``'s first barrier's deadline (None: the join deadline).  A host that rejoins waits for the
+        restart its loss caused: the first host stops its part first (grace).  With spares or a minimum it is a spare
+        until a restart seats it: it waits however long the job runs (the first host's loss still ends the wait)."""
+        if attempt <= first_attempt:
+            return None
+        return float("inf") if self.elastic else self.ctx.settings.join_timeout_s + self.ctx.grace_s
+
+    def say_attempt(self, attempt: int, total: int, reason: str) -> None:
+        """One line per attempt, when restarts are on: which, of how many, and why."""
+        if total > 1:
+            log(f"{self.host}: attempt {attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
+
+    def seat(self, active: Sequence[str] | None, attempt: int, total: int) -> None:
+        """Take the attempt's active hosts: an active host's processes see only them; a spare waits."""
+        active = tuple(active or self.hosts)
+        was_spare = self.host not in self.active
+        self.active = active
+        if self.is_master and self.elastic and self._turn is not None:
+            from training_toolkit import roster
+
+            log(f"{self.host}: {roster.attempt_line(attempt + 1, total, self._turn)}")
+        if self.host not in active:
+            if not was_spare:  # once, when it starts waiting (at the first attempt, or retired)
+                log(f"{self.host}: a spare: waiting (attempt {attempt + 1} runs on {', '.join(active)})")
+            return
+        if was_spare:
+            log(f"{self.host}: seated in attempt {attempt + 1} (rank order: {', '.join(active)})")
+        if active == self.hosts:  # every host of the job (a job of one seat: its own)
+            if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
+                write_resource_config(self.ctx.job)
+            self.attempt_ctx = self.ctx
+        else:
+            self.attempt_ctx = with_hosts(self.ctx, active)
+
+
+
+class SoloSeat:
+    """The seat of a job of one host (the single runner): no channel, no port, nothing to tell anyone.
+
+    The agent runs the same phases and attempts on it, with no barrier (no other host to wait for).
+    Kept here, so a single-host ``train`` imports no membership code (test/unit/test_launch_imports.py).
+    """
+
+    is_master = True
+    job_id = ""
+    introductions: Mapping[str, Mapping[str, str]] = {}
+    job_attempt = (0, False)
+
+    def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: object,
+                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+        self.current = current
+        self.hosts = tuple(hosts)
+
+    def open(self) -> None:
+        pass
+
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...]:
+        return self.hosts
+
+    def release(self, active: Sequence[str]) -> None:
+        pass
+
+    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
+                       stopped: bool = False) -> None:
+        pass
+
+    def report_done(self, exit_code: int) -> None:
+        pass
+
+    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
+        pass
+
+    def announce(self, verdict: object) -> None:
+        pass
+
+    def restart(self, attempt: int, reason: str) -> None:
+        pass
+
+    def progress(self, heartbeat: bool) -> None:
+        pass
+
+    def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
+        return {}
+
+    def send_stacks(self, stacks: list) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def why_this_attempt(attempt: int, first_attempt: int) -> str:
+    """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
+    if attempt > first_attempt:
+        return "rejoining the job"
+    return "the platform restarted the job" if attempt else ""

@@ -1,0 +1,122 @@
+"""The stall watch: a component the agent owns (``HostAgent.stall``) and calls, with everything it needs given.
+
+What the job's processes get while stalls are watched (the heartbeat
+directory and the faulthandler hook, ``process_env``; their output marks
+progress, ``on_output``), and reading this host's ranks' stacks when the first
+host asks (``gather`` on the first host, ``send`` elsewhere; docs/resilience.md).
+Everything here loads the stack readers only when a job is watched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from queue import SimpleQueue
+from typing import TYPE_CHECKING
+
+from training_toolkit.agent.events import StacksGathered
+from training_toolkit.settings import RESTART_COUNT_VAR
+
+if TYPE_CHECKING:
+    from training_toolkit.agent.progress import ProgressWatch
+    from training_toolkit import stacks
+    from training_toolkit.cluster.membership import Seat
+    from training_toolkit.runspec import Local
+    from training_toolkit.stackreport import RankStack
+
+STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
+
+
+class StallWatch:
+    """``timeout_s`` None: stalls are not watched (nothing is started, the processes get only the attempt).
+
+    ``events``: the agent's queue (progress and the gathered stacks go there); ``py_spy``: the setting
+    (``stacks.pyspy_path``); ``watched``: the runner's choice of processes whose stacks show (None: every
+    local process still running).
+    """
+
+    def __init__(self, events: SimpleQueue, timeout_s: float | None, py_spy: str | None = None,
+                 watched: Callable[[list[Local]], list[stacks.Watched]] | None = None):
+        self._events = events
+        self._timeout_s = timeout_s
+        self._py_spy = py_spy
+        self._watched = watched
+        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
+        self._progress: ProgressWatch | None = None
+
+    def start(self, job_id: str) -> None:
+        """Stalls are watched from now on (a job id names the directory the hosts' files go to)."""
+        if self._timeout_s is None:
+            return
+        from training_toolkit import stacks
+        from training_toolkit.agent.progress import ProgressWatch  # a job not watched does without
+
+        self.watch_dir = stacks.watch_dir(job_id or None)
+        self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self.watch_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.watch_dir, ignore_errors=True)
+
+    def attempt_started(self, attempt: int) -> None:
+        """Progress counts for ``attempt`` from now on (an earlier attempt's heartbeats are stale)."""
+        if self._progress is not None:
+            self._progress.attempt = attempt
+
+    def process_env(self, env: Mapping[str, str], attempt: int) -> dict[str, str]:
+        """``env`` with what every process of the job gets: the attempt, and the hook and heartbeats if watched."""
+        extra = {RESTART_COUNT_VAR: str(attempt)}
+        if self.watch_dir is not None:
+            from training_toolkit import stacks
+
+            extra.update(stacks.script_env(self.watch_dir, dict(env)))
+        return {**env, **extra}
+
+    def on_output(self, attempt: int) -> Callable[[], None] | None:
+        """What a process's output line calls while watched: progress of ``attempt`` (None: not watched)."""
+        if self._progress is None:
+            return None
+        seen = self._progress.output_seen
+        return lambda: seen(attempt)
+
+    def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
+        """This host's processes whose stacks a stall report shows (the runner's word, else every local process)."""
+        if self._watched is not None:
+            return self._watched(list(locals_))
+        from training_toolkit import stacks
+
+        return [stacks.Watched(local.child.pid, local.rank, local.name) for local in locals_
+                if local.child.poll() is None]
+
+    def gather(self, seat: Seat, host: str, hosts: Sequence[str], locals_: Sequence[Local]) -> None:
+        """First host: its ranks' stacks and every other host's (``StacksGathered`` on the queue)."""
+        from training_toolkit import stacks
+        from training_toolkit.stackreport import RankStack
+
+        found: list[RankStack] = []
+        local = threading.Thread(target=lambda: found.extend(self._local(host, locals_)), name="local-stacks",
+                                 daemon=True)
+        local.start()
+        answers = seat.request_stacks(STACKS_REQUEST_S)
+        local.join(stacks.READ_TIMEOUT_S + 2.0)
+        for other in hosts[1:]:
+            sent = answers.get(other)
+            if isinstance(sent, list):
+                found.extend(s for s in (RankStack.from_wire(item, other) for item in sent[:1024]) if s is not None)
+        missing = tuple(h for h in hosts[1:] if not isinstance(answers.get(h), list))
+        self._events.put(StacksGathered(tuple(found), missing))
+
+    def send(self, seat: Seat, host: str, locals_: Sequence[Local]) -> None:
+        """Other hosts: this host's ranks' stacks, to the first host."""
+        seat.send_stacks([s.to_wire() for s in self._local(host, locals_)])
+
+    def _local(self, host: str, locals_: Sequence[Local]) -> list[RankStack]:
+        from training_toolkit import stacks
+
+        stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
+        return stacks.gather(host, self.watched(locals_), stacks_dir, stacks.pyspy_path(self._py_spy))
