@@ -1,4 +1,4 @@
-"""Builds the toolkit's four native parts at install time (metadata is in setup.cfg).
+"""Builds the toolkit's native parts (libraries and programs) at install time (metadata is in setup.cfg).
 
 - ``libtrainingtoolkit_hostname.so``, preloaded into every MPI rank so that ``gethostname()``
   returns the rank's own host where every container has the kernel host name ``aws``;
@@ -35,7 +35,7 @@ RANK_PROGRAM = "training-toolkit-rank"
 # that runs inside Open MPI's processes and every rank (test/unit/test_native.py builds them so too).
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 #: programs, from their sources
-PROGRAMS = {RANK_PROGRAM: "rank_exec.c", "training-toolkit-deadman": "deadman.c"}
+PROGRAMS = {RANK_PROGRAM: "rank_exec.c", "training-toolkit-deadman": "deadman.c", "training-toolkit-ssh": "ssh_agent.c"}
 
 
 class BuildNative(build_ext):

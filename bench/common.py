@@ -186,7 +186,7 @@ host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
 if sys.argv[3] == "client":
     ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
 else:
-    ssh.write_server_side(Path(sys.argv[2]), host_key=host, client_public=client.public, allowed_from=sys.argv[4:],
+    ssh.write_server_side(Path(sys.argv[2]), host_key=host, authorized=[(client.public, sys.argv[4:])],
                           port=22, user="root")
 """
 # Every worker's sshd answers the job's key; then the probe's shared connections are ended, so that

@@ -114,8 +114,8 @@ def sshd_rounds(rounds: int, base: Path) -> dict[str, list[float]]:
     user = os.environ.get("USER", "root")
     for r in range(rounds):
         port = free_port()
-        server = write_server_side(base / f"server-{r}", host_key=host, client_public=client.public,
-                                   allowed_from=["127.0.0.1"], port=port, user=user, listen_addresses=["127.0.0.1"])
+        server = write_server_side(base / f"server-{r}", host_key=host, authorized=[(client.public, ["127.0.0.1"])],
+                                   port=port, user=user, listen_addresses=["127.0.0.1"])
         near = write_client_side(base / f"client-{r}", client_key=client, host_keys={"127.0.0.1": host.public}, port=port)
         figures["sshd -t"].append(timed([Sshd(server).sshd_path, "-t", "-f", str(server.sshd_config)]))
         sshd = Sshd(server)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,47 @@ def test_a_spare_killed_whole_is_said_and_the_job_goes_on_without_a_restart(tmp_
         assert results[host].exit_code == 0, (host, results[host].failure)
     assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
     assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
+
+
+@pytest.mark.torch
+def test_a_host_back_from_its_loss_waits_as_a_spare_past_the_join_deadline_and_takes_the_next_lost_seat(tmp_path):
+    """A platform's replacement (the killed host's train started again in it) joins while an attempt runs; no
+    restart comes for longer than the join deadline plus the grace, and the next loss seats it.  It used to give up
+    at that deadline, and the job, with no spare left and MIN = MAX, ended on the second loss (found by
+    bench/goodput.py)."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                           "TRAINING_TOOLKIT_JOIN_TIMEOUT": "20", "TRAINING_TOOLKIT_GRACE_PERIOD": "5",
+                                           "STEPS": "250", "STEP_S": "0.3"})
+    killer = HostKiller()
+    back: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def restart(name: str, code: int) -> float | None:  # the replacement, in the same host, 1 s after its loss
+        if name == "algo-2" and "algo-2" not in back:
+            back[name] = time.monotonic() + 1
+            return 1.0
+        return None
+
+    def go() -> None:
+        try:
+            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+            killer.kill("algo-2")  # algo-4, the spare, takes its seat; algo-2 comes back and waits
+            wait_for(shared / "step-1-0", timeout_s=240, at_least=1)
+            while "algo-2" not in back or time.monotonic() < back["algo-2"] + 20 + 5 + 5 + 10:
+                time.sleep(0.5)  # past the join deadline, the grace and the margin a joiner used to wait
+            killer.kill("algo-3")
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    killing = threading.Thread(target=go, daemon=True)
+    killing.start()
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    killing.join(5)
+    assert not errors, errors
+    for host in ("algo-1", "algo-2", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [(0, "algo-1"), (1, "algo-4"),
+                                                                                (2, "algo-3")]
+    third = seen(shared, 2)  # algo-2, back and waiting for longer than the join deadline, in algo-3's seat
+    assert sorted((i["rank"], i["host"]) for i in third.values()) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-2")]
+    assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1", "done-2-2"]

@@ -18,24 +18,26 @@ from training_toolkit import native
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(native.HERE.glob("*.c"))
 COMPILER = shutil.which("cc") or shutil.which("gcc")
+PROGRAMS = ("rank_exec.c", "deadman.c", "ssh_agent.c")
 
 
 def test_setup_builds_every_part_with_every_warning_an_error():
     text = (ROOT / "setup.py").read_text()
     assert 'WARNINGS = ["-Wall", "-Wextra", "-Werror"]' in text
     # every library's compile arguments (one Extension per library source) and the rank program's
-    libraries = [p for p in SOURCES if p.name not in ("rank_exec.c", "deadman.c")]  # the two programs
+    libraries = [p for p in SOURCES if p.name not in PROGRAMS]  # the programs
     assert len(re.findall(r"extra_compile_args=\[\"-O2\", \*WARNINGS\]", text)) == len(libraries)
     assert len(re.findall(r"extra_compile_args=", text)) == len(libraries)
     assert 'extra_postargs=["-O2", *WARNINGS]' in text
-    assert {p.name for p in SOURCES} == {"hostname.c", "netshim.c", "rank_exec.c", "stophold.c", "deadman.c"}
+    assert {p.name for p in SOURCES} == {"hostname.c", "netshim.c", "rank_exec.c", "stophold.c", "deadman.c",
+                                         "ssh_agent.c"}
 
 
 @pytest.mark.skipif(COMPILER is None, reason="no C compiler")
 @pytest.mark.parametrize("level", ["-O0", "-O2", "-O3", "-Os"])
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_no_warning(source, level, tmp_path):
-    shared = [] if source.name in ("rank_exec.c", "deadman.c") else ["-fPIC", "-shared"]
+    shared = [] if source.name in PROGRAMS else ["-fPIC", "-shared"]
     proc = subprocess.run([COMPILER, level, "-Wall", "-Wextra", "-Werror", *shared, "-o", str(tmp_path / "out"),
                            str(source), "-ldl"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

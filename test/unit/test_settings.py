@@ -190,9 +190,11 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     given_to_the_stophold = {settings.STOP_FLAG_VAR, settings.RANK_STOP_FLAG_VAR}
     from training_toolkit.runners.rank_env import ATTEMPT_VAR, RANK_FILE_VAR
 
+    from training_toolkit.runners.mpi_ssh import SSH_CONFIG_VAR  # Open MPI's rsh agent's (native/ssh_agent.c)
+
     assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks,
                                                 *given_to_the_shim, *given_to_the_stophold, RANK_FILE_VAR,
-                                                ATTEMPT_VAR}
+                                                SSH_CONFIG_VAR, ATTEMPT_VAR}
 
 
 def test_readme_settings_table_is_the_table_in_code():

@@ -31,7 +31,7 @@ class ControlClient:
     ``job_attempt`` (the job's attempt, and whether its processes had started:
     a host whose ``train`` restarted comes into a running job) and ``hosts``
     (the job's hosts in rank order, as the first host knows them) are what its
-    welcome carried.  ``source`` is the local address to join from
+    welcome carried; ``peers``, every seated host's introduction, is what the last go carried.  ``source`` is the local address to join from
     (None: the one the route picks); the first host admits by address where
     there is no secret, so a host with several addresses joins from the one
     its name resolves to (and a benchmark gives each of its hosts its own).
@@ -66,6 +66,7 @@ class ControlClient:
         self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
         self._go = -1  # the last attempt the first host started
         self._active: tuple[str, ...] = ()  # its active hosts (the others are spares)
+        self.peers: dict[str, dict[str, str]] = {}  # every seated host's introduction, from the last go
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()  # its lock is an RLock: ``interrupt`` may take it from a signal handler
         self._closed = threading.Event()
@@ -140,12 +141,13 @@ class ControlClient:
         assert self._link is not None
         try:
             while True:
-                message = self._link.recv()
+                message = self._link.recv(wire.MAX_WELCOME)  # a go lists every host's introduction
                 kind = message.get("t")
                 if kind == "go":
                     go, active = wire.attempt(message), wire.active(message, self.hosts)
+                    intros = wire.introductions(message, self.hosts)
                     with self._state:
-                        self._go, self._active = go, active
+                        self._go, self._active, self.peers = go, active, intros
                         self._state.notify_all()
                 elif kind == "restart":
                     self._events.put(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))

@@ -46,12 +46,16 @@ class Link:
         return wire.decode(line + b"\n", limit)
 
     def send(self, kind: str, **fields) -> None:
+        self.send_shared(kind, None, **fields)
+
+    def send_shared(self, kind: str, shared: dict[str, str] | None, **fields) -> None:
+        """``send``, with fields already encoded once for many links (``wire.shared_fields``)."""
         with self._send_lock:
             self._send_seq += 1
-            self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields))
+            self.sock.sendall(wire.sign(self.key, self._send_seq, kind, fields, shared))
 
-    def recv(self) -> dict:
-        return self._open(self.recv_raw())
+    def recv(self, limit: int = wire.MAX_FRAME) -> dict:
+        return self._open(self.recv_raw(limit=limit))
 
     @property
     def buffered(self) -> bool:

@@ -78,7 +78,8 @@ class Membership:
 
     ``introduction`` is what this host tells the others about itself; after
     ``open``, ``introductions`` holds what the others told (on the first host:
-    every host that joined, by name; elsewhere: the first host's), and
+    every host that joined, by name; elsewhere: the first host's, and from the first go on every
+    seated host's, as the go carried them), and
     ``job_id`` is the first host's random id for this job, the same on every host,
     and ``hosts`` the job's hosts as the first host's welcome listed them (``job_hosts``).
     """
@@ -112,8 +113,8 @@ class Membership:
     def introductions(self) -> Mapping[str, Mapping[str, str]]:
         if self._server:
             return dict(self._server.introductions)
-        assert self._client is not None
-        return {self.hosts[0]: self._client.introduction}
+        assert self._client is not None  # the others' from the last go (each host's keys: runners/mpi_ssh.py)
+        return {**self._client.peers, self.hosts[0]: self._client.introduction}
 
     @property
     def job_attempt(self) -> tuple[int, bool]:

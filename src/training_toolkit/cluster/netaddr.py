@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from training_toolkit.errors import ClusterError
 
@@ -21,17 +21,27 @@ def resolve(name: str) -> frozenset[str]:
     return frozenset(plain(info[4][0]) for info in infos)
 
 
-def job_addresses(hosts: Sequence[str]) -> list[str]:
-    """Every address of the job's hosts: the only ones sshd admits the client key from, and the guard lets in.
+def host_addresses(hosts: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Each of the job's hosts' addresses, in order; a ClusterError naming every host that resolves to none.
 
     Every host must resolve: one left out would be a host whose connections the shim closes (ranks that
-    hang), so it is an error naming it instead.
+    hang), or whose ssh key no host admits, so it is an error naming it instead.
     """
-    found = {host: resolve(host) for host in hosts}
+    found = {host: tuple(sorted(resolve(host))) for host in hosts}
     missing = [host for host, addresses in found.items() if not addresses]
     if missing:
         raise ClusterError(f"the job's host(s) {', '.join(missing)} resolve to no address here")
-    return sorted({address for addresses in found.values() for address in addresses})
+    return found
+
+
+def job_addresses(hosts: Sequence[str]) -> list[str]:
+    """Every address of the job's hosts: the only ones sshd admits a client key from, and the guard lets in."""
+    return joined(host_addresses(hosts))
+
+
+def joined(by_host: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every address of ``host_addresses``' answer, once each, sorted."""
+    return sorted({address for addresses in by_host.values() for address in addresses})
 
 
 def plain(address: str) -> str:

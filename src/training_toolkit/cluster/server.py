@@ -254,9 +254,9 @@ class ControlServer:
 
     def release(self, active: Sequence[str] | None = None) -> None:
         """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
-        with self._state:
-            self._released = self._attempt
-        self._send_all("go", n=self._attempt, active=list(active or self.hosts))
+        with self._state:  # and every seated host's introduction (MPI's keys for tree spawn), encoded once for all
+            self._released, intros = self._attempt, dict(self.introductions)  # each host's is replaced, never changed
+        self._send_all("go", wire.shared_fields({"intros": intros, "active": list(active or self.hosts)}), n=self._attempt)
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
@@ -294,12 +294,12 @@ class ControlServer:
                     return
                 self._state.wait(min(left, 0.5))
 
-    def _send_all(self, kind: str, **fields) -> None:
+    def _send_all(self, kind: str, shared: dict[str, str] | None = None, **fields) -> None:
         with self._state:
             links = list(self._links.values())
         for link in links:
             try:
-                link.send(kind, **fields)
+                link.send_shared(kind, shared, **fields)
             except OSError:
                 pass
 

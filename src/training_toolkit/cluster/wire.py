@@ -23,8 +23,9 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 5  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
-#              5: each go carries the attempt's active hosts (the others are spares)
+PROTOCOL = 6  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
+#              5: each go carries the attempt's active hosts (the others are spares);
+#              6: each go carries every seated host's introduction (each host's ssh keys, for MPI's tree spawn)
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
 MAX_HOSTS = 100_000
@@ -139,6 +140,16 @@ def introduction(message: dict) -> dict[str, str]:
     return dict(value)
 
 
+def introductions(message: dict, job: tuple[str, ...] | list[str]) -> dict[str, dict[str, str]]:
+    """A go's introductions: each seated host's own (``introduction``'s rules), of hosts of the job only."""
+    value = message.get("intros", {})
+    if not isinstance(value, dict) or len(value) > MAX_HOSTS:
+        raise FrameError(f"field 'intros' is not a map of at most {MAX_HOSTS} hosts")
+    if job and not set(value) <= set(job):
+        raise FrameError("field 'intros' names a host that is not the job's")
+    return {host: introduction({"intro": intro}) for host, intro in value.items()}
+
+
 def nonce() -> str:
     return secrets.token_hex(16)
 
@@ -206,10 +217,27 @@ def verify(key: bytes, claimed: object, *parts: str) -> bool:
 # Signed messages ------------------------------------------------------------------------------------
 
 
-def sign(key: bytes, seq: int, kind: str, fields: dict) -> bytes:
-    body = {**fields, "t": kind, "seq": seq}
-    body["mac"] = mac(key, canonical(body))
-    return encode(body)
+def sign(key: bytes, seq: int, kind: str, fields: dict, shared: dict[str, str] | None = None) -> bytes:
+    """A signed frame: ``encode`` of the fields, the kind, the sequence number and a MAC over their ``canonical`` text.
+
+    ``shared``: more fields, each already as its ``canonical`` text (``shared_fields``), for a message sent alike
+    on many links (a go listing every host's introduction): encoded once, not once per link.  The frame is
+    byte for byte the one those fields would make as values.
+    """
+    parts = {name: canonical(value) for name, value in {**fields, "t": kind, "seq": seq}.items()}
+    parts.update(shared or {})
+    parts["mac"] = json.dumps(mac(key, _canonical_object(parts)))
+    return (_canonical_object(parts) + "\n").encode()
+
+
+def shared_fields(fields: dict) -> dict[str, str]:
+    """Fields as ``sign`` takes them in ``shared``: each value's ``canonical`` text, made once."""
+    return {name: canonical(value) for name, value in fields.items()}
+
+
+def _canonical_object(parts: dict[str, str]) -> str:
+    """``canonical`` of an object whose values are given as their canonical text (sorted keys, no spaces)."""
+    return "{" + ",".join(f"{json.dumps(name)}:{text}" for name, text in sorted(parts.items())) + "}"
 
 
 def open_signed(key: bytes, expected_seq: int, message: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The toolkit's four native parts, built from the C sources beside this file at install time (setup.py).
+"""The toolkit's native parts, built from the C sources beside this file at install time (setup.py).
 
 Found next to this module, never on PATH: the paths are the same on every host of a
 job because every host runs the same image (the same holds for mpirun and Python).
@@ -15,6 +15,7 @@ NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"  # preloaded into Open MPI's r
 STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"  # preloaded into Open MPI's runtime: its kills held during a stop
 RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
 DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
+SSH_AGENT_PROGRAM = "training-toolkit-ssh"  # mpirun's and every daemon's rsh agent: ssh with its host's job config
 
 HERE = Path(__file__).parent  # absolute already (a module's __file__ is): nothing read at import
 

@@ -2,7 +2,8 @@
 
 Every host joins the channel, fetches the code, writes the job's ssh directory and starts
 its own sshd (``mpi_ssh``), spares included; the first host waits until all are ready, checks it
-can log in to each, and runs mpirun over the attempt's active hosts (``mpi_launch``).  mpirun's
+can log in to each of the attempt's active hosts (each admits the job's keys once the go brought them
+all), and runs mpirun over them (``mpi_launch``), whose daemons start one another over ssh (tree spawn).  mpirun's
 end is the job's end: its verdict goes to every host at once.  Every host writes its own ranks' command and
 environment to a file (``rank_env``), rewritten for each attempt once its hosts are known: each
 rank sees its own host's contract, and mpirun carries nothing of the job across the network.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from training_toolkit import procfs, rundir, stacks
 from training_toolkit.cluster import ssh
+from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.names import LAUNCH_SLURM, OPENMPI4
 from training_toolkit.process import ExitStatus
@@ -100,31 +102,33 @@ class MpiHost:
 
     def prepare(self, seat: Seating) -> None:
         """Every host, spares included (a spare may be seated later): the rank file's place, and sshd elsewhere than
-        on the first host, admitting the job's every host until an attempt names its own (``start``)."""
+        on the first host, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
         self.ctx = self._attempt = seat.ctx
         self.rank_tag = seat.job_id
         self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
-        # the daemons' shim (sshd's sessions) and sshd's first from= are one list, resolved once
-        addresses = None if self.is_master else tuple(job_addresses(self.ctx.plan.hosts))
+        # the daemons' shim (sshd's sessions) and sshd's from= (each host's own, for its key) resolved once
+        by_host = None if self.is_master else host_addresses(self.ctx.plan.hosts)
+        addresses = None if by_host is None else tuple(joined(by_host))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file(seat)
         if self.is_master or self.ssh is None:
             return
-        assert addresses is not None and self._rank_file is not None
+        assert by_host is not None and self._rank_file is not None
         shim = self._shim
         # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
         # this host (sshd's sessions get nothing else)
         session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
                        PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
                        **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
-        self.ssh.serve(seat, addresses, session_env)
+        self.ssh.serve(seat, by_host, session_env)
 
     def after_barrier(self, seat: Seating) -> None:
+        """The first host: its client side, every worker's host key pinned (each active one is probed at ``start``)."""
         if self.ssh is not None:
-            self.ssh.connect(seat, self.ctx.plan.hosts[1:])
+            self.ssh.connect(seat)
 
     def after_restart_barrier(self, seat: Seating) -> None:
-        """A host whose ``train`` restarted in its pod rejoined with a new sshd and host key: pin the keys anew."""
+        """A host whose ``train`` restarted in its pod rejoined with a new sshd and keys: pin them anew."""
         if self.ssh is not None:
             self.ssh.repin(seat)
 
@@ -148,8 +152,11 @@ class MpiHost:
         """Before a restart's barrier: a stop that came during the last attempt holds no kill of the next one.
 
         The rank file is rewritten once the attempt's hosts are known (``start``); a rank of the new attempt that
-        starts before then waits for it (``training-toolkit-rank --attempt``, native/rank_exec.c).
+        starts before then waits for it (``training-toolkit-rank --attempt``, native/rank_exec.c).  sshd admits
+        nobody until then either (``start``: the go's keys), so the first host's probe finds every host ready.
         """
+        if self.ssh is not None:
+            self.ssh.shut()
         if self._rank_file is not None:
             self._stop_flag().unlink(missing_ok=True)
 
@@ -157,14 +164,15 @@ class MpiHost:
         """An active host, once the attempt's hosts are known: its ranks' file, its shim and sshd's from= name them.
 
         ``seat.ctx`` is the attempt's (its active hosts in rank order: ``SM_HOSTS``, ``SM_TRAINING_ENV``,
-        ``SM_RESOURCE_CONFIG``); a spare (never asked) keeps the job's every host in sshd's from=.
+        ``SM_RESOURCE_CONFIG``); a worker's sshd then admits those hosts' client keys, each from its own
+        addresses, and pins their host keys (``SshPart.trust``: tree spawn); a spare (never asked) admits nobody.
         """
         assert self._rank_file is not None
         self._attempt = seat.ctx
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
-        if self.ssh is not None:
-            self.ssh.allow(addresses)
+        if self.ssh is not None and not self.is_master:
+            self.ssh.trust(seat)
         rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt))
         return shim
 
@@ -193,6 +201,8 @@ class MpiHost:
             return []
         ctx = seat.ctx
         assert (self.ssh is None or self.ssh.layout is not None) and self._rank_file is not None
+        if self.ssh is not None:  # every active worker answers, with this attempt's keys written
+            self.ssh.probe(seat, ctx.plan.hosts[1:])
         flavor = mpi_flavor(ctx.settings.mpi_flavor, ctx.environ)
         command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt)
         if flavor == OPENMPI4:
@@ -201,6 +211,8 @@ class MpiHost:
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
         extra[STOP_FLAG_VAR] = str(self._stop_flag())
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
+        if self.ssh is not None:
+            extra.update(self.ssh.agent_environment())  # its rsh agent's config (native/ssh_agent.c)
         if self.via_slurm:
             extra.update(slurm_environment(ctx))
             extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))

@@ -22,7 +22,7 @@ class MpiJob:
     num_processes: int
     interface: str
     rank_command: tuple[str, ...]  # what each rank runs: the rank program and its host's file, nothing of the job
-    rsh_agent: tuple[str, ...]  # e.g. ("ssh", "-F", "/run/.../ssh_config")
+    rsh_agent: tuple[str, ...]  # e.g. ("/.../native/training-toolkit-ssh",): the same string on every host
     custom_options: tuple[str, ...] = ()  # mpirun's part of the custom options (mpi_options: no --NCCL_DEBUG, no -x)
     as_root: bool = False
     via_slurm: bool = False  # the daemons start through Slurm (plm slurm: ``srun --overlap``), not over rsh_agent
@@ -79,8 +79,9 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         cmd += (["--mca", "plm", "slurm", "--mca", "plm_slurm_args", SLURM_SRUN_ARGS] if flavor == OPENMPI4
                 else ["--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", SLURM_SRUN_ARGS])
     else:
-        cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent),
-                "--mca", f"{rsh}_no_tree_spawn", "1"]
+        # tree spawn (Open MPI's default, no {rsh}_no_tree_spawn): every daemon logs in to its children in
+        # the routing tree (routed_radix) with the same agent, which finds its own host's config (native/ssh_agent.c)
+        cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent)]
     cmd += ["--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
     if not _sets_mca(job.custom_options, "btl"):  # the custom options' own BTL list wins (mpirun refuses two)
         cmd += ["--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else ("^openib,ofi" if job.via_slurm else "^openib")]

@@ -83,7 +83,7 @@ _ERROR_LINE = re.compile(r"^\s*(?:mpirun|mpiexec|orterun|prterun|prte)\S*:\s*Err
 _BANNER = re.compile(r"^\s*-{10,}\s*$")
 _USAGE_HINT = re.compile(r"^\s*Type '\S+ --help'")
 _OWN_DIAGNOSTIC = re.compile(r"^\s*\[[^\]\s]+:\d+\]")  # "[algo-1:00020] plm:ssh: Warning: setpgid(...) failed"
-_AGENT = re.compile(r"^\s*ssh:")  # the rsh agent's own words: why no daemon started
+_AGENT = re.compile(r"^\s*(?:ssh|training-toolkit-ssh):")  # the rsh agent's own words (ssh's, or ours: native/ssh_agent.c)
 
 
 def mpirun_reason(tail: Sequence[str]) -> str | None:

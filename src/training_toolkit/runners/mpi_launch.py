@@ -206,7 +206,7 @@ def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str, at
         num_processes=options.num_processes,
         interface=ctx.job.resource.network_interface_name,
         rank_command=(str(native.path_of(native.RANK_PROGRAM)), rank_env.ATTEMPT_FLAG, str(attempt)),
-        rsh_agent=tuple(ssh.ssh_command(layout)) if layout is not None else (),
+        rsh_agent=(str(native.path_of(native.SSH_AGENT_PROGRAM)),) if layout is not None else (),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,
         via_slurm=layout is None,

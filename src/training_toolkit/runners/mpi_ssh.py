@@ -1,13 +1,18 @@
-"""This host's ssh for an MPI job: its keys, its sshd (every host but the first), the first host's client side.
+"""This host's ssh for an MPI job: its keys, its sshd (every host but the first), its client side (every host).
 
-Keys: the first host makes the job's client key, every other host its own host key, each from
-the OS's random generator (or all read from mounted keys); the public halves travel in the
-channel's introductions.  A worker writes its sshd files once it knows the client key (after
-joining) and starts sshd, spares included (a spare may be seated at a later attempt); the first
-host pins the workers' host keys once every host has joined (after the barrier), and again for a
-host that joined anew with a new key.  sshd admits the job's client key from the addresses it is
-given: the attempt's active hosts (``allow``), rewritten before each attempt's ranks can start.
-Not used through Slurm (no ssh at all).
+Open MPI launches its daemons as a tree (tree spawn): mpirun logs in to its children, each daemon to
+its own, so every host logs in to others.  Keys: every host makes its own client key, and every host
+but the first its own host key, each from the OS's random generator (or all read from mounted keys);
+only public halves travel, in the channel's introductions: each host's in its join, every host's in
+the first host's go.  A worker writes its sshd files and starts sshd once it has joined (spares
+included), admitting nobody yet; after each go it writes its client side (its client key, every
+worker's host key pinned) and then admits every host's client key, each from that host's addresses
+only (the attempt's active hosts: a spare admits nobody).  The first host pins the workers' host keys
+after the barrier and, before mpirun, probes each of the attempt's workers: a login succeeds only once
+that worker has written its files for the attempt, so when the probe is through, every host is ready
+for whichever logins the tree gives it.  Before a restart's barrier a worker admits nobody again; the
+first host ends its shared connections then, and probes again (a host whose ``train`` restarted
+rejoined with new keys, pinned anew).  Not used through Slurm (no ssh at all).
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
 from training_toolkit.runspec import Seating
-from training_toolkit.settings import Settings
+from training_toolkit.settings import SSH_CONFIG_VAR, Settings
 from training_toolkit.supervise.deadman import Deadman
 
-INTRO_CLIENT_KEY = "ssh_client_key"  # what the first host introduces: the public half of the job's client key
-INTRO_HOST_KEY = "ssh_host_key"  # what every other host introduces: the public half of its own host key
+INTRO_CLIENT_KEY = "ssh_client_key"  # what every host introduces: the public half of its own client key
+INTRO_HOST_KEY = "ssh_host_key"  # what every host but the first introduces: the public half of its own host key
 
 
 class SshPart:
@@ -38,9 +43,10 @@ class SshPart:
         self.port = settings.ssh_port
         self.layout: ssh.SshLayout | None = None
         self.sshd: ssh.Sshd | None = None
-        self._keys: ssh.KeyPair | None = None  # the client key on the first host, this host's host key elsewhere
-        self._client_public = ""  # a worker: the job's client key, as the first host introduced it
-        self._allowed: tuple[str, ...] = ()  # a worker: the addresses sshd admits the client key from, now
+        self._client: ssh.KeyPair | None = None  # this host's client key
+        self._host_key: ssh.KeyPair | None = None  # a worker: its host key
+        self._addresses: Mapping[str, Sequence[str]] = {}  # a worker: each job host's addresses (its key's from=)
+        self._trusted: tuple = ()  # a worker: the keys its files were last written for
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
         self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
         self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
@@ -53,54 +59,83 @@ class SshPart:
     def introduction(self) -> dict[str, str]:
         keys_dir = self.settings.ssh_keys
         mounted = ssh.load_keys(keys_dir) if keys_dir else None
+        self._client = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
         if self.is_master:
-            self._keys = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
-            return {INTRO_CLIENT_KEY: self._keys.public}
-        self._keys = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
-        return {INTRO_HOST_KEY: self._keys.public}
+            return {INTRO_CLIENT_KEY: self._client.public}
+        self._host_key = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
+        return {INTRO_CLIENT_KEY: self._client.public, INTRO_HOST_KEY: self._host_key.public}
 
-    def serve(self, seat: Seating, allowed_from: Sequence[str], session_env: Mapping[str, str]) -> None:
-        """A worker: write the server side (the client key admitted from ``allowed_from`` only) and start sshd."""
-        assert self._keys is not None and not self.is_master
-        master = seat.ctx.plan.hosts[0]
-        self._client_public = introduced(seat.introductions or {}, master, INTRO_CLIENT_KEY)
-        self._allowed = tuple(allowed_from)
+    def agent_environment(self) -> dict[str, str]:
+        """What this host's logins need (mpirun's environment, sshd's sessions): where its ssh config is."""
+        assert self.layout is not None
+        return {SSH_CONFIG_VAR: str(self.layout.ssh_config)}
+
+    def serve(self, seat: Seating, addresses: Mapping[str, Sequence[str]], session_env: Mapping[str, str]) -> None:
+        """A worker: write the server side, admitting nobody yet (``trust``, after the go), and start sshd.
+
+        ``addresses``: each job host's addresses, from which its client key alone is admitted.
+        """
+        assert self._host_key is not None and not self.is_master
+        self._addresses = dict(addresses)
+        directory = self._new_ssh_dir()
+        layout = ssh.SshLayout(directory, self.port)  # the sessions' variable names the client side written later
         self.layout = ssh.write_server_side(
-            self._new_ssh_dir(), host_key=self._keys, client_public=self._client_public, port=self.port,
-            allowed_from=self._allowed, user=_user(),
+            directory, host_key=self._host_key, authorized=(), port=self.port, user=_user(),
             listen_addresses=listen_addresses(seat.ctx.job.resource.network_interface_name, self.host),
-            session_env=session_env)
+            session_env={**session_env, SSH_CONFIG_VAR: str(layout.ssh_config)})
         self.sshd = ssh.Sshd(self.layout, sshd_path=self.settings.sshd)
         self.sshd.start()
 
-    def allow(self, allowed_from: Sequence[str]) -> None:
-        """A worker: sshd admits the client key from these addresses from the next login on (an attempt's hosts)."""
-        allowed = tuple(allowed_from)
-        if self.layout is None or self.is_master or allowed == self._allowed:
-            return
-        ssh.allow_from(self.layout, self._client_public, allowed)
-        self._allowed = allowed
+    def trust(self, seat: Seating) -> None:
+        """A worker, after a go: its client side (every worker's host key pinned), then every host's client key admitted.
 
-    def connect(self, seat: Seating, workers: Sequence[str]) -> None:
-        """The first host, after barrier 0: its client side with every worker's host key pinned; ``workers`` answer."""
-        assert self._keys is not None and self.is_master
+        In that order: the first host's probe gets in only once both are written.  Written again only when a
+        host's keys changed (one that rejoined), or after ``shut`` (a restart).
+        """
+        assert self.layout is not None and self._client is not None and not self.is_master
+        hosts = seat.ctx.plan.hosts
+        introductions = seat.introductions or {}
+        clients = tuple((introduced(introductions, host, INTRO_CLIENT_KEY), tuple(self._addresses[host]))
+                        for host in hosts)
+        pinned = {host: introduced(introductions, host, INTRO_HOST_KEY) for host in hosts[1:]}
+        if (clients, pinned) == self._trusted:
+            return
+        ssh.write_client_side(self.layout.directory, client_key=self._client, host_keys=pinned, port=self.port,
+                              shared_connections=False)
+        ssh.admit(self.layout, clients)
+        self._trusted = (clients, pinned)
+
+    def shut(self) -> None:
+        """A worker, before a restart's barrier: admit nobody until the next go's keys are written (``trust``)."""
+        if self.layout is not None and not self.is_master:
+            ssh.admit(self.layout, ())
+            self._trusted = ()
+
+    def connect(self, seat: Seating) -> None:
+        """The first host, after barrier 0: its client side with every worker's host key pinned (spares included)."""
+        assert self._client is not None and self.is_master
         self._pinned = host_keys(seat)
-        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._keys, host_keys=self._pinned,
+        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._client, host_keys=self._pinned,
                                             port=self.port)
+
+    def probe(self, seat: Seating, workers: Sequence[str]) -> None:
+        """The first host, before mpirun: each of the attempt's ``workers`` lets it in, which it does only once it has
+        written the go's keys (``trust``): then every host is ready for whichever logins the tree gives it."""
+        assert self.layout is not None and self.is_master
         ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s))
 
     def repin(self, seat: Seating) -> None:
-        """The first host, after a restart's barrier: a host whose ``train`` restarted rejoined with a new key."""
-        assert self.layout is not None and self._keys is not None
+        """The first host, after a restart's barrier: new keys of a host that rejoined pinned; its connections ended."""
+        assert self.layout is not None and self._client is not None
         keys = host_keys(seat)
-        if keys == self._pinned:
-            return
-        changed = sorted(host for host in keys if keys[host] != self._pinned.get(host))
-        log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
-        ssh.end_connections(self.layout)  # shared connections to an sshd that is gone
-        self._pinned = keys
-        ssh.repin_host_keys(self.layout, keys, port=self.port)
-        ssh.wait_for_ssh(self.layout, changed, deadline_s=min(60.0, seat.join_timeout_s))
+        if keys != self._pinned:
+            changed = sorted(host for host in keys if keys[host] != self._pinned.get(host))
+            log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
+            self._pinned = keys
+            ssh.repin_host_keys(self.layout, keys, port=self.port)
+        # every worker admits nobody from before this barrier until it has the go's keys: a shared connection
+        # would skip that in the probe (and one to an sshd that is gone is of no use)
+        ssh.end_connections(self.layout)
 
     def close(self) -> None:
         if self.layout is not None and self.is_master:

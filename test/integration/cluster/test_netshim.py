@@ -8,7 +8,9 @@ algo-2's orted connect to mpirun (read off the bridge), then holds a connection 
 every listener of both hosts and sends 4 KiB of garbage to each.  With the shim
 (the default) the job succeeds and ends as soon as its ranks do, with no complaint
 of Open MPI in its output; with ``TRAINING_TOOLKIT_NETSHIM=off`` the replay reaches
-mpirun in the guard's window and the job dies (exit 205), which shows the test can fail.
+mpirun in the guard's window and the job dies (exit 205, or, since mpirun launches its daemons as a tree,
+1 in about half the runs: "ORTE was unable to reliably start one or more daemons"), which shows the test
+can fail.
 
 And the shim alone in a program of its own, on namespace hosts: accept() (Open MPI's call)
 and accept4() (Python's), on a blocking and a nonblocking listener, skip an outsider's
@@ -128,8 +130,11 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
     assert "cannot attach a socket filter" in log, log[-3000:]  # the guard could only cut, as in a container
     print(f"{flavor}, shim {shim}: exit codes {[r.exit_code for r in results]}")
     if shim == "off":  # the replay reached the runtime in the guard's window, and ended the job
-        if flavor == "openmpi4":
-            assert [r.exit_code for r in results] == [205, 205], ([r.failure for r in results], log[-3000:])
+        if flavor == "openmpi4":  # mpirun took the outsider for its daemon and aborted (205), or, launching the
+            # daemons as a tree (its default, since tree spawn), found one it could not count as started (1)
+            codes = [r.exit_code for r in results]
+            assert codes == [205, 205] or (codes == [1, 1] and "ORTE was unable to reliably start one or more daemons"
+                                           in log), ([r.failure for r in results], log[-3000:])
         else:  # PRRTE took the outsider for its daemon and ended the job, no rank finished, and prterun exited 0:
             # the toolkit's verdict is a failure all the same, the code Open MPI 4 uses (mpi_failure.lost_a_daemon)
             assert "PRTE has lost communication with a remote daemon" in log, log[-3000:]

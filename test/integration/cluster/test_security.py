@@ -7,10 +7,12 @@ succeed, and nothing may be left running.  See docs/security.md.
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 
@@ -85,3 +87,80 @@ def test_mounted_keys_at_0644_without_a_secret(tmp_path):
     assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
     assert sorted(rank_files(results)) == [0, 1]
     assert stat.S_IMODE((keys / "id_ed25519").stat().st_mode) == 0o644  # the mount is left alone
+
+
+def steal_client_key(cluster, host: str, into) -> str:
+    """A copy of ``host``'s job client key (as someone already on it could take it): its path."""
+    (found,) = glob.glob(f"/proc/{cluster.host(host).pid}/root/run/training-toolkit-ssh-*/client_key")
+    into.write_bytes(open(found, "rb").read())
+    into.chmod(0o600)
+    return str(into)
+
+
+def login(cluster, from_host: str, key: str, to_host: str) -> str:
+    """An ssh login from ``from_host`` to ``to_host``'s sshd with ``key`` alone, host keys unchecked (an attacker's)."""
+    argv = ["ssh", "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+            f"root@{to_host}", "echo", "in"]
+    out = cluster.run(from_host, argv, env={"PATH": os.environ["PATH"]}, timeout=30, capture_output=True,
+                      stdin=subprocess.DEVNULL)
+    text = out.stdout.decode(errors="replace")
+    return "logged in" if out.returncode == 0 and "in" in text else "refused: " + out.stderr.decode(errors="replace")[-200:]
+
+
+def test_a_hosts_key_opens_nothing_from_another_address_nor_another_jobs_hosts(tmp_path):
+    """Every host holds a client key now (tree spawn): each is admitted from its own host's address only, and
+    only by the job that made it.  A key copied off algo-2 (someone already on it) logs in to algo-3 from algo-2
+    (the control: it is a working key), but not from the outsider's address nor from algo-3's (another job
+    host), and not into the next job on the same hosts, at the same addresses, even from algo-2."""
+    src = source_dir(tmp_path, "wait_for_file.py")
+    tried: dict[str, str] = {}
+
+    def job(n: int) -> LocalJob:
+        until = tmp_path / f"done-{n}"
+        return LocalJob(hosts=HOSTS, env=FAST, outsiders=("stranger",),
+                        hyperparameters=hps("wait_for_file.py", src, sagemaker_mpi_enabled=True,
+                                            sagemaker_mpi_num_of_processes_per_host=1, until=str(until)))
+
+    def attempts(n: int, cluster_of: dict):
+        def on_start(procs):
+            cluster = cluster_of["cluster"]
+            try:
+                wait_for_keys(cluster)
+                key = steal_client_key(cluster, "algo-2", tmp_path / f"algo-2-key-{n}")
+                tried[f"{n}: algo-2's key from algo-2"] = login(cluster, "algo-2", key, "algo-3")
+                if n == 1:
+                    tried["1: algo-2's key from the outsider"] = login(cluster, "stranger", key, "algo-3")
+                    tried["1: algo-2's key from algo-3"] = login(cluster, "algo-3", key, "algo-2")
+                else:
+                    tried["2: job 1's algo-2 key from algo-2"] = login(cluster, "algo-2", str(tmp_path / "algo-2-key-1"),
+                                                                       "algo-3")
+            finally:
+                (tmp_path / f"done-{n}").touch()
+        return on_start
+
+    for n in (1, 2):
+        cluster_of: dict = {}
+        results = run(job(n), tmp_path / f"run-{n}", before_start=lambda c, box=cluster_of: box.update(cluster=c),
+                      on_start=attempts(n, cluster_of))
+        assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
+    assert tried["1: algo-2's key from algo-2"] == "logged in", tried
+    assert tried["2: algo-2's key from algo-2"] == "logged in", tried
+    assert tried["1: algo-2's key from the outsider"].startswith("refused"), tried
+    assert tried["1: algo-2's key from algo-3"].startswith("refused"), tried
+    assert tried["2: job 1's algo-2 key from algo-2"].startswith("refused"), tried
+    assert not ours_running()
+
+
+def wait_for_keys(cluster, timeout_s: float = 90) -> None:
+    """Until algo-2 holds its client key and algo-2's and algo-3's sshd admit the job's keys (after the go)."""
+    deadline = time.monotonic() + timeout_s
+
+    def written(host: str, name: str) -> bool:
+        found = glob.glob(f"/proc/{cluster.host(host).pid}/root/run/training-toolkit-ssh-*/{name}")
+        return bool(found) and os.path.getsize(found[0]) > 0
+
+    while not (written("algo-2", "client_key") and written("algo-2", "authorized_keys")
+               and written("algo-3", "authorized_keys")):
+        assert time.monotonic() < deadline, "the workers never admitted the job's keys"
+        time.sleep(0.1)

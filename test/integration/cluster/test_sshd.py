@@ -81,8 +81,8 @@ def setup(base: Path, port: int, name: str = "ssh", *, client_key: KeyPair | Non
           allowed_from=(HOST,), pinned: str | None = None) -> Pair:
     client_key = client_key or generate_keypair("client")
     host_key = host_key or generate_keypair("host")
-    server = write_server_side(base / f"{name}-server", host_key=host_key, client_public=client_key.public,
-                               allowed_from=list(allowed_from), port=port, user="root", listen_addresses=[HOST])
+    server = write_server_side(base / f"{name}-server", host_key=host_key,
+                               authorized=[(client_key.public, list(allowed_from))], port=port, user="root", listen_addresses=[HOST])
     client = write_client_side(base / f"{name}-client", client_key=client_key, host_keys={HOST: pinned or host_key.public},
                                port=port, aliases={HOST: [ALIAS]})
     return Pair(server, client, client_key, host_key)

@@ -266,6 +266,55 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
         srv.close()
 
 
+def test_every_go_carries_every_seated_hosts_introduction():
+    """Each worker learns every other host's introduction (MPI's keys for tree spawn) from the go, not only the
+    first host's; a host that rejoined with a new introduction is in the next go with it.  Large enough for
+    a thousand hosts' keys: a go is read up to the welcome's limit, not a plain frame's."""
+    from training_toolkit.cluster.events import PeerLost
+
+    hosts = ("m", "w1", "w2")
+    events = SimpleQueue()
+    srv = ControlServer(SECRET, hosts[1:], free_port(), events, bind="127.0.0.1", heartbeat_s=0.1,
+                        timeout_s=2.0, hosts=hosts, introduction={"k": "first"})
+    srv.start()
+    first = FirstHost(srv, events)
+    big = "x" * 4000  # two of these per host in MPI's keys would be 8 KB; 4 KB is the longest value allowed
+    clients = {}
+    try:
+        for host in hosts[1:]:
+            c = ControlClient(SECRET, host, "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
+                              introduction={"k": f"{host}-0", "pad": big})
+            c.connect(5)
+            c.hosts = hosts
+            clients[host] = c
+            c.ready(0)
+        first.wait_ready(5)
+        assert clients["w1"].peers == {}  # nothing before the go
+        srv.release()
+        for c in clients.values():
+            c.wait_go(5, 0)
+            assert c.peers == {h: {"k": f"{h}-0", "pad": big} for h in hosts[1:]}
+        clients["w2"].close()  # its train died: the link ends
+        assert isinstance(first.get(), PeerLost)
+        again = ControlClient(SECRET, "w2", "127.0.0.1", srv.port, SimpleQueue(), heartbeat_s=0.1, timeout_s=2.0,
+                              introduction={"k": "w2-1"})
+        again.connect(5)
+        again.hosts = hosts
+        clients["w2"] = again
+        again.ready(1)
+        first.restart(1, "w2: left the job")
+        clients["w1"].ready(1)
+        first.wait_ready(5)
+        srv.release()
+        for c in clients.values():
+            c.wait_go(5, 1)
+            assert c.peers == {"w1": {"k": "w1-0", "pad": big}, "w2": {"k": "w2-1"}}
+    finally:
+        for c in clients.values():
+            c.close()
+        srv.close()
+
+
 def test_without_spares_a_loss_during_a_restarts_barrier_is_still_the_jobs_failure():
     hosts = ("m", "w1")
     events = SimpleQueue()

@@ -18,15 +18,16 @@ from training_toolkit.cluster.ssh import (
     SshError,
     SshLayout,
     SshLayoutError,
+    admit,
     generate_keypair,
     load_keys,
     new_ssh_dir,
     ssh_command,
     write_client_side,
     write_server_side,
-    allow_from,
 )
 from training_toolkit.cluster.ssh.config import (
+    render_authorized,
     render_authorized_keys,
     render_known_hosts,
     render_ssh_config,
@@ -137,6 +138,36 @@ def test_render_authorized_keys_exact():
         render_authorized_keys("ssh-ed25519 AAAAkey", ['1.2.3.4" command="sh'])
 
 
+def test_render_authorized_exact():
+    """Each host's client key from its own addresses only; none at all admits nobody (an empty file)."""
+    assert render_authorized([("ssh-ed25519 AAAAone c@algo-1", ["192.0.2.11"]),
+                              ("ssh-ed25519 AAAAtwo c@algo-2", ["192.0.2.12", "2001:db8::12"])]) == (
+        'from="192.0.2.11",restrict ssh-ed25519 AAAAone c@algo-1\n'
+        'from="192.0.2.12,2001:db8::12",restrict ssh-ed25519 AAAAtwo c@algo-2\n'
+    )
+    assert render_authorized([]) == ""
+    # one key of several hosts (mounted keys): one line from all their addresses
+    assert render_authorized([("ssh-ed25519 AAAAone c@a", ["192.0.2.11"]), ("ssh-ed25519 AAAAtwo", ["192.0.2.12"]),
+                              ("ssh-ed25519 AAAAone other", ["192.0.2.13"])]) == (
+        'from="192.0.2.11,192.0.2.13",restrict ssh-ed25519 AAAAone c@a\n'
+        'from="192.0.2.12",restrict ssh-ed25519 AAAAtwo\n'
+    )
+    with pytest.raises(SshLayoutError, match="no address"):
+        render_authorized([("ssh-ed25519 AAAAone", ["192.0.2.11"]), ("ssh-ed25519 AAAAtwo", [])])
+
+
+def test_admit_replaces_the_keys_whole(tmp_path):
+    host, one, two = generate_keypair("h"), generate_keypair("1"), generate_keypair("2")
+    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, authorized=[], port=2222, user="root")
+    assert layout.authorized_keys.read_text() == ""
+    admit(layout, [(one.public, ["192.0.2.11"]), (two.public, ["192.0.2.12"])])
+    assert layout.authorized_keys.read_text() == render_authorized([(one.public, ["192.0.2.11"]),
+                                                                    (two.public, ["192.0.2.12"])])
+    assert mode(layout.authorized_keys) == 0o600
+    admit(layout, [])
+    assert layout.authorized_keys.read_text() == ""
+
+
 def test_render_ssh_config_exact():
     text = render_ssh_config(identity_file=Path("/run/tt/client_key"), known_hosts=Path("/run/tt/known_hosts"), port=2222)
     assert text == (
@@ -212,8 +243,8 @@ def sticky_parent(tmp_path: Path) -> Path:
 
 def test_server_side_modes_and_contents(tmp_path):
     host, client = generate_keypair("h"), generate_keypair("c")
-    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, client_public=client.public,
-                               allowed_from=["192.0.2.11"], port=2222, user="root", listen_addresses=["192.0.2.12"])
+    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, authorized=[(client.public, ["192.0.2.11"])],
+                               port=2222, user="root", listen_addresses=["192.0.2.12"])
     assert mode(layout.directory) == 0o700
     assert sorted(p.name for p in layout.directory.iterdir()) == ["authorized_keys", "host_key", "sshd_config"]
     for path in layout.directory.iterdir():
@@ -228,15 +259,15 @@ def test_server_side_modes_and_contents(tmp_path):
 
 def test_an_attempts_hosts_replace_the_addresses_the_client_key_is_admitted_from(tmp_path):
     host, client = generate_keypair("h"), generate_keypair("c")
-    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, client_public=client.public,
-                               allowed_from=["192.0.2.11", "192.0.2.12", "192.0.2.13"], port=2222, user="root")
-    allow_from(layout, client.public, ["192.0.2.11", "192.0.2.13"])
+    layout = write_server_side(sticky_parent(tmp_path) / "ssh", host_key=host, port=2222, user="root",
+                               authorized=[(client.public, ["192.0.2.11", "192.0.2.12", "192.0.2.13"])])
+    admit(layout, [(client.public, ["192.0.2.11", "192.0.2.13"])])
     assert layout.authorized_keys.read_text() == render_authorized_keys(client.public, ["192.0.2.11", "192.0.2.13"])
     assert layout.authorized_keys.read_text().startswith('from="192.0.2.11,192.0.2.13",restrict ')
     assert mode(layout.authorized_keys) == 0o600
     assert sorted(p.name for p in layout.directory.iterdir()) == ["authorized_keys", "host_key", "sshd_config"]
     with pytest.raises(SshLayoutError, match="no address"):
-        allow_from(layout, client.public, [])  # an empty list would admit from anywhere: refused
+        admit(layout, [(client.public, [])])  # a key without addresses would be admitted from anywhere: refused
     assert layout.authorized_keys.read_text() == render_authorized_keys(client.public, ["192.0.2.11", "192.0.2.13"])
 
 
@@ -261,6 +292,18 @@ def test_no_shared_connection_where_its_socket_path_would_not_fit(tmp_path):
     deep = tmp_path / ("d" * 60)
     layout = write_client_side(deep, client_key=generate_keypair("c"), host_keys={"algo-2": KEY_2}, port=22)
     assert "ControlPath" not in layout.ssh_config.read_text()
+
+
+def test_a_workers_client_side_shares_no_connection():
+    """A daemon's logins (tree spawn) leave no ControlMaster behind: the session ends with the job's daemon."""
+    directory = new_ssh_dir(Path("/tmp"))
+    try:
+        layout = write_client_side(directory, client_key=generate_keypair("c"), host_keys={"algo-2": KEY_2}, port=22,
+                                   shared_connections=False)
+        assert layout.ssh_config.read_text() == render_ssh_config(identity_file=layout.client_key,
+                                                                  known_hosts=layout.known_hosts, port=22)
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_new_ssh_dirs_are_private_and_new_each_time(tmp_path):

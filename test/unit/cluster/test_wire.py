@@ -132,6 +132,22 @@ def test_a_gos_active_hosts(value, expected):
     assert wire.active({"active": value}, JOB) == expected
 
 
+def test_a_gos_introductions():
+    intros = {"algo-2": {"ssh_client_key": "ssh-ed25519 AAAA c", "ssh_host_key": "ssh-ed25519 BBBB h"}}
+    assert wire.introductions({"intros": intros}, JOB) == intros
+    assert wire.introductions({}, JOB) == {}  # a go with none (a first host that has no introductions)
+
+
+@pytest.mark.parametrize("value", [
+    [], "x", {"algo-9": {}}, {"algo-2": "key"}, {"algo-2": {"k": 1}}, {"algo-2": {f"k{i}": "v" for i in range(9)}},
+    {"algo-2": {"k": "v" * 5000}},
+])
+def test_a_gos_introductions_refused(value):
+    """Not a map, a host not of the job, an introduction that is not a small map of short strings."""
+    with pytest.raises(wire.FrameError):
+        wire.introductions({"intros": value}, JOB)
+
+
 @pytest.mark.parametrize("value", [
     [], ["algo-2", "algo-1"], ["algo-1", "algo-9"], ["algo-1", "algo-1"], "algo-1", [1], None,
 ])
@@ -139,3 +155,19 @@ def test_a_gos_active_hosts_refused(value):
     """Not the job's first host first, a host not of the job, a host twice, not a list of names."""
     with pytest.raises(wire.FrameError):
         wire.active({"active": value}, JOB)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=8), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12), max_size=4), st.integers(0, 10**6))
+def test_a_frame_signed_with_shared_fields_is_the_frame_of_those_values(fields, seq):
+    """``shared`` (encoded once for many links) changes nothing on the wire: the same bytes, the same check."""
+    fields = {name: value for name, value in fields.items() if name not in ("t", "seq", "mac")}
+    names = sorted(fields)
+    shared = wire.shared_fields({name: fields[name] for name in names[::2]})
+    rest = {name: fields[name] for name in names[1::2]}
+    key = b"k" * 32
+    frame = wire.sign(key, seq, "go", rest, shared)
+    assert frame == wire.sign(key, seq, "go", fields)
+    assert wire.open_signed(key, seq, wire.decode(frame, wire.MAX_WELCOME)) == {**fields, "t": "go", "seq": seq}

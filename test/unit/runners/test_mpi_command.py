@@ -5,7 +5,7 @@ from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 
 RANK = ("/venv/native/training-toolkit-rank",)
 JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
-             rank_command=RANK, rsh_agent=("ssh", "-F", "/run/x/ssh_config"),
+             rank_command=RANK, rsh_agent=("/opt/tt/native/training-toolkit-ssh",),
              custom_options=("--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
 
 # the BTL's listeners in the range the listener guard filters (cluster/guard.py), whatever the flavour
@@ -17,7 +17,7 @@ def test_openmpi4_command_exactly():
     assert mpirun_command(JOB, "openmpi4") == [
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--allow-run-as-root", "--tag-output",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-        "--mca", "plm_rsh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--mca", "plm_rsh_agent", "/opt/tt/native/training-toolkit-ssh",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
         *BTL_PORTS,
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
@@ -31,7 +31,7 @@ def test_openmpi5_command_exactly():
     assert mpirun_command(job, "openmpi5", mpirun="/opt/bin/mpirun") == [
         "/opt/bin/mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--output", "tag",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-        "--mca", "plm_ssh_agent", "ssh -F /run/x/ssh_config", "--mca", "plm_ssh_no_tree_spawn", "1",
+        "--mca", "plm_ssh_agent", "/opt/tt/native/training-toolkit-ssh",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
         *BTL_PORTS, *RANK,
     ]

@@ -31,6 +31,14 @@ def test_the_rsh_agents_line_is_the_cause():
         "Name or service not known")
 
 
+def test_the_agents_own_line_is_the_cause_too():
+    tail = ["training-toolkit-ssh: TRAINING_TOOLKIT_SSH_CONFIG is not set: this host's job ssh config is not known here",
+            *OPEN_MPI_4_SSH_FAILURE[1:]]
+    assert describe_mpi_failure(tail, ("algo-1", "algo-2"), 1, ExitStatus(255)) == (
+        "algo-1: mpirun exited with code 255: training-toolkit-ssh: TRAINING_TOOLKIT_SSH_CONFIG is not set: "
+        "this host's job ssh config is not known here")
+
+
 def test_a_rule_is_never_the_summary():
     assert summary_line("mpirun exited with code 1", ["try again.", RULE, ""]) == "mpirun exited with code 1: try again."
     assert summary_line("x", [RULE, "=" * 10]) == "x"

@@ -10,7 +10,8 @@ Here every piece is per job and lives in a new private directory of our own
 * our sshd runs with its own config (``-f``), never the system one, so a base
   image's ``/etc/ssh`` cannot weaken or break it, and admits the job's client
   key only, from the job's hosts only, for nothing but a command (``config``);
-* clients use ``ssh -F <our config>``, which also skips ``/etc/ssh/ssh_config``
+* clients use ``ssh -F <our config>`` (Open MPI through ``training-toolkit-ssh``,
+  native/ssh_agent.c, the same agent string on every host), which also skips ``/etc/ssh/ssh_config``
   and ``~/.ssh/config``; each peer's host key is pinned in our ``known_hosts``
   under every name it is reached by, so there is never a prompt and never
   ``StrictHostKeyChecking no``.
@@ -24,7 +25,7 @@ from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshdError, Ssh
 from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair, MountedKeys, generate_keypair, load_keys
 from training_toolkit.cluster.ssh.layout import (
     SshLayout,
-    allow_from,
+    admit,
     end_connections,
     new_ssh_dir,
     repin_host_keys,
@@ -38,5 +39,5 @@ from training_toolkit.cluster.ssh.sshd import Sshd
 __all__ = [
     "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
     "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
-    "SshLayout", "allow_from", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
+    "SshLayout", "admit", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
 ]

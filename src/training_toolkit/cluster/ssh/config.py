@@ -117,6 +117,25 @@ def render_authorized_keys(client_public: str, allowed_from: Sequence[str]) -> s
     return f'from="{",".join(dict.fromkeys(allowed_from))}",restrict {key}\n'
 
 
+def render_authorized(entries: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """Several hosts' client keys, each from its own host's addresses (``render_authorized_keys`` per key).
+
+    No entry at all is an empty file, which admits nobody: what a host's sshd starts with before it
+    knows the job's keys (runners/mpi_ssh.py).  One key several hosts hold (mounted keys: the same pair
+    on every host) is one line, from all their addresses: sshd may stop at the first line of a key
+    whose ``from=`` does not match.
+    """
+    merged: dict[str, list[str]] = {}
+    comments: dict[str, str] = {}
+    for public, addresses in entries:
+        if not addresses:
+            raise SshLayoutError(f"no address to admit the client key {public!r} from")
+        key = " ".join(public.split()[:2])
+        comments.setdefault(key, public)
+        merged.setdefault(key, []).extend(addresses)
+    return "".join(render_authorized_keys(comments[key], addresses) for key, addresses in merged.items())
+
+
 def render_ssh_config(
     *,
     identity_file: Path,

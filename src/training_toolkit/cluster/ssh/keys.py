@@ -1,8 +1,9 @@
 """The job's SSH keys: made here from the OS's random generator, or read from a mounted secret.
 
 Without mounted keys, every private key is generated on the host that uses it
-(the client key on the first host, which runs mpirun; each host key on its own
-host) and never leaves it: only public keys travel, over the control channel.
+(each host's client key, for mpirun's and its daemons' logins: tree spawn; each
+host key on its own host) and never leaves it: only public keys travel, over the
+control channel.
 Nothing an outsider can know (job name, host names, the toolkit's code) helps
 to compute them.  See docs/security.md.
 """

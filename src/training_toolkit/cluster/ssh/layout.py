@@ -1,8 +1,9 @@
 """Where a job's ssh files live, and writing them safely.
 
 Each host writes only what its side needs: a host that runs sshd (a worker)
-its host key, the authorized client key and sshd_config; the host that runs
-mpirun (the first) its client key, the pinned host keys and ssh_config.  The
+its host key, the authorized client keys and sshd_config; a host that logs in
+to others (every host: mpirun on the first, Open MPI's daemons elsewhere) its
+client key, the pinned host keys and ssh_config.  The
 directory is new for each job, private (0700, files 0600), on tmpfs where it
 can be (/run), and removed when the job ends.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from training_toolkit.cluster.ssh.config import (
     check_port,
-    render_authorized_keys,
+    render_authorized,
     render_known_hosts,
     render_ssh_config,
     render_sshd_config,
@@ -100,17 +101,19 @@ def write_server_side(
     directory: Path,
     *,
     host_key: KeyPair,
-    client_public: str,
-    allowed_from: Sequence[str],
+    authorized: Sequence[tuple[str, Sequence[str]]],
     port: int,
     user: str,
     listen_addresses: Sequence[str] = (),
     session_env: Mapping[str, str] | None = None,
 ) -> SshLayout:
-    """What a host that runs sshd needs: its host key, the job's client key (from the job's hosts only), sshd_config."""
+    """What a host that runs sshd needs: its host key, the client keys it admits (each from its addresses), sshd_config.
+
+    ``authorized``: (public key, the addresses it is admitted from) each; none admits nobody yet (``admit`` later).
+    """
     layout, strict_modes = _prepare(directory, port)
     _write_file(layout.host_key, host_key.private, 0o600)
-    _write_file(layout.authorized_keys, render_authorized_keys(client_public, allowed_from).encode(), 0o600)
+    _write_file(layout.authorized_keys, render_authorized(authorized).encode(), 0o600)
     config = render_sshd_config(host_key=layout.host_key, authorized_keys=layout.authorized_keys, pid_file=layout.pid_file,
                                 port=port, user=user, listen_addresses=listen_addresses, strict_modes=strict_modes,
                                 session_env=session_env)
@@ -125,24 +128,29 @@ def write_client_side(
     host_keys: Mapping[str, str],
     port: int,
     aliases: Mapping[str, Sequence[str]] | None = None,
+    shared_connections: bool = True,
 ) -> SshLayout:
-    """What the host that runs mpirun needs: the client key, every peer's pinned host key, ssh_config."""
+    """What a host that logs in to others needs: the client key, every peer's pinned host key, ssh_config.
+
+    ``shared_connections``: the first host's probe leaves one connection per peer for mpirun's logins
+    (``ControlMaster``); a worker's logins (tree spawn: its daemon starting others) need none.
+    """
     layout, _ = _prepare(directory, port)
     known_hosts = render_known_hosts(host_keys, port=port, aliases=aliases)
     _write_file(layout.client_key, client_key.private, 0o600)
     _write_file(layout.known_hosts, known_hosts.encode(), 0o600)
     config = render_ssh_config(identity_file=layout.client_key, known_hosts=layout.known_hosts, port=port,
-                               control_path=layout.control_path)
+                               control_path=layout.control_path if shared_connections else None)
     _write_file(layout.ssh_config, config.encode(), 0o600)
     return layout
 
 
-def allow_from(layout: SshLayout, client_public: str, allowed_from: Sequence[str]) -> None:
-    """Replace the addresses the job's client key is admitted from (an attempt's active hosts), whole.
+def admit(layout: SshLayout, authorized: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Replace the client keys sshd admits (each from its addresses), whole; none: nobody.
 
     sshd reads ``authorized_keys`` at each login, so the next connection sees the new list.
     """
-    _write_file(layout.authorized_keys, render_authorized_keys(client_public, allowed_from).encode(), 0o600)
+    _write_file(layout.authorized_keys, render_authorized(authorized).encode(), 0o600)
 
 
 def repin_host_keys(layout: SshLayout, host_keys: Mapping[str, str], *, port: int,
