@@ -193,10 +193,11 @@ else:
 # a bare mpirun logs in to each host itself, as it does on any cluster (left open, they spared the
 # bare baseline the logins the toolkit's own job pays: 0.1-0.2 s per host here).
 WAIT_FOR_SSH = """\
+import os
 import sys
 from pathlib import Path
 from training_toolkit.cluster import ssh
 layout = ssh.SshLayout(Path(sys.argv[1]), 22)
-ssh.wait_for_ssh(layout, sys.argv[2:], deadline_s=30)
+ssh.wait_for_ssh(layout, sys.argv[2:], deadline_s=30, environ=os.environ)
 ssh.end_connections(layout)
 """

@@ -66,11 +66,12 @@ def look(path: Path) -> DirFacts | None:
     return DirFacts(st.st_uid, stat.S_IMODE(st.st_mode), os.access(path, os.W_OK | os.X_OK))
 
 
-def parent(environ: Mapping[str, str] | None = None) -> Path:
-    """This host's parent for runtime directories (``choose_parent`` on this host's facts)."""
-    return choose_parent(os.environ if environ is None else environ, os.geteuid(), look)
+def parent(environ: Mapping[str, str]) -> Path:
+    """This host's parent for runtime directories (``choose_parent`` on this host's facts and the toolkit's
+    environment as read at its start: ``RunContext.environ``)."""
+    return choose_parent(environ, os.geteuid(), look)
 
 
-def new_private_dir(prefix: str, under: Path | None = None) -> Path:
-    """A new 0700 directory of a random name under ``under`` (default: ``parent()``); OSError if it cannot be made."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=under if under is not None else parent()))
+def new_private_dir(prefix: str, under: Path) -> Path:
+    """A new 0700 directory of a random name under ``under`` (``parent``); OSError if it cannot be made."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=under))

@@ -22,11 +22,6 @@ ALLOWED = {
     "ps_server.py": "the parameter server's own program: the TF_CONFIG its runner gave it",
     "local/reaper.py": "the reaper's own program: the launcher's environment (DOCKER_HOST) through its dead-man switch",
     "stackhook/sitecustomize.py": "runs inside the user's ranks, not the toolkit: where its runner said stacks go",
-    # fallbacks for callers that are not handed an environment yet (owned by other work; docs/development.md)
-    "rundir.py": "parent()'s fallback: runners/mpi.py, stacks.py, and (from runners/mpi*.py) ssh.new_ssh_dir and "
-                 "rank_env's rank file paths call it bare",
-    "cluster/ssh/probe.py": "wait_for_ssh's fallback: runners/mpi_ssh.py does not pass ctx.environ yet",
-    "stacks.py": "py-spy's PATH; owned by the agent package's work",
 }
 
 

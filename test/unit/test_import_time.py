@@ -18,7 +18,6 @@ PURE = {"re.compile", "frozenset", "tuple", "str", "object", "TypeVar", "Path", 
 AT_IMPORT = {
     "__main__.py": "`python -m training_toolkit`: running `main` when run is its job",
     "stackhook/sitecustomize.py": "it is the user's ranks' sitecustomize: installing its hook at import is its job",
-    "stacks.py": "Path(__file__).resolve() (the hook's directory); owned by the agent package's work",
 }
 
 

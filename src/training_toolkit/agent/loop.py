@@ -88,7 +88,7 @@ class HostAgent:
         self._in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
-        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched)
+        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         stop_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.first_host(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,

@@ -33,12 +33,15 @@ class StallWatch:
 
     ``events``: the agent's queue (progress and the gathered stacks go there); ``py_spy``: the setting
     (``stacks.pyspy_path``); ``watched``: the runner's choice of processes whose stacks show (None: every
-    local process still running).
+    local process still running); ``environ``: the toolkit's environment, which says where runtime
+    directories go (``rundir``).
     """
 
     def __init__(self, events: SimpleQueue, timeout_s: float | None, py_spy: str | None = None,
-                 watched: Callable[[list[Local]], list[stacks.Watched]] | None = None):
+                 watched: Callable[[list[Local]], list[stacks.Watched]] | None = None,
+                 environ: Mapping[str, str] | None = None):
         self._events = events
+        self._environ = environ or {}
         self._timeout_s = timeout_s
         self._py_spy = py_spy
         self._watched = watched
@@ -49,10 +52,10 @@ class StallWatch:
         """Stalls are watched from now on (a job id names the directory the hosts' files go to)."""
         if self._timeout_s is None:
             return
-        from training_toolkit import stacks
+        from training_toolkit import rundir, stacks
         from training_toolkit.agent.progress import ProgressWatch  # a job not watched does without
 
-        self.watch_dir = stacks.watch_dir(job_id or None)
+        self.watch_dir = stacks.watch_dir(job_id or None, rundir.parent(self._environ))
         self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
 
     def close(self) -> None:

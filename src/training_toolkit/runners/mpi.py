@@ -82,7 +82,7 @@ class MpiHost:
         self.is_master = ctx.plan.hosts[0] == self.host
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
-        self.ssh = None if self.via_slurm else SshPart(self.host, self.is_master, ctx.settings)
+        self.ssh = None if self.via_slurm else SshPart(self.host, self.is_master, ctx.settings, ctx.environ)
         self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
         self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
@@ -136,8 +136,9 @@ class MpiHost:
         """This host's ranks' file, at a path of its own: of no attempt yet, so no rank starts from it (``start``)."""
         # through Slurm every daemon gets mpirun's one environment: each host's directory is named after its node,
         # and the daemons find theirs from a path they complete with their own node's name (slurm_paths)
-        path = self._rank_file = (rank_env.node_rank_file_path(self.rank_tag, self.host) if self.via_slurm
-                                  else rank_env.new_rank_file_path(self.rank_tag))
+        where = rundir.parent(seat.ctx.environ)
+        path = self._rank_file = (rank_env.node_rank_file_path(self.rank_tag, self.host, where) if self.via_slurm
+                                  else rank_env.new_rank_file_path(self.rank_tag, where))
         self._rank_tripwire = Deadman([f"{RANK_TAG_VAR}={self.rank_tag}"], [path.parent])
         rank_env.write_rank_file(path, self._rank_file_data(seat, self._shim, attempt=None))
 
@@ -281,7 +282,7 @@ def describe(ctx: RunContext) -> dict:
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """
-    parent = rundir.parent()
+    parent = rundir.parent(ctx.environ)
     via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM
     layout = None if via_slurm else ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
     rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME

@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from training_toolkit import rundir
 from training_toolkit.cluster import netaddr, ssh
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
@@ -36,8 +37,9 @@ INTRO_HOST_KEY = "ssh_host_key"  # what every host but the first introduces: the
 class SshPart:
     """What this host holds of the job's ssh; ``close`` ends sshd and removes the directory."""
 
-    def __init__(self, host: str, is_master: bool, settings: Settings):
+    def __init__(self, host: str, is_master: bool, settings: Settings, environ: Mapping[str, str]):
         self.host = host
+        self.environ = environ  # the toolkit's, as read at its start: where the directory goes, what ssh runs with
         self.is_master = is_master
         self.settings = settings
         self.port = settings.ssh_port
@@ -52,7 +54,7 @@ class SshPart:
         self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
 
     def _new_ssh_dir(self) -> Path:
-        self._ssh_dir = ssh.new_ssh_dir()
+        self._ssh_dir = ssh.new_ssh_dir(rundir.parent(self.environ))
         self._tripwire = Deadman(directories=[self._ssh_dir])  # sshd and ssh's shared connections: watch_for, environment_for
         return self._ssh_dir
 
@@ -122,7 +124,8 @@ class SshPart:
         """The first host, before mpirun: each of the attempt's ``workers`` lets it in, which it does only once it has
         written the go's keys (``trust``): then every host is ready for whichever logins the tree gives it."""
         assert self.layout is not None and self.is_master
-        ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s))
+        ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s),
+                         environ=self.environ)
 
     def repin(self, seat: Seating) -> None:
         """The first host, after a restart's barrier: new keys of a host that rejoined pinned; its connections ended."""

@@ -120,17 +120,17 @@ def rank_dir_prefix(job_id: str) -> str:
     return f"{DIR_PREFIX}{job_id}-"
 
 
-def new_rank_file_path(job_id: str, parent: Path | None = None) -> Path:
-    """Where this host keeps its ranks' file: in a new private directory of a random name (``rundir``)."""
+def new_rank_file_path(job_id: str, where: Path) -> Path:
+    """Where this host keeps its ranks' file: in a new private directory of a random name under ``where``
+    (``rundir.parent``)."""
     prefix = rank_dir_prefix(job_id)
-    where = parent if parent is not None else rundir.parent()
     try:
         return rundir.new_private_dir(prefix, where) / FILE_NAME
     except OSError as exc:
         raise ClusterError(f"{where}: cannot make the ranks' directory: {exc.strerror or exc}") from None
 
 
-def node_rank_file_path(job_id: str, node: str, parent: Path | None = None) -> Path:
+def node_rank_file_path(job_id: str, node: str, where: Path) -> Path:
     """Through Slurm's launch: this host's ranks' file in a new private directory named after the job and the node.
 
     Every daemon gets mpirun's one environment there, so the name is one each host computes alike but for its
@@ -139,7 +139,6 @@ def node_rank_file_path(job_id: str, node: str, parent: Path | None = None) -> P
     """
     if not node or "/" in node or node.startswith("."):
         raise ClusterError(f"the node name {node!r} cannot name a directory")
-    where = parent if parent is not None else rundir.parent()
     path = where / f"{rank_dir_prefix(job_id)}{node}"
     try:
         os.mkdir(path, 0o700)

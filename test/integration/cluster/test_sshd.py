@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -117,7 +118,7 @@ def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_co
     short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # a socket path must be short
     pair = setup(short, free_port())
     with Sshd(pair.server) as sshd:
-        wait_for_ssh(pair.client, [HOST], deadline_s=15)
+        wait_for_ssh(pair.client, [HOST], deadline_s=15, environ=os.environ)
         mark = f"{pair.client.directory}/cm-"
         masters = [pid for pid in procfs.pids() if mark in (procfs.cmdline(pid) or "")]
         assert len(masters) == 1
@@ -145,7 +146,7 @@ def test_the_probe_runs_nothing_on_the_peer_and_a_probe_without_a_shared_connect
             keys = pair.server.authorized_keys
             keys.write_text(keys.read_text().replace("restrict ", f'restrict,command="touch {marker}" ', 1))
             with Sshd(pair.server):
-                wait_for_ssh(pair.client, [HOST], deadline_s=15)
+                wait_for_ssh(pair.client, [HOST], deadline_s=15, environ=os.environ)
                 assert marker.exists() is probed_runs, pair.client.control_path
                 assert run_ssh(pair.client, HOST, "true").returncode == 0
                 assert marker.exists()  # a session does run the forced command: the check can fail
@@ -158,7 +159,7 @@ def test_wait_for_ssh_returns_once_every_name_answers(tmp_path):
     pair = setup(tmp_path, free_port())
     with Sshd(pair.server):
         started = time.monotonic()
-        wait_for_ssh(pair.client, [HOST, ALIAS], deadline_s=15)
+        wait_for_ssh(pair.client, [HOST, ALIAS], deadline_s=15, environ=os.environ)
         assert time.monotonic() - started < 10
 
 
@@ -196,7 +197,7 @@ def test_wait_for_ssh_names_a_host_where_nothing_listens(tmp_path):
     layout = setup(tmp_path, free_port()).client
     started = time.monotonic()
     with pytest.raises(SshUnreachable) as caught:
-        wait_for_ssh(layout, [HOST], deadline_s=2)
+        wait_for_ssh(layout, [HOST], deadline_s=2, environ=os.environ)
     elapsed = time.monotonic() - started
     assert 2 <= elapsed < 3.5
     assert set(caught.value.failures) == {HOST}
@@ -214,7 +215,7 @@ def test_wait_for_ssh_is_bounded_when_a_host_never_answers(tmp_path):
         layout = setup(tmp_path, silent.getsockname()[1]).client
         started = time.monotonic()
         with pytest.raises(SshUnreachable, match=HOST):
-            wait_for_ssh(layout, [HOST, ALIAS], deadline_s=2, per_try_timeout_s=30)
+            wait_for_ssh(layout, [HOST, ALIAS], deadline_s=2, per_try_timeout_s=30, environ=os.environ)
         assert time.monotonic() - started < 3.5
         assert not [p for p in psutil.Process().children(recursive=True) if named(p) == "ssh" and alive(p)]
     finally:
@@ -231,7 +232,7 @@ def test_a_server_with_another_host_key_is_refused(tmp_path):
         assert "Host key verification failed" in result.stderr
         assert not marker.exists()
         with pytest.raises(SshUnreachable, match="Host key verification failed"):
-            wait_for_ssh(pair.client, [HOST], deadline_s=1)
+            wait_for_ssh(pair.client, [HOST], deadline_s=1, environ=os.environ)
 
 
 def test_stop_ends_sshd_and_its_sessions(tmp_path):

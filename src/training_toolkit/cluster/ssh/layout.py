@@ -85,12 +85,9 @@ class SshLayout:
         return control if _socket_path_fits(control) else None
 
 
-def new_ssh_dir(parent: Path | None = None) -> Path:
-    """A new private directory for one job's ssh files: under /run (tmpfs) when we may write there (``rundir``)."""
-    if parent is None:
-        from training_toolkit import rundir
-
-        parent = rundir.parent()
+def new_ssh_dir(parent: Path) -> Path:
+    """A new private directory for one job's ssh files, under ``parent`` (``rundir.parent``: /run, a tmpfs, when we
+    may write there)."""
     try:
         return Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))
     except OSError as exc:

@@ -22,7 +22,7 @@ def wait_for_ssh(
     per_try_timeout_s: float = 10.0,
     ssh: str = "ssh",
     max_parallel: int = 128,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str],
 ) -> None:
     """Return once ``ssh host true`` succeeds for every host; raise SshUnreachable naming the rest.
 
@@ -34,8 +34,7 @@ def wait_for_ssh(
     hosts get what is left of the deadline.
 
     ``environ``: the toolkit's environment as read at the start (``RunContext.environ``), which ssh
-    runs with (secrets left out); None, this process's own, for a caller not handed one (runners/mpi.py
-    does not pass it yet: docs/development.md, "Who reads the environment").
+    runs with (secrets left out).
     """
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
@@ -46,7 +45,7 @@ def wait_for_ssh(
     prefix = ssh_command(layout, ssh=ssh)
     # the shared connection a probe leaves (ControlPersist) keeps this environment: the ssh directory's
     # token, by which end_connections finds it and the directory's deadman ends it should train be killed
-    env = {**without_secrets(os.environ if environ is None else environ), **deadman.environment_for(layout.directory)}
+    env = {**without_secrets(environ), **deadman.environment_for(layout.directory)}
     workers = max(1, min(len(hosts), max_parallel))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ssh-probe") as pool:
         errors = list(pool.map(lambda host: _probe_until(prefix, probe_target(layout, host), deadline, per_try_timeout_s, env),
