@@ -13,7 +13,8 @@ on node5-6; the second test of each kind swaps which rank is slow.  ``--time`` i
 limits about every 30 s: a time-limit test lasts 60-90 s, so the jobs share one.
 ``scripts/repeat-tests.sh`` runs them many times in a row (docs/slurm.md has the count).
 
-Also here: ``pytorch_ddp`` (the SDK's older switch for torch.distributed) 2 x 2 under Slurm.
+Every test runs as root and as an ordinary user made for it, who submits and cancels its own jobs
+(``helpers.slurm.as_root_and_user``).  Also here: ``pytorch_ddp`` (the SDK's older switch for torch.distributed) 2 x 2 under Slurm.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import pytest
 
 from helpers.multihost import hps, source_dir
 from helpers.paths import FIXTURES, OMPI5_BIN, TOOLKIT_PYTHON
-from helpers.slurm import slurm_cluster
+from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
+from helpers.slurm import chown_tree, slurm_cluster, submit_argv
 from integration.platforms.test_slurm import (FAST, batch_script, jobcomp, model_dir, rank_infos, settled, submit,
                                               verdict, wait_for)
 
@@ -75,7 +77,10 @@ def submit_job(slurm, directory: Path, nodes: tuple[str, ...], env: dict[str, st
     script.write_text(f"#!/bin/sh\n#SBATCH --nodes={len(nodes)} --ntasks-per-node=1 --nodelist={','.join(nodes)}\n"
                       f"{limit}#SBATCH --output={directory}/slurm-%j.out\n{exports}"
                       f"srun --ntasks-per-node=1 {TRAIN}\n")
-    result = slurm.run(["sbatch", "--parsable", str(script)], timeout=60)
+    if slurm.user is not None:  # as the cluster's user: its script, its job's output (helpers.slurm)
+        chown_tree(directory, slurm.user)
+    argv, env = submit_argv(slurm, ["sbatch", "--parsable", str(script)])
+    result = slurm.run(argv, timeout=60, env=env, cwd=str(directory))
     job = result.stdout.split(";")[0].strip()
     assert job.isdigit(), (result.stdout, result.stderr)
     return job
@@ -113,7 +118,8 @@ def test_a_slurm_stop_keeps_every_ranks_save(tmp_path, trigger, jobs):
         if trigger == "scancel":
             for kind in ids:
                 sent[kind] = time.time()
-                assert slurm.run(["scancel", ids[kind]], timeout=60).returncode == 0
+                argv, env = submit_argv(slurm, ["scancel", ids[kind]])  # the job's own user cancels it
+                assert slurm.run(argv, timeout=60, env=env).returncode == 0
         comps = {kind: jobcomp(slurm, job, 150) for kind, job in ids.items()}
         left = settled(slurm, timeout=60)
         results = {}
