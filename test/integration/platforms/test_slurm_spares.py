@@ -119,7 +119,8 @@ def test_a_spare_node_takes_the_seat_of_a_node_lost_under_no_kill(tmp_path, runn
     one checkpoint, the job completes on node1, node3, node4 and Slurm accounts it COMPLETED without node2.
 
     MPI: mpirun's daemons run through Slurm (a step of their own); attempt 2's mpirun starts them on the attempt's
-    nodes only (SLURM_NODELIST from the attempt's hosts), in a new step, while node2 is not yet DOWN."""
+    nodes only (SLURM_NODELIST from the attempt's hosts, in Slurm's order), in a new step, while node2 is not yet
+    DOWN, and its ranks follow the seating by name (--map-by seq), not Slurm's node order."""
     script, shared = torch_script(tmp_path, 4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3",
                                                 "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM}, runner=runner)
     per = RUNNERS[runner][2]
