@@ -10,9 +10,12 @@ from __future__ import annotations
 import signal
 
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
-from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_MARGIN_S, Announce, Finish, Forward,
-                                        GotSignal, LocalExit, PartStopped, Report, Started, Tick, first_host,
-                                        next_deadline, other_host, step, stop_wait)
+import pytest
+
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce,
+                                              Finish, Forward,
+                                              GotSignal, LocalExit, PartStopped, Report, Started, Tick, first_host,
+                                              next_deadline, other_host, step, stop_wait)
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
 
@@ -79,7 +82,7 @@ def test_the_deadline_holds_even_if_nothing_reports():
     state, _ = run(master(), (1.0, GotSignal(TERM)))
     state, actions = run(state, (1.0 + WAIT, Tick()))
     assert [type(a) for a in actions] == [Announce, Finish]
-    assert actions[-1].outcome == Outcome(143, "algo-1: stopped by SIGTERM")
+    assert actions[-1].outcome.exit_code == 143 and actions[-1].outcome.reason.endswith(": stopped by SIGTERM")
 
 
 def test_an_other_host_reports_once_its_whole_part_stopped_and_waits_for_the_verdict():
@@ -113,3 +116,51 @@ def test_a_job_of_one_seat_keeps_its_scripts_own_end():
     assert actions == [Forward(TERM)]  # its part's stop says nothing: the script's exit is the verdict
     state, actions = run(state, (2.0, LocalExit("script", ExitStatus(0))))
     assert [type(a) for a in actions] == [Announce, Finish] and actions[-1].outcome.exit_code == 0
+
+
+# A process that ends by the stop before its host hears the stop (Slurm signals every process at once) ---------
+
+
+@pytest.mark.parametrize("status, held", [
+    (ExitStatus(143), True),  # its handler exited 128 + SIGTERM
+    (ExitStatus(-15), True),  # no handler: SIGTERM's default
+    (ExitStatus(130), True), (ExitStatus(-2), True), (ExitStatus(129), True),  # SIGINT, SIGHUP
+    (ExitStatus(1), False), (ExitStatus(137), False), (ExitStatus(-9), False), (ExitStatus(0), False),
+    (ExitStatus(-15, killed_by_us=True), False),  # the toolkit's own stop of it
+])
+def test_which_ends_wait_for_the_hosts_own_signal(status, held):
+    state, actions = run(worker(), (1.0, LocalExit("rank-2", status)))
+    assert (state.held != ()) == held and (next_deadline(state) == 1.0 + STOP_HEARD_S) == held
+    if held:
+        assert actions == []
+
+
+def test_a_first_hosts_rank_that_ended_by_the_stop_first_is_part_of_the_stop():
+    state, actions = run(master(), (1.0, LocalExit("rank-1", STOPPED)), (1.3, GotSignal(TERM)))
+    assert actions == [Forward(TERM)] and state.failures == () and state.held == ()
+    assert next_deadline(state) == 1.3 + WAIT  # the stop's wait: every host's part, each rank its grace
+    state, actions = run(state, (4.0, LocalExit("rank-0", STOPPED)), (4.0, PartStopped(TERM, 4.0)),
+                         (4.1, stopped_report("algo-2")), (9.0, stopped_report("algo-3")))
+    assert [type(a) for a in actions] == [Announce, Finish]
+    assert actions[-1].outcome.exit_code == 143 and actions[-1].outcome.reason.endswith(": stopped by SIGTERM")
+
+
+def test_an_other_hosts_rank_that_ended_by_the_stop_first_is_not_reported_as_a_failure():
+    state, actions = run(worker(), (1.0, LocalExit("rank-2", STOPPED)), (1.0 + STOP_HEARD_S - 0.1, Tick()))
+    assert actions == []  # not yet: the host's own signal may still come
+    state, actions = run(state, (2.5, GotSignal(TERM)))
+    assert actions == [Forward(TERM)] and state.failures == ()
+    state, actions = run(state, (12.0, PartStopped(TERM, 12.0)))  # its slow rank saved for 10 s: its part, stopped
+    assert [type(a) for a in actions] == [Report] and actions[0].stopped and "stopped by SIGTERM" in actions[0].reason
+
+
+def test_an_end_by_sigterm_with_no_stop_of_the_host_is_a_failure_once_the_wait_is_over():
+    failed = Outcome(143, "algo-2 rank 2: train.py exited with code 143")
+    state, actions = run(worker(), (1.0, LocalExit("rank-2", STOPPED, at=100.0, failure=failed)),
+                         (1.0 + STOP_HEARD_S, Tick()))
+    assert actions == [Report(failed.reason, 143, 100.0, 0, False)] and state.held == ()
+    state, actions = run(master(), (1.0, LocalExit("rank-1", STOPPED, at=100.0, failure=failed)),
+                         (1.0 + STOP_HEARD_S, Tick()))
+    assert actions == [] and [f.outcome for f in state.failures] == [failed]  # the window for earlier reports
+    state, actions = run(state, (1.0 + STOP_HEARD_S + FAILURE_WINDOW_S, Tick()))
+    assert actions[-1] == Finish(failed)

@@ -25,7 +25,7 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Ba
                                            Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
-                                          STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
+                                          STOP_HEARD_S, STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
                                           first_host, next_deadline, other_host, stop_wait)
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
@@ -50,6 +50,38 @@ def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple
         if said or isinstance(event, (PeerJoined, PeerReady)):
             return state, said
     if _stale(state, event):
+        return state, ()
+    if isinstance(event, LocalExit) and _ended_by_a_stop(state, event):
+        return replace(state, held=(*state.held, event), held_until=state.held_until or now + STOP_HEARD_S), ()
+    if state.held and (isinstance(event, GotSignal) and event.signum in STOPPING_SIGNALS
+                       or isinstance(event, Tick) and state.held_until is not None and now >= state.held_until):
+        return _release(state, event, now)
+    return _dispatch(state, event, now)
+
+
+def _ended_by_a_stop(state: AgentState, event: LocalExit) -> bool:
+    """A process of the running attempt died of a stopping signal, or exited 128 + one, and this host has none yet."""
+    return (state.phase == Phase.RUNNING and state.stop_signal is None
+            and event.status.exit_code - 128 in STOPPING_SIGNALS and not event.status.killed_by_us)
+
+
+def _release(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    """The stop came (the held exits are part of it) or the wait is over (they are judged as they are)."""
+    held, state = state.held, replace(state, held=(), held_until=None)
+    actions: tuple[Action, ...] = ()
+    if isinstance(event, GotSignal):
+        state, actions = _dispatch(state, event, now)
+    for exit_ in held:
+        state, more = _dispatch(state, exit_, now)
+        actions += more
+    if isinstance(event, Tick):
+        state, more = _dispatch(state, event, now)
+        actions += more
+    return state, actions
+
+
+def _dispatch(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    if state.phase == Phase.ENDED:
         return state, ()
     if isinstance(event, GotSignal):
         return _signal(state, event.signum, now)
@@ -141,8 +173,8 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
     seated = state.seated if event.active is None or not state.is_master else \
         frozenset(event.active) - {state.host}
     state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(), seated=seated,
-                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None,
-                    stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
+                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None, held=(),
+                    held_until=None, stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
     return state, tuple(Forward(s) for s in pending)
 
 
@@ -175,7 +207,7 @@ __all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened
            "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LocalExit",
            "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
            "Phase", "Progress", "REPORT_WAIT_S", "RUNNING", "Rejoin", "Release", "Report", "ReportDone",
-           "RestartCalled", "SETUP", "STACKS_WAIT_S", "STOP_MARGIN_S", "Say", "SendStacks", "SetupFailed",
+           "RestartCalled", "SETUP", "STACKS_WAIT_S", "STOP_HEARD_S", "STOP_MARGIN_S", "Say", "SendStacks", "SetupFailed",
            "ShareProgress", "StacksGathered", "StacksWanted", "Started", "StopPart", "Tick", "Verdict", "Watch",
            "active_workers", "attempt_to_join", "first_host", "next_deadline", "other_host", "root_cause", "step",
            "stop_wait"]

@@ -100,10 +100,7 @@ class HostAgent:
     active = property(lambda self: self.seats.active)
     elastic = property(lambda self: self.seats.elastic)
     locals = property(lambda self: self.part.locals)
-
-    @property
-    def attempt(self) -> int:
-        return self.state.attempt
+    attempt = property(lambda self: self.state.attempt)
 
     def seating(self, attempt: bool = False) -> Seating:
         """The attempt's membership as the runner's hooks see it, now.  ``attempt``: the job as this attempt runs it
@@ -140,45 +137,41 @@ class HostAgent:
             job.callback(end_leftovers)
             job.callback(membership.close)
             with SignalForwarder(self._on_signal):
-                try:
-                    membership.open()
-                    self._check_stop()
-                    self._step_held(Joined(*membership.job_attempt))
-                    if unusable is not None:
-                        raise unusable
-                    self.seats.take_hosts(membership.hosts)
-                    self.seats.take_limits(spec)
-                    self.stall.start(membership.job_id)
-                    if spec.hold is not None:
-                        job.enter_context(spec.hold(self.seating()))
-                    if spec.prepare is not None:
-                        spec.prepare(self.seating())
-                    self._check_stop()
-                    self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
-                    if self.is_master and spec.after_barrier is not None:
-                        spec.after_barrier(self.seating())
-                    guarded = spec.guard(self.seating()) if callable(spec.guard) else spec.guard
-                    if guarded is not None:  # imported only here: a job of one seat never loads it
-                        from training_toolkit.cluster.guard import start_guard
-
-                        guard = start_guard(guarded, self.ctx.plan.hosts)  # every host of the job: a spare may be seated
-                        if guard is not None:
-                            job.callback(guard.stop)
-                    job.callback(lambda: self._attempt.close())  # whichever attempt is the last
-                    if self.host in self.active:  # a spare said it waits
-                        self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
-                    self._check_stop()
-                    self._start()
-                except Ended as ended:
-                    return ended.outcome
-                except ToolkitError as exc:
-                    return self._failed_before_start(exc)
-                except OSError as exc:  # a program that cannot be started (missing, not executable)
-                    return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
-                outcome = self._started()
+                outcome = self._begin(lambda: self._set_up(job, unusable))
                 while outcome is None:
                     outcome = carry.carry_out(self, self._step(self._next_event()))
         return outcome
+
+    def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
+        """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
+        self.membership.open()
+        self._check_stop()
+        self._step_held(Joined(*self.membership.job_attempt))
+        if unusable is not None:
+            raise unusable
+        self.seats.take_hosts(self.membership.hosts)
+        self.seats.take_limits(self.spec)
+        self.stall.start(self.membership.job_id)
+        if self.spec.hold is not None:
+            job.enter_context(self.spec.hold(self.seating()))
+        if self.spec.prepare is not None:
+            self.spec.prepare(self.seating())
+        self._check_stop()
+        self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
+        if self.is_master and self.spec.after_barrier is not None:
+            self.spec.after_barrier(self.seating())
+        guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
+        if guarded is not None:  # imported only here: a job of one seat never loads it
+            from training_toolkit.cluster.guard import start_guard
+
+            guard = start_guard(guarded, self.ctx.plan.hosts)  # every host of the job: a spare may be seated
+            if guard is not None:
+                job.callback(guard.stop)
+        job.callback(lambda: self._attempt.close())  # whichever attempt is the last
+        if self.host in self.active:  # a spare said it waits
+            self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
+        self._check_stop()
+        self._start()
 
     def _start(self) -> None:
         """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end).
@@ -264,23 +257,31 @@ class HostAgent:
 
     def rejoin(self, attempt: int, reason: str) -> Outcome | None:
         """Meet every host at the barrier of the new attempt and start this host's part again."""
+        return self._begin(lambda: self._meet(reason))
+
+    def _meet(self, reason: str) -> None:
+        """The steps of ``rejoin`` up to the attempt's start."""
+        self._say_attempt(reason)
+        self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
+        self.part.locals = []
+        if self.spec.before_restart is not None:
+            self.spec.before_restart(self.seating())
+        # a host may still be giving its ranks their grace period: that is not a host that did not come back
+        self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+        if self.is_master and self.spec.after_restart_barrier is not None:
+            self.spec.after_restart_barrier(self.seating())
+        self._check_stop()
+        self._start()
+
+    def _begin(self, steps: Callable[[], None]) -> Outcome | None:
+        """Run the steps up to an attempt's start, then the start's own step; the outcome if either ended the job."""
         try:
-            self._say_attempt(reason)
-            self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
-            self.part.locals = []
-            if self.spec.before_restart is not None:
-                self.spec.before_restart(self.seating())
-            # a host may still be giving its ranks their grace period: that is not a host that did not come back
-            self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
-            if self.is_master and self.spec.after_restart_barrier is not None:
-                self.spec.after_restart_barrier(self.seating())
-            self._check_stop()
-            self._start()
+            steps()
         except Ended as ended:
             return ended.outcome
         except ToolkitError as exc:
             return self._failed_before_start(exc)
-        except OSError as exc:
+        except OSError as exc:  # a program that cannot be started (missing, not executable)
             return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
         return self._started()
 

@@ -23,6 +23,11 @@ STOP_MARGIN_S = 3.0  # after the grace period: a host's SIGKILL to what is left 
 
 STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
+# A process that ended by a stopping signal before this host heard one: how long it waits for the host's own
+# signal.  Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
+# handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25)
+STOP_HEARD_S = 2.0
+
 SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 
 
@@ -69,6 +74,8 @@ class AgentState:
     #                                       the rest are spares: no part, their loss no failure
     roll: Roll | None = None  # first host: what the channel said of every other host (None: nothing yet)
     barrier: Barrier | None = None  # first host: the barrier it runs now (SETUP or BARRIER), None otherwise
+    held: tuple = ()  # LocalExits by a stopping signal before this host had one (STOP_HEARD_S), in arrival order
+    held_until: float | None = None  # monotonic: then they are judged as they are
 
 
 def first_host(host: str, workers, wait_for_peers: bool = False, max_restarts: int = 0,
@@ -91,7 +98,7 @@ def stop_wait(grace_s: float) -> float:
 
 def next_deadline(state: AgentState) -> float | None:
     """When the shell must wake the step with a Tick if nothing else happens."""
-    times = [t for t in (state.deadline, state.stall_deadline) if t is not None]
+    times = [t for t in (state.deadline, state.stall_deadline, state.held_until) if t is not None]
     return min(times) if times else None
 
 

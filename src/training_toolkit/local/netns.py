@@ -60,6 +60,10 @@ class NamespaceCluster:
         self._addresses = layout.host_addresses(self._network, len(self._names))
         self._hosts: tuple[Host, ...] = ()
         self._netns_ids: dict[str, procfs.NamespaceId] = {}  # host name (or "" for the switch) -> its netns
+        self._ended_at: int | None = None  # boot_ticks() once a teardown left nothing running (teardown.processes_in)
+        # one open file per namespace, from its start to the teardown's end: a namespace's number is not given to
+        # another (another test's cluster, whose processes the teardown's scan would kill) while it is held
+        self._pins: list[int] = []
         self._holders: list[subprocess.Popen[bytes]] = []  # the switch first, then one per host
         self._children: list[subprocess.Popen[Any]] = []  # started by popen(), to be reaped
         self._owns_tag = False  # True once start() has checked that nothing uses the tag
@@ -172,6 +176,7 @@ class NamespaceCluster:
                 # Should never happen; if it did, teardown would kill the caller's processes.
                 raise ClusterError(f"host {name or 'switch'}: its network namespace is not a new one")
             self._netns_ids[name] = ident
+            self._pins.append(os.open(f"/proc/{held}/ns/net", os.O_RDONLY))
             if name:
                 inits.append(held)
         return inits
@@ -265,7 +270,8 @@ class NamespaceCluster:
         the caller's namespace.
         """
         found = leftovers(self._tag)
-        found += teardown.processes_in({ident: name or "switch" for name, ident in self._netns_ids.items()})
+        found += teardown.processes_in({ident: name or "switch" for name, ident in self._netns_ids.items()},
+                                       started_by=self._ended_at)
         found += [f"child process {p.pid} ({procfs.comm(p.pid)}) still running"
                   for p in self._holders + self._children if p.poll() is None]
         return sorted(set(found)) + teardown.mounts_under(self._workdir)
@@ -277,8 +283,9 @@ class NamespaceCluster:
 
         Idempotent and safe on a half-started cluster. Processes are found by membership of
         the cluster's network namespaces (so daemons and their children die too, and nothing
-        outside does), SIGKILLed, and waited for; with the last of them the kernel frees the
-        namespaces, the bridge, the veth pairs and the holders' mounts. Problems are logged,
+        outside does), SIGKILLed, and waited for; with the last of them and the cluster's own open
+        files on the namespaces, the kernel frees the namespaces, the bridge, the veth pairs and the
+        holders' mounts. Problems are logged,
         not raised: teardown runs in ``finally`` blocks.
         """
         if not self._owns_tag:
@@ -288,6 +295,8 @@ class NamespaceCluster:
             survivors = teardown.end_everything_in(idents, self._holders + self._children)
             if survivors:
                 log(f"local cluster {self._tag}: processes survived SIGKILL: {', '.join(survivors)}")
+            else:
+                self._ended_at = teardown.boot_ticks()
             for holder in self._holders:
                 if holder.stdout is not None:
                     holder.stdout.close()
@@ -296,6 +305,9 @@ class NamespaceCluster:
             log(f"local cluster {self._tag}: teardown failed: {exc!r}")
         finally:
             self._hosts = ()
+            for pin in self._pins:  # the namespaces' numbers may go to others from now on
+                os.close(pin)
+            self._pins = []
 
     def __repr__(self) -> str:
         state = "running" if self._hosts else "stopped"

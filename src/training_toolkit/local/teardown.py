@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -55,10 +56,25 @@ def leftovers(tag: str) -> list[str]:
             + [f"process {pid} ({procfs.comm(pid)}) in a host of cluster {tag}" for pid in sorted(inside - set(holding))])
 
 
-def processes_in(namespaces: dict[procfs.NamespaceId, str]) -> list[str]:
-    """A line for each process in these network namespaces (given with what names them)."""
-    return [f"process {pid} ({procfs.comm(pid)}) in network namespace {namespaces[ident]}"
-            for pid, ident in procfs.in_network_namespaces(set(namespaces)).items()]
+def boot_ticks() -> int:
+    """Now, in the clock ticks after boot in which ``/proc/<pid>/stat`` gives a process's start."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def processes_in(namespaces: dict[procfs.NamespaceId, str], started_by: int | None = None) -> list[str]:
+    """A line for each process in these network namespaces (given with what names them).
+
+    ``started_by`` (``boot_ticks()`` once a teardown left nothing): only processes started by then.  The
+    kernel gives a freed namespace's number to the next namespace made, so after a teardown another
+    cluster's new switch or host can carry an old one's number (seen: its ``sleep``, ``ip``, ``unshare``
+    named as this cluster's leftovers while clusters of other tests started); a process of this cluster
+    that outlived its teardown started before it ended.
+    """
+    found = procfs.in_network_namespaces(set(namespaces))
+    if started_by is not None:
+        found = {pid: ident for pid, ident in found.items()
+                 if (proc := procfs.read(pid)) is not None and proc.start <= started_by}
+    return [f"process {pid} ({procfs.comm(pid)}) in network namespace {namespaces[ident]}" for pid, ident in found.items()]
 
 
 def mounts_under(directory: Path) -> list[str]:

@@ -252,6 +252,26 @@ def test_close_kills_every_process_inside_even_daemons(make_cluster) -> None:  #
         cluster.popen("algo-1", ["true"])
 
 
+def test_the_cluster_holds_each_namespace_open_until_its_teardown_ends(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A freed namespace's number goes to the next one made: held, a number cannot become another cluster's while
+    this one's teardown scans it for what to kill (docs/teardown.md)."""
+    def held() -> set[str]:
+        links = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return {link for link in links if link.startswith("net:[")}
+
+    cluster = make_cluster()
+    cluster.start()
+    mine = {f"net:[{procfs.netns_of(h.pid)[1]}]" for h in cluster.hosts}
+    assert len(mine) == len(NAMES) and mine <= held()
+    cluster.close()
+    assert not mine & held()
+
+
 def test_close_after_a_failed_start_leaves_nothing(
     make_cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]

@@ -507,6 +507,8 @@ def test_torch_distributed_2_nodes_x_2(tmp_path):
     src = source_dir(tmp_path, "torch_ddp_train.py")
     env = job_env(src, "torch_ddp_train.py", sagemaker_torch_distributed_enabled=True,
                   sagemaker_distributed_processes_per_host=2)
+    # a process that aborts (SIGABRT) prints every thread's Python stack: where torch was (docs/slurm.md, "gloo")
+    env["PYTHONFAULTHANDLER"] = "1"
     with slurm_cluster(tmp_path) as slurm:
         code, job, out = submit(slurm, batch_script(tmp_path, 2, env))
         assert code == 0, out
