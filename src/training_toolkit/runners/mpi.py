@@ -82,6 +82,7 @@ class MpiHost:
         self.is_master = ctx.plan.hosts[0] == self.host
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
+        self._slurm_order = ctx.plan.hosts  # the platform's: under Slurm, the step's nodes in Slurm's order
         self.ssh = None if self.via_slurm else SshPart(self.host, self.is_master, ctx.settings, ctx.environ)
         self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
         self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
@@ -215,7 +216,7 @@ class MpiHost:
         if self.ssh is not None:
             extra.update(self.ssh.agent_environment())  # its rsh agent's config (native/ssh_agent.c)
         if self.via_slurm:
-            extra.update(slurm_environment(ctx))
+            extra.update(slurm_environment(ctx, self._slurm_order))
             extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))
             if not ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
                 extra["HOME"] = home()

@@ -56,6 +56,16 @@ def _sets_mca(options: tuple[str, ...], name: str) -> bool:
                for i, word in enumerate(options))
 
 
+def host_list(hosts: tuple[str, ...], processes_per_host: int, by_name: bool) -> str:
+    """``--host``: ``host:N`` for each host, which ``--map-by slot`` fills in the order of mpirun's allocation;
+    ``by_name`` (through Slurm, with ``--map-by seq``): each host once per rank, in rank order, so that rank i
+    goes to the i-th name whatever the allocation's order, which through Slurm is Slurm's node order, not the
+    seating's (runners/mpi_launch.py, ``slurm_environment``; docs/slurm.md)."""
+    if by_name:
+        return ",".join(host for host in hosts for _ in range(processes_per_host))
+    return ",".join(f"{host}:{processes_per_host}" for host in hosts)
+
+
 def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") -> list[str]:
     if flavor not in (OPENMPI4, OPENMPI5):
         raise ValueError(f"unknown MPI flavour {flavor!r}")
@@ -66,8 +76,7 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
     # to itself: the first host, where mpirun runs, goes by its host name, the first label of its name (a pod's
     # hostname is the first label of its DNS name).
     named = (job.hosts[0].split(".", 1)[0], *job.hosts[1:]) if keep_fqdn else job.hosts
-    cmd = [mpirun, "--host", ",".join(f"{h}:{job.processes_per_host}" for h in named),
-           "-np", str(job.num_processes)]
+    cmd = [mpirun, "--host", host_list(named, job.processes_per_host, job.via_slurm), "-np", str(job.num_processes)]
     if job.as_root:
         cmd.append("--allow-run-as-root")
     cmd += ["--tag-output"] if flavor == OPENMPI4 else ["--output", "tag"]
@@ -82,7 +91,7 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         # tree spawn (Open MPI's default, no {rsh}_no_tree_spawn): every daemon logs in to its children in
         # the routing tree (routed_radix) with the same agent, which finds its own host's config (native/ssh_agent.c)
         cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent)]
-    cmd += ["--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
+    cmd += ["--bind-to", "none", "--map-by", "seq" if job.via_slurm else "slot", "--mca", "pml", "ob1"]
     if not _sets_mca(job.custom_options, "btl"):  # the custom options' own BTL list wins (mpirun refuses two)
         cmd += ["--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else ("^openib,ofi" if job.via_slurm else "^openib")]
     # the BTL binds every address whatever btl_tcp_if_include says: its ports in a known range, so that

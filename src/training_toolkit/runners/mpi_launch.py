@@ -153,7 +153,15 @@ def user_command(ctx: RunContext, with_mpi4py: bool) -> tuple[str, ...]:
     return (smddprun, *argv) if smddprun else tuple(argv)
 
 
-def slurm_environment(ctx: RunContext) -> dict[str, str]:
+def in_slurm_order(hosts: tuple[str, ...], slurm_order: tuple[str, ...]) -> tuple[str, ...]:
+    """``hosts`` in Slurm's node order (``slurm_order``: the step's nodes as Slurm lists them), any host not in it
+    last, in its own order.  A daemon srun starts takes its identity from its node's place in its step
+    (``SLURM_NODEID``), and Slurm numbers a step's nodes in this order whatever order they were asked in."""
+    place = {host: index for index, host in enumerate(slurm_order)}
+    return tuple(sorted(hosts, key=lambda host: place.get(host, len(place))))
+
+
+def slurm_environment(ctx: RunContext, slurm_order: tuple[str, ...] | None = None) -> dict[str, str]:
     """What mpirun needs of Slurm to start its daemons with srun, and nothing of train's own task.
 
     Open MPI's Slurm launcher is chosen when ``SLURM_JOBID`` is set; its allocation reader then takes
@@ -162,11 +170,17 @@ def slurm_environment(ctx: RunContext) -> dict[str, str]:
     (``SLURM_JOB_ID``) and, where the cluster has one, ``SLURM_CONF``; every other ``SLURM_*`` of train's
     task is left out (the platform unsets them), so srun's own input variables (``SLURM_NTASKS``,
     ``SLURM_DISTRIBUTION``...) cannot reshape the daemons' step.
+
+    ``SLURM_NODELIST`` lists the attempt's hosts in Slurm's order (``slurm_order``: the job's hosts as the
+    platform gave them, the step's nodes in Slurm's order; None: ``ctx``'s own), not the seating's: mpirun
+    numbers its daemons in its allocation's order, and each daemon takes the number of its place in srun's
+    step, which Slurm orders its own way; where the two differ a daemon runs another node's ranks.  The
+    ranks follow the seating by name (``--map-by seq``, runners/mpi_command.py).
     """
     job = ctx.environ.get("SLURM_JOB_ID") or ctx.environ.get("SLURM_JOBID")
     if not job:
         raise ClusterError(f"TRAINING_TOOLKIT_MPI_LAUNCHER={LAUNCH_SLURM} outside a Slurm job: SLURM_JOB_ID is not set")
-    hosts = ctx.plan.hosts
+    hosts = in_slurm_order(ctx.plan.hosts, ctx.plan.hosts if slurm_order is None else slurm_order)
     env = {"SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_NODELIST": ",".join(hosts),
            "SLURM_TASKS_PER_NODE": f"{mpi_options(ctx).processes_per_host}(x{len(hosts)})"}
     if ctx.environ.get("SLURM_CONF"):

@@ -1,7 +1,7 @@
 
 from training_toolkit.process import ExitStatus
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
-from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
+from training_toolkit.runners.mpi_command import MpiJob, host_list, mpirun_command
 
 RANK = ("/venv/native/training-toolkit-rank",)
 JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
@@ -41,6 +41,9 @@ def test_through_slurm_no_rsh_agent_but_plm_slurm_with_overlap():
     """Under Slurm the daemons start with srun inside the job's step: nothing of ssh on the line (docs/slurm.md)."""
     slurm = MpiJob(**{**JOB.__dict__, "rsh_agent": (), "via_slurm": True, "custom_options": ()})
     four = mpirun_command(slurm, "openmpi4")
+    # ranks placed by name, in the given order (Slurm's allocation order is not the seating's): map-by seq
+    assert four[1:5] == ["--host", "algo-1,algo-1,algo-2,algo-2", "-np", "4"]
+    assert four[21:23] == ["--map-by", "seq"]
     assert four[7:19] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
                           "--mca", "plm", "slurm", "--mca", "plm_slurm_args", "--overlap"]
     assert four[19:21] == ["--bind-to", "none"] and not any("rsh" in arg or "ssh" in arg for arg in four)
@@ -51,10 +54,22 @@ def test_through_slurm_no_rsh_agent_but_plm_slurm_with_overlap():
     own = mpirun_command(MpiJob(**{**slurm.__dict__, "custom_options": ("--mca", "btl", "self,vader,tcp,ofi")}))
     assert [own[i + 1] for i, word in enumerate(own) if word == "btl"] == ["self,vader,tcp,ofi"]
     five = mpirun_command(slurm, "openmpi5")
+    assert five[2] == "algo-1,algo-1,algo-2,algo-2" and five[five.index("--map-by") + 1] == "seq"
     assert five[five.index("btl", 21) + 1] == "self,sm,tcp"
     assert five[8:20] == ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
                           "--prtemca", "plm", "slurm", "--prtemca", "plm_slurm_args", "--overlap"]
     assert not any("ssh" in arg for arg in five)
+
+
+def test_host_list_table():
+    for hosts, per, by_name, expected in [
+        (("a", "b"), 2, False, "a:2,b:2"),
+        (("a", "b"), 2, True, "a,a,b,b"),
+        (("b", "a", "c"), 1, True, "b,a,c"),  # the given order, never sorted
+        (("b", "a", "c"), 3, False, "b:3,a:3,c:3"),
+        (("a",), 3, True, "a,a,a"),
+    ]:
+        assert host_list(hosts, per, by_name) == expected
 
 
 def test_one_host_and_many_hosts():

@@ -13,7 +13,7 @@ from training_toolkit.names import OPENMPI4
 from training_toolkit.paths import Paths
 from training_toolkit.plan import make_plan
 from training_toolkit.runners import rank_env
-from training_toolkit.runners.mpi_launch import build_command, rank_environment
+from training_toolkit.runners.mpi_launch import build_command, in_slurm_order, rank_environment, slurm_environment
 from training_toolkit.runspec import RunContext, with_hosts
 
 JOB = ("algo-1", "algo-2", "algo-3", "algo-4")
@@ -36,14 +36,42 @@ def hosts_and_np(command: list[str]) -> tuple[str, str]:
 
 
 def test_mpiruns_hosts_and_np_are_the_attempts_and_its_ranks_wait_for_that_attempts_file(tmp_path):
+    """Through Slurm (no ssh layout): each host once per rank, in the seating's order, placed by name (map-by seq)."""
     ctx = context(tmp_path, "algo-1")
-    assert hosts_and_np(build_command(ctx, None, OPENMPI4, 0)) == ("algo-1:2,algo-2:2,algo-3:2,algo-4:2", "8")
+    assert hosts_and_np(build_command(ctx, None, OPENMPI4, 0)) == (
+        "algo-1,algo-1,algo-2,algo-2,algo-3,algo-3,algo-4,algo-4", "8")
     seated = with_hosts(ctx, ("algo-1", "algo-4", "algo-3"))  # a spare in algo-2's seat
     command = build_command(seated, None, OPENMPI4, 1)
-    assert hosts_and_np(command) == ("algo-1:2,algo-4:2,algo-3:2", "6")
+    assert hosts_and_np(command) == ("algo-1,algo-1,algo-4,algo-4,algo-3,algo-3", "6")
+    assert command[command.index("--map-by") + 1] == "seq"
     assert Path(command[-3]).name == "training-toolkit-rank" and command[-2:] == [rank_env.ATTEMPT_FLAG, "1"]
     shrunk = with_hosts(ctx, ("algo-1", "algo-3"))
-    assert hosts_and_np(build_command(shrunk, None, OPENMPI4, 2)) == ("algo-1:2,algo-3:2", "4")
+    assert hosts_and_np(build_command(shrunk, None, OPENMPI4, 2)) == ("algo-1,algo-1,algo-3,algo-3", "4")
+
+
+def test_in_slurm_order_table():
+    slurm = ("node1", "node2", "node3", "node4")
+    for hosts, expected in [
+        (("node1", "node4", "node3"), ("node1", "node3", "node4")),  # a spare in node2's seat
+        (("node3", "node1"), ("node1", "node3")),  # the first host need not be Slurm's first
+        (("node1", "node2"), ("node1", "node2")),  # already in order: unchanged
+        (("node1", "other", "node4", "extra"), ("node1", "node4", "other", "extra")),  # unknown: last, in order
+        ((), ()),
+    ]:
+        assert in_slurm_order(hosts, slurm) == expected, hosts
+    # Slurm's order is its node table's, not the names' (a slurm.conf listing node10 before node9)
+    assert in_slurm_order(("node9", "node10"), ("node10", "node9")) == ("node10", "node9")
+
+
+def test_slurm_nodelist_is_in_slurms_order_whatever_the_seating(tmp_path):
+    ctx = context(tmp_path, "algo-1")
+    ctx = ctx._replace(environ={**ctx.environ, "SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm/slurm.conf"})
+    seated = with_hosts(ctx, ("algo-1", "algo-4", "algo-3"))
+    assert slurm_environment(seated, ctx.plan.hosts) == {
+        "SLURM_JOB_ID": "7", "SLURM_JOBID": "7", "SLURM_NODELIST": "algo-1,algo-3,algo-4",
+        "SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_CONF": "/etc/slurm/slurm.conf"}
+    # without the platform's order (training-toolkit plan: the job's own hosts), the context's hosts as they are
+    assert slurm_environment(ctx)["SLURM_NODELIST"] == "algo-1,algo-2,algo-3,algo-4"
 
 
 def test_each_ranks_environment_names_the_attempts_hosts_and_the_attempt(tmp_path):
