@@ -1,14 +1,15 @@
-"""A 2-node x 2-rank MPI job under a real Slurm: sbatch to the job's end, ours against Slurm's own MPI launch.
+"""An N-node x R-rank MPI job under a real Slurm (2 x 2 unless told): sbatch to the job's end, ours against
+Slurm's own MPI launch.
 
 One local Slurm cluster (training_toolkit.local.slurm: real slurmctld, slurmd per namespace host),
 rounds interleaved: the same mpi4py allreduce script
 
-- ours: ``srun --ntasks-per-node=1 train`` with ``sagemaker_mpi_enabled`` and 2 processes per host:
+- ours: ``srun --ntasks-per-node=1 train`` with ``sagemaker_mpi_enabled`` and R processes per host:
   join, mpirun starting its daemons through Slurm (``srun --overlap`` inside the step), verdict on
   every node (the default under Slurm);
 - ours-ssh: the same with ``TRAINING_TOOLKIT_MPI_LAUNCHER=ssh``: keys, an sshd per node, mpirun over
   the toolkit's ssh (what the toolkit did under Slurm before);
-- srun: ``srun --mpi=pmix --ntasks-per-node=2 python script`` (Slurm starts the ranks itself; pmi2
+- srun: ``srun --mpi=pmix --ntasks-per-node=R python script`` (Slurm starts the ranks itself; pmi2
   does not work with Debian's Open MPI 4, which has no PMI2 support built in);
 - and the two ways a ``train`` could launch, bare, from the first node of a one-task-per-node step as
   train's is (no train: the launch alone): step-mpirun, mpirun with Open MPI's Slurm launcher
@@ -19,12 +20,15 @@ rounds interleaved: the same mpi4py allreduce script
 
 Each figure is the wall time from sbatch's call to the job's completion record in slurmctld's job
 completion log (queueing, the batch step and the job's end included), each job submitted once the
-previous one's nodes are idle again (``idle``).  Needs root, Slurm, munge, Open MPI, openssh-server, mpi4py.
-Usage: .venv/bin/python bench/slurm_mpi.py [ROUNDS]      (default 5)
+previous one's nodes are idle again (``idle``).  The nodes are ``node1`` .. ``nodeN``, namespace hosts
+of one local cluster, 4 CPUs each in Slurm's eyes (so R is at most 4).  Needs root, Slurm, munge, Open MPI,
+openssh-server, mpi4py.
+Usage: .venv/bin/python bench/slurm_mpi.py [ROUNDS] [--nodes N] [--ranks-per-node R]   (default 5, 2, 2)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
@@ -46,9 +50,9 @@ print(comm.Get_rank(), comm.Get_size(), total, flush=True)
 """
 
 
-def batch(path: Path, tasks_per_node: int, body: str) -> Path:
+def batch(path: Path, nodes: int, tasks_per_node: int, body: str) -> Path:
     """Each allocation as its launch wants it: srun inherits the batch's task count (SLURM_NTASKS)."""
-    path.write_text(f"#!/bin/sh\n#SBATCH --nodes=2 --ntasks-per-node={tasks_per_node} --cpus-per-task=1\n"
+    path.write_text(f"#!/bin/sh\n#SBATCH --nodes={nodes} --ntasks-per-node={tasks_per_node} --cpus-per-task=1\n"
                     f"#SBATCH --output={path}.out\n{body}\n")
     return path
 
@@ -97,47 +101,63 @@ def in_step(path: Path, command: str) -> str:
     return f"srun --ntasks-per-node=1 {path}"
 
 
-#: What train gives mpirun and srun of Slurm's environment (runners/mpi.py: slurm_environment): the job, no task
-CLEAN = ("env -i PATH=$PATH HOME=/root SLURM_JOB_ID=$SLURM_JOB_ID SLURM_JOBID=$SLURM_JOB_ID SLURM_CONF=$SLURM_CONF "
-         "SLURM_NODELIST=node1,node2 'SLURM_TASKS_PER_NODE=2(x2)'")
+def node_names(nodes: int) -> list[str]:
+    """The local cluster's nodes, in Slurm's order: node1 .. nodeN."""
+    return [f"node{i}" for i in range(1, nodes + 1)]
 
 
-def main(rounds: int) -> None:
+def clean(nodes: int, per_node: int) -> str:
+    """What train gives mpirun and srun of Slurm's environment (runners/mpi.py: slurm_environment): the job, no task."""
+    return ("env -i PATH=$PATH HOME=/root SLURM_JOB_ID=$SLURM_JOB_ID SLURM_JOBID=$SLURM_JOB_ID SLURM_CONF=$SLURM_CONF "
+            f"SLURM_NODELIST={','.join(node_names(nodes))} 'SLURM_TASKS_PER_NODE={per_node}(x{nodes})'")
+
+
+def jobs(work: Path, code: Path, nodes: int, per_node: int) -> dict[str, Path]:
+    """Every row's batch script, written under ``work``, by row name in the order they run."""
+    names = node_names(nodes)
+    hps = {"sagemaker_program": "allreduce.py", "sagemaker_submit_directory": str(code),
+           "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": per_node}
+    ours = batch(work / "ours.sbatch", nodes, 1, f"export TRAINING_TOOLKIT_HYPERPARAMETERS='{json.dumps(hps)}'\n"
+                 f"srun --ntasks-per-node=1 {TRAIN}")
+    ssh = batch(work / "ours-ssh.sbatch", nodes, 1, f"export TRAINING_TOOLKIT_HYPERPARAMETERS='{json.dumps(hps)}'\n"
+                f"export TRAINING_TOOLKIT_MPI_LAUNCHER=ssh TRAINING_TOOLKIT_SSH_PORT=2222\n"
+                f"srun --ntasks-per-node=1 {TRAIN}")
+    bare = batch(work / "srun.sbatch", nodes, per_node,
+                 f"cd {code} && srun --mpi=pmix --ntasks-per-node={per_node} {PYTHON} allreduce.py")
+    mpirun = batch(work / "step-mpirun.sbatch", nodes, 1, in_step(work / "step-mpirun.sh", (
+        f"cd {code} && {clean(nodes, per_node)} mpirun --allow-run-as-root -np {nodes * per_node} "
+        f"--host {','.join(f'{name}:{per_node}' for name in names)} --mca plm slurm "
+        "--mca plm_slurm_args --overlap --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
+        f"--bind-to none --map-by slot --mca pml ob1 --mca btl ^openib {PYTHON} allreduce.py")))
+    no_ofi = batch(work / "step-mpirun-no-ofi.sbatch", nodes, 1, in_step(work / "step-mpirun-no-ofi.sh", (
+        (work / "step-mpirun.sh").read_text().split("\n")[2].replace("--mca btl ^openib", "--mca btl ^openib,ofi"))))
+    ranks = batch(work / "step-srun.sbatch", nodes, 1, in_step(work / "step-srun.sh", (
+        f"cd {code} && {clean(nodes, per_node)} srun --overlap --overcommit --mpi=pmix --nodes={nodes} "
+        f"--nodelist={','.join(names)} --ntasks={nodes * per_node} --ntasks-per-node={per_node} "
+        f"--distribution=block --kill-on-bad-exit=1 {PYTHON} allreduce.py")))
+    return {"ours": ours, "ours-ssh": ssh, "srun": bare, "step-mpirun": mpirun, "step-mpirun-no-ofi": no_ofi,
+            "step-srun": ranks}
+
+
+def main(rounds: int, nodes: int, per_node: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="tt-bench-slurm-"))
     code = work / "code"
     code.mkdir()
     (code / "allreduce.py").write_text(SCRIPT)
-    hps = {"sagemaker_program": "allreduce.py", "sagemaker_submit_directory": str(code),
-           "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2}
-    ours = batch(work / "ours.sbatch", 1, f"export TRAINING_TOOLKIT_HYPERPARAMETERS='{json.dumps(hps)}'\n"
-                 f"srun --ntasks-per-node=1 {TRAIN}")
-    ssh = batch(work / "ours-ssh.sbatch", 1, f"export TRAINING_TOOLKIT_HYPERPARAMETERS='{json.dumps(hps)}'\n"
-                f"export TRAINING_TOOLKIT_MPI_LAUNCHER=ssh TRAINING_TOOLKIT_SSH_PORT=2222\n"
-                f"srun --ntasks-per-node=1 {TRAIN}")
-    bare = batch(work / "srun.sbatch", 2, f"cd {code} && srun --mpi=pmix --ntasks-per-node=2 {PYTHON} allreduce.py")
-    mpirun = batch(work / "step-mpirun.sbatch", 1, in_step(work / "step-mpirun.sh", (
-        f"cd {code} && {CLEAN} mpirun --allow-run-as-root -np 4 --host node1:2,node2:2 --mca plm slurm "
-        "--mca plm_slurm_args --overlap --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
-        f"--bind-to none --map-by slot --mca pml ob1 --mca btl ^openib {PYTHON} allreduce.py")))
-    no_ofi = batch(work / "step-mpirun-no-ofi.sbatch", 1, in_step(work / "step-mpirun-no-ofi.sh", (
-        (work / "step-mpirun.sh").read_text().split("\n")[2].replace("--mca btl ^openib", "--mca btl ^openib,ofi"))))
-    ranks = batch(work / "step-srun.sbatch", 1, in_step(work / "step-srun.sh", (
-        f"cd {code} && {CLEAN} srun --overlap --overcommit --mpi=pmix --nodes=2 --nodelist=node1,node2 --ntasks=4 "
-        f"--ntasks-per-node=2 --distribution=block --kill-on-bad-exit=1 {PYTHON} allreduce.py")))
-    jobs = {"ours": ours, "ours-ssh": ssh, "srun": bare, "step-mpirun": mpirun, "step-mpirun-no-ofi": no_ofi,
-            "step-srun": ranks}
-    times: dict[str, list[float]] = {name: [] for name in jobs}
-    with SlurmCluster(["node1", "node2"], work / "slurm") as slurm:
-        timed(slurm, bare)  # warm-up: page cache, Slurm's first job
+    scripts = jobs(work, code, nodes, per_node)
+    times: dict[str, list[float]] = {name: [] for name in scripts}
+    with SlurmCluster(node_names(nodes), work / "slurm") as slurm:
+        timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
         for _ in range(rounds):
-            for name, script in jobs.items():
+            for name, script in scripts.items():
                 times[name].append(timed(slurm, script))
+                print(f"{name} {times[name][-1]:.2f}", file=sys.stderr, flush=True)  # a cut-short run keeps its figures
     left = slurm.leftovers()
     if left:
         raise SystemExit(f"left behind: {left} (files in {work})")
     shutil.rmtree(work)
     for name, values in times.items():
-        print(f"{name:18} sbatch to end, 2 nodes x 2 ranks: median {statistics.median(values):.2f} s "
+        print(f"{name:18} sbatch to end, {nodes} nodes x {per_node} ranks: median {statistics.median(values):.2f} s "
               f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} runs: "
               f"{', '.join(f'{v:.2f}' for v in values)})")
     median = {name: statistics.median(values) for name, values in times.items()}
@@ -146,5 +166,19 @@ def main(rounds: int) -> None:
           f"{median['step-mpirun'] - median['step-srun']:+.2f} s (medians)")
 
 
+def arguments(argv: list[str]) -> argparse.Namespace:
+    """ROUNDS, the node count and the ranks per node; each must be at least 1, ranks at most the nodes' 4 CPUs."""
+    parser = argparse.ArgumentParser(prog="bench/slurm_mpi.py", description=__doc__.split("\n")[0])
+    parser.add_argument("rounds", nargs="?", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--nodes", type=int, default=2, help="local namespace nodes (default 2)")
+    parser.add_argument("--ranks-per-node", type=int, default=2, help="MPI ranks on each node, 1-4 (default 2)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.nodes < 1 or not 1 <= args.ranks_per_node <= 4:
+        parser.error(f"need ROUNDS >= 1, --nodes >= 1 and 1 <= --ranks-per-node <= 4 (each node has 4 CPUs "
+                     f"in Slurm's eyes); got {args.rounds}, {args.nodes}, {args.ranks_per_node}")
+    return args
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    ARGS = arguments(sys.argv[1:])
+    main(ARGS.rounds, ARGS.nodes, ARGS.ranks_per_node)
