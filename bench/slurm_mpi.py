@@ -19,7 +19,9 @@ rounds interleaved: the same mpi4py allreduce script
   ``MPI_Finalize`` here (docs/slurm.md).
 
 Each figure is the wall time from sbatch's call to the job's completion record in slurmctld's job
-completion log (queueing, the batch step and the job's end included), each job submitted once the
+completion log (queueing, the batch step and the job's end included), printed also in three parts from
+the batch script's own clock lines (sbatch to the script's start, the script's step, the step's end to
+the record; ``parts``), each job submitted once the
 previous one's nodes are idle again (``idle``).  The nodes are ``node1`` .. ``nodeN``, namespace hosts
 of one local cluster, 4 CPUs each in Slurm's eyes (so R is at most 4).  Needs root, Slurm, munge, Open MPI,
 openssh-server, mpi4py.
@@ -50,10 +52,29 @@ print(comm.Get_rank(), comm.Get_size(), total, flush=True)
 """
 
 
+#: The batch script's clock lines in its output: ``MARK + "start"`` / ``"end"``, then the epoch seconds
+MARK = "tt-bench-"
+
+
+def parts(output: str, submitted: float, took: float) -> tuple[float, float, float]:
+    """One job's figure cut in three: sbatch's call to the batch script's start (Slurm's: the same for every
+    row), the script's step (the launch and the ranks: where the rows differ), and the step's end to the
+    completion record.  ``submitted`` is the wall clock (epoch s) at sbatch's call, ``took`` the figure."""
+    marks = {word[len(MARK):]: float(value) for word, value in
+             (line.split()[:2] for line in output.splitlines() if line.startswith(MARK) and len(line.split()) >= 2)}
+    if set(marks) != {"start", "end"}:
+        raise SystemExit(f"batch output without both clock lines ({MARK}start/end): {output[-2000:]}")
+    return marks["start"] - submitted, marks["end"] - marks["start"], submitted + took - marks["end"]
+
+
 def batch(path: Path, nodes: int, tasks_per_node: int, body: str) -> Path:
-    """Each allocation as its launch wants it: srun inherits the batch's task count (SLURM_NTASKS)."""
+    """Each allocation as its launch wants it: srun inherits the batch's task count (SLURM_NTASKS).
+
+    The script writes the clock (``MARK``) at its start and at its step's end, for ``parts``.
+    """
     path.write_text(f"#!/bin/sh\n#SBATCH --nodes={nodes} --ntasks-per-node={tasks_per_node} --cpus-per-task=1\n"
-                    f"#SBATCH --output={path}.out\n{body}\n")
+                    f"#SBATCH --output={path}.out\necho {MARK}start $(date +%s.%N)\n{body}\nstatus=$?\n"
+                    f"echo {MARK}end $(date +%s.%N)\nexit $status\n")
     return path
 
 
@@ -71,13 +92,14 @@ def idle(slurm: SlurmCluster, timeout: float = 60) -> None:
     raise SystemExit(f"nodes not idle within {timeout:g} s")
 
 
-def timed(slurm: SlurmCluster, script: Path) -> float:
-    """From sbatch's call until slurmctld writes the job's completion record (polled every 20 ms).
+def timed(slurm: SlurmCluster, script: Path) -> tuple[float, float, float, float]:
+    """From sbatch's call until slurmctld writes the job's completion record (polled every 20 ms), and its
+    three ``parts``: the figure first.
 
     ``sbatch --wait`` is no clock: it polls the job's state at growing intervals (about 10 s here).
     """
     idle(slurm)
-    start = time.monotonic()
+    start, submitted = time.monotonic(), time.time()
     result = slurm.run(["sbatch", "--parsable", str(script)], timeout=60)
     job = result.stdout.strip().split(";")[0]
     deadline = start + 300
@@ -89,7 +111,7 @@ def timed(slurm: SlurmCluster, script: Path) -> float:
                 if fields.get("JobState") != "COMPLETED":
                     raise SystemExit(f"{script.name}: job {job} {fields.get('JobState')}: "
                                      f"{Path(f'{script}.out').read_text()[-2000:]}")
-                return took
+                return (took, *parts(Path(f"{script}.out").read_text(), submitted, took))
         time.sleep(0.02)
     raise SystemExit(f"{script.name}: job {job} did not end within 300 s")
 
@@ -146,12 +168,16 @@ def main(rounds: int, nodes: int, per_node: int) -> None:
     (code / "allreduce.py").write_text(SCRIPT)
     scripts = jobs(work, code, nodes, per_node)
     times: dict[str, list[float]] = {name: [] for name in scripts}
+    split: dict[str, list[tuple[float, float, float]]] = {name: [] for name in scripts}
     with SlurmCluster(node_names(nodes), work / "slurm") as slurm:
         timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
         for _ in range(rounds):
             for name, script in scripts.items():
-                times[name].append(timed(slurm, script))
-                print(f"{name} {times[name][-1]:.2f}", file=sys.stderr, flush=True)  # a cut-short run keeps its figures
+                took, *cut = timed(slurm, script)
+                times[name].append(took)
+                split[name].append((cut[0], cut[1], cut[2]))
+                print(f"{name} {took:.2f} = {' + '.join(f'{v:.2f}' for v in cut)}", file=sys.stderr,
+                      flush=True)  # a cut-short run keeps its figures
     left = slurm.leftovers()
     if left:
         raise SystemExit(f"left behind: {left} (files in {work})")
@@ -160,6 +186,9 @@ def main(rounds: int, nodes: int, per_node: int) -> None:
         print(f"{name:18} sbatch to end, {nodes} nodes x {per_node} ranks: median {statistics.median(values):.2f} s "
               f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} runs: "
               f"{', '.join(f'{v:.2f}' for v in values)})")
+    for name, cuts in split.items():
+        print(f"{name:18} medians: sbatch to script {statistics.median(c[0] for c in cuts):.2f} s, step "
+              f"{statistics.median(c[1] for c in cuts):.2f} s, step's end to record {statistics.median(c[2] for c in cuts):.2f} s")
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"ours - srun: {median['ours'] - median['srun']:+.2f} s, ours-ssh - srun: "
           f"{median['ours-ssh'] - median['srun']:+.2f} s, step-mpirun - step-srun: "
