@@ -161,6 +161,13 @@ def jobs(work: Path, code: Path, nodes: int, per_node: int) -> dict[str, Path]:
             "step-srun": ranks}
 
 
+def rotated(names: list[str], turn: int) -> list[str]:
+    """Round ``turn``'s order: the rows turned by one each round, so that no row always follows the same one
+    (the time from sbatch to the batch script depended on the row before: docs/slurm.md, "The figure")."""
+    shift = turn % len(names)
+    return names[shift:] + names[:shift]
+
+
 def main(rounds: int, nodes: int, per_node: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="tt-bench-slurm-"))
     code = work / "code"
@@ -171,9 +178,9 @@ def main(rounds: int, nodes: int, per_node: int) -> None:
     split: dict[str, list[tuple[float, float, float]]] = {name: [] for name in scripts}
     with SlurmCluster(node_names(nodes), work / "slurm") as slurm:
         timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
-        for _ in range(rounds):
-            for name, script in scripts.items():
-                took, *cut = timed(slurm, script)
+        for turn in range(rounds):
+            for name in rotated(list(scripts), turn):
+                took, *cut = timed(slurm, scripts[name])
                 times[name].append(took)
                 split[name].append((cut[0], cut[1], cut[2]))
                 print(f"{name} {took:.2f} = {' + '.join(f'{v:.2f}' for v in cut)}", file=sys.stderr,
