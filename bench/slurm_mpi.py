@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import sys
@@ -161,11 +162,13 @@ def jobs(work: Path, code: Path, nodes: int, per_node: int) -> dict[str, Path]:
             "step-srun": ranks}
 
 
-def rotated(names: list[str], turn: int) -> list[str]:
-    """Round ``turn``'s order: the rows turned by one each round, so that no row always follows the same one
-    (the time from sbatch to the batch script depended on the row before: docs/slurm.md, "The figure")."""
-    shift = turn % len(names)
-    return names[shift:] + names[:shift]
+def shuffled(names: list[str], turn: int) -> list[str]:
+    """Round ``turn``'s order, shuffled with the round as seed (the same every run): the time from sbatch to
+    the batch script depends on the job before (docs/slurm.md, "The figure"), so no row may always follow
+    the same one; turning a fixed order would keep nearly every row's predecessor."""
+    order = list(names)
+    random.Random(turn).shuffle(order)
+    return order
 
 
 def main(rounds: int, nodes: int, per_node: int) -> None:
@@ -179,7 +182,7 @@ def main(rounds: int, nodes: int, per_node: int) -> None:
     with SlurmCluster(node_names(nodes), work / "slurm") as slurm:
         timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
         for turn in range(rounds):
-            for name in rotated(list(scripts), turn):
+            for name in shuffled(list(scripts), turn):
                 took, *cut = timed(slurm, scripts[name])
                 times[name].append(took)
                 split[name].append((cut[0], cut[1], cut[2]))
