@@ -2,7 +2,7 @@
 Slurm's own MPI launch.
 
 One local Slurm cluster (training_toolkit.local.slurm: real slurmctld, slurmd per namespace host),
-rounds interleaved: the same mpi4py allreduce script
+rounds interleaved, each round's rows in a seeded shuffled order (``shuffled``): the same mpi4py allreduce script
 
 - ours: ``srun --ntasks-per-node=1 train`` with ``sagemaker_mpi_enabled`` and R processes per host:
   join, mpirun starting its daemons through Slurm (``srun --overlap`` inside the step), verdict on
