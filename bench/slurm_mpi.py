@@ -22,7 +22,7 @@ Each figure is the wall time from sbatch's call to the job's completion record i
 completion log (queueing, the batch step and the job's end included), printed also in three parts from
 the batch script's own clock lines (sbatch to the script's start, the script's step, the step's end to
 the record; ``parts``), each job submitted once the
-previous one's nodes are idle again (``idle``) and ``PACE_S`` after its script's start.  The nodes are ``node1`` .. ``nodeN``, namespace hosts
+previous one's nodes are idle again (``idle``).  The nodes are ``node1`` .. ``nodeN``, namespace hosts
 of one local cluster, 4 CPUs each in Slurm's eyes (so R is at most 4).  Needs root, Slurm, munge, Open MPI,
 openssh-server, mpi4py.
 Usage: .venv/bin/python bench/slurm_mpi.py [ROUNDS] [--nodes N] [--ranks-per-node R]   (default 5, 2, 2)
@@ -93,20 +93,13 @@ def idle(slurm: SlurmCluster, timeout: float = 60) -> None:
     raise SystemExit(f"nodes not idle within {timeout:g} s")
 
 
-#: slurmctld here starts batch jobs at least about 3 s apart, on a 1 s tick (its log's "sched: Allocate"
-#: lines): a job sent sooner after the previous one's start waits for that, whatever it is.  Each job is
-#: sent at least this long after the previous one's script started, so that no row pays for the one before.
-PACE_S = 3.2
-
-
-def timed(slurm: SlurmCluster, script: Path, not_before: float = 0.0) -> tuple[float, float, float, float]:
+def timed(slurm: SlurmCluster, script: Path) -> tuple[float, float, float, float]:
     """From sbatch's call until slurmctld writes the job's completion record (polled every 20 ms), and its
     three ``parts``: the figure first.
 
     ``sbatch --wait`` is no clock: it polls the job's state at growing intervals (about 10 s here).
     """
     idle(slurm)
-    time.sleep(max(0.0, not_before - time.time()))  # wall clock, epoch s: PACE_S
     start, submitted = time.monotonic(), time.time()
     result = slurm.run(["sbatch", "--parsable", str(script)], timeout=60)
     job = result.stdout.strip().split(";")[0]
@@ -187,12 +180,10 @@ def main(rounds: int, nodes: int, per_node: int) -> None:
     times: dict[str, list[float]] = {name: [] for name in scripts}
     split: dict[str, list[tuple[float, float, float]]] = {name: [] for name in scripts}
     with SlurmCluster(node_names(nodes), work / "slurm") as slurm:
-        took, to_script, *_ = timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
-        not_before = time.time() - took + to_script + PACE_S
+        timed(slurm, scripts["srun"])  # warm-up: page cache, Slurm's first job
         for turn in range(rounds):
             for name in shuffled(list(scripts), turn):
-                took, *cut = timed(slurm, scripts[name], not_before)
-                not_before = time.time() - took + cut[0] + PACE_S
+                took, *cut = timed(slurm, scripts[name])
                 times[name].append(took)
                 split[name].append((cut[0], cut[1], cut[2]))
                 print(f"{name} {took:.2f} = {' + '.join(f'{v:.2f}' for v in cut)}", file=sys.stderr,
