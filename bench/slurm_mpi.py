@@ -58,8 +58,8 @@ MARK = "tt-bench-"
 
 
 def parts(output: str, submitted: float, took: float) -> tuple[float, float, float]:
-    """One job's figure cut in three: sbatch's call to the batch script's start (Slurm's: the same for every
-    row), the script's step (the launch and the ranks: where the rows differ), and the step's end to the
+    """One job's figure cut in three: sbatch's call to the batch script's start (slurmctld's allocation: it
+    follows the job before, not the row; docs/slurm.md), the script's step (the launch and the ranks: where the rows differ), and the step's end to the
     completion record.  ``submitted`` is the wall clock (epoch s) at sbatch's call, ``took`` the figure."""
     marks = {word[len(MARK):]: float(value) for word, value in
              (line.split()[:2] for line in output.splitlines() if line.startswith(MARK) and len(line.split()) >= 2)}
