@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 
@@ -67,3 +68,23 @@ def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None =
             pass
         assert time.monotonic() < end, f"{path}: not there within {timeout_s:g} s"
         time.sleep(0.1)
+
+
+def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int, *hosts: str,
+              timeout_s: float = 240.0) -> threading.Thread:
+    """Kill ``hosts`` whole once the number in ``counter`` (a rank's steps, a chief's epochs) is ``at_least``: in a
+    thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed)."""
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            wait_for(counter, timeout_s=timeout_s, at_least=at_least)
+            for host in hosts:
+                killer.kill(host)
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, wait_for
+from helpers.deadhost import HostKiller, kill_when, wait_for
 from helpers.multihost import hps, run, source_dir
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.local.launcher import LocalJob
@@ -38,20 +38,7 @@ def torch_job(tmp_path: Path, hosts, env: dict) -> tuple[LocalJob, Path]:
 
 def kill_at(killer: HostKiller, shared: Path, step: int, *hosts: str) -> threading.Thread:
     """Kill ``hosts`` whole once attempt 0's rank 0 has done ``step`` steps (in a thread; join it after the job)."""
-    errors: list[BaseException] = []
-
-    def go() -> None:
-        try:
-            wait_for(shared / "step-0-0", timeout_s=240, at_least=step)
-            for host in hosts:
-                killer.kill(host)
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
-    thread.start()
-    return thread
+    return kill_when(killer, shared / "step-0-0", step, *hosts)
 
 
 def seen(shared: Path, attempt: int) -> dict[int, dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, wait_for
+from helpers.deadhost import HostKiller, kill_when
 from helpers.multihost import hps, run, source_dir
 from training_toolkit.local.launcher import LocalJob
 
@@ -35,19 +35,7 @@ def ps_job(tmp_path: Path, env: dict) -> tuple[LocalJob, Path]:
 
 def kill_at_epoch(killer: HostKiller, shared: Path, epoch: int, host: str) -> threading.Thread:
     """Kill ``host`` whole once attempt 0's chief has finished ``epoch`` epochs (a thread; join it after the job)."""
-    errors: list[BaseException] = []
-
-    def go() -> None:
-        try:
-            wait_for(shared / "epoch-0", timeout_s=300, at_least=epoch)
-            killer.kill(host)
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
-    thread.start()
-    return thread
+    return kill_when(killer, shared / "epoch-0", epoch, host, timeout_s=300)
 
 
 def seen(shared: Path, attempt: int) -> dict[str, dict]:

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from helpers.steps import run
 from training_toolkit.agent import barrier, failures, lead
 from training_toolkit.agent.barrier import Barrier, Failed, Heard, Passed, Roll, Waiting, decide, note, not_ready
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, Announce, BarrierOpened, Finish, GotSignal, Interrupt,
@@ -22,13 +23,6 @@ from training_toolkit.report import Outcome
 HOSTS = ("algo-1", "algo-2", "algo-3")
 TERM = int(signal.SIGTERM)
 
-
-def run(state, *timed_events):
-    actions = []
-    for now, event in timed_events:
-        state, new = step(state, event, now)
-        actions += new
-    return state, actions
 
 
 def master(**kw):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from helpers.steps import run
 from training_toolkit.records import replace
 
 import pytest
@@ -29,14 +30,6 @@ def master(wait_for_peers=False, primaries=("script",)):
 def worker(primaries=("script",)):
     return replace(other_host("algo-2"), phase=RUNNING, primaries=frozenset(primaries))
 
-
-def run(state, *timed_events):
-    """Feed (now, event) pairs; every action, with the final state."""
-    actions = []
-    for now, event in timed_events:
-        state, new = step(state, event, now)
-        actions += new
-    return state, actions
 
 
 def announced(outcome, host="algo-1"):

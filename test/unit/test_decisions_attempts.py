@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from helpers.steps import run
 from training_toolkit.records import replace
 
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
@@ -22,13 +23,6 @@ KILLED = ExitStatus(-9)
 RANK3 = Outcome(137, "algo-2 rank 3: train.py killed by SIGKILL")
 WATCH = Watch(stall_s=10.0, startup_s=60.0)
 
-
-def run(state, *timed_events):
-    actions = []
-    for now, event in timed_events:
-        state, new = step(state, event, now)
-        actions += new
-    return state, actions
 
 
 def master(max_restarts=0, watch=None):

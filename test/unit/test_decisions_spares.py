@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from helpers.steps import run
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, RUNNING, Announce, Finish,
                                         GotSignal, LocalExit, PartStopped, Say, Started, Tick, active_workers,
@@ -22,13 +23,6 @@ OK = ExitStatus(0)
 FAILED = ExitStatus(1)
 H = ("algo-1", "algo-2", "algo-3", "algo-4")
 
-
-def run(state, *timed_events):
-    actions = []
-    for now, event in timed_events:
-        state, new = step(state, event, now)
-        actions += new
-    return state, actions
 
 
 def master(active=H[:3], wait_for_peers=True, **kw):

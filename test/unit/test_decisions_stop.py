@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 
+from helpers.steps import run
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 import pytest
 
@@ -24,13 +25,6 @@ GRACE = 20.0
 WAIT = stop_wait(GRACE)
 STOPPED = ExitStatus(143)
 
-
-def run(state, *timed_events):
-    actions = []
-    for now, event in timed_events:
-        state, new = step(state, event, now)
-        actions += new
-    return state, actions
 
 
 def master(workers=("algo-2", "algo-3"), **kw):

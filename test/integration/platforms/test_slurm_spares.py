@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, wait_for
+from helpers.deadhost import HostKiller, kill_when
 from helpers.multihost import source_dir
 from helpers.slurm import slurm_cluster
 from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
@@ -57,19 +57,8 @@ def kill_at(slurm, shared: Path, step: int, node: str) -> threading.Thread:
     """Kill ``node`` whole once attempt 0's rank 0 has done ``step`` steps (in a thread; join it after the job)."""
     killer = HostKiller()
     killer.attach(slurm.cluster)
-    errors: list[BaseException] = []
-
-    def go() -> None:
-        try:
-            wait_for(shared / "step-0-0", timeout_s=240, at_least=step)
-            killer.kill(node)
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
+    thread = kill_when(killer, shared / "step-0-0", step, node)
     thread.killer = killer  # type: ignore[attr-defined]
-    thread.start()
     return thread
 
 
