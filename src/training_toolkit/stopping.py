@@ -38,6 +38,12 @@ from training_toolkit.supervise import pidfd
 
 #: After SIGKILL, how long to wait for the kernel to end what was killed, so it can be reaped.
 KILL_WAIT_S = 1.0
+
+#: A process that ended by a stopping signal before its host's train heard one: how long its end waits for the
+#: host's own signal (the agent: ``agent.decisions``; an MPI rank, for its runtime's hold: native/stophold.c).
+#: Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
+#: handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25).
+STOP_HEARD_S = 2.0
 _FIRST_POLL_S = 0.005
 _MAX_POLL_S = 0.05
 # Signals after which SIGCONT is pointless: they act on a stopped process, or are SIGCONT.

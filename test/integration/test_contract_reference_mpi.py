@@ -56,7 +56,8 @@ SESSION_NAMES = {"SSH_CLIENT", "SSH_CONNECTION", "USER", "LOGNAME", "MAIL", "SHE
 # Ours only (docs/contract.md, "added variables"), and the platform's job secret, which ours removes ("job secret").
 OURS_ONLY = {"TRAINING_TOOLKIT_RANK_TAG", "TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_TOOLKIT_JOB_SECRET",
              "TRAINING_TOOLKIT_RESTART_COUNT", "TRAINING_TOOLKIT_NETSHIM_ALLOW", "TRAINING_TOOLKIT_NETSHIM_PORTS",
-             "TRAINING_TOOLKIT_RANK_STOP_FLAG"}
+             "TRAINING_TOOLKIT_RANK_STOP_FLAG", "TRAINING_TOOLKIT_RANK_RESTART_FLAG", "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS",
+             "TRAINING_TOOLKIT_RANK_PID"}
 # The first host's values that the reference forwards to every rank (docs/contract.md, "MPI ranks"): ours are each host's.
 HOST_SPECIFIC = {"SM_CURRENT_HOST", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV"}
 

@@ -25,12 +25,13 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Ba
                                            Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
-                                          STOP_HEARD_S, STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
+                                          STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
                                           first_host, next_deadline, other_host, stop_wait)
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
 from training_toolkit.process import STOPPING_SIGNALS
+from training_toolkit.stopping import STOP_HEARD_S
 from training_toolkit.records import replace
 
 CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the first host's roll keeps, in every phase

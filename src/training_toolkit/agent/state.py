@@ -23,10 +23,6 @@ STOP_MARGIN_S = 3.0  # after the grace period: a host's SIGKILL to what is left 
 
 STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
-# A process that ended by a stopping signal before this host heard one: how long it waits for the host's own
-# signal.  Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
-# handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25)
-STOP_HEARD_S = 2.0
 
 SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 

@@ -15,7 +15,7 @@
  * The rank's environment is FILE's, plus what Open MPI's runtime gave this process to
  * find its peers (OMPI_*, PMIX_*, PRTE_*, OPAL_*, ORTE_*, its *_NO_BACKTRACE flags); the
  * runtime's LD_LIBRARY_PATH entries (Open MPI 5 puts its own lib dir there) come before
- * FILE's; PWD is the rank's directory.  Nothing else of the inherited environment (sshd's
+ * FILE's; PWD is the rank's directory, TRAINING_TOOLKIT_RANK_PID its process (native/stophold.c).  Nothing else of the inherited environment (sshd's
  * session) survives, so a rank sees the same on every host.  Then it enters CWD and execs the command: no
  * process stays between the runtime and the user's program, and no Python starts.
  *
@@ -37,6 +37,7 @@
 #define MAGIC "training-toolkit-rank-1"
 #define LIBPATH "LD_LIBRARY_PATH="
 #define RANK_FILE_VAR "TRAINING_TOOLKIT_RANK_FILE"
+#define RANK_PID_VAR "TRAINING_TOOLKIT_RANK_PID" /* native/stophold.c */
 #define ATTEMPT_ENTRY "TRAINING_TOOLKIT_RANK_ATTEMPT="
 #define ATTEMPT_WAIT_S 60
 
@@ -241,7 +242,7 @@ int main(int argc, char **argv)
     size_t inherited = 0;
     while (environ[inherited])
         inherited++;
-    char **env = malloc((inherited + file_count + 3) * sizeof(char *));
+    char **env = malloc((inherited + file_count + 4) * sizeof(char *));
     if (!saved || !env)
         return fail("out of memory for", argv[1]);
     for (size_t i = 0; i < file_count; i++)
@@ -266,8 +267,9 @@ int main(int argc, char **argv)
     runtime_count = n;
     for (size_t i = 0; i < file_count; i++) {
         const char *entry = saved[i];
-        if (!strchr(entry, '=') || present(env, runtime_count, entry) || strncmp(entry, ATTEMPT_ENTRY, strlen(ATTEMPT_ENTRY)) == 0)
-            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it */
+        if (!strchr(entry, '=') || present(env, runtime_count, entry) || strncmp(entry, ATTEMPT_ENTRY, strlen(ATTEMPT_ENTRY)) == 0
+            || strncmp(entry, RANK_PID_VAR "=", strlen(RANK_PID_VAR "=")) == 0)
+            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it; its pid is its own */
         if (runtime_libs && strncmp(entry, LIBPATH, strlen(LIBPATH)) == 0) {
             char *merged = merge_paths(runtime_libs, entry + strlen(LIBPATH));
             if (!merged)
@@ -284,6 +286,10 @@ int main(int argc, char **argv)
             return fail("out of memory for", argv[1]);
         env[n++] = merged;
     }
+    /* the process the rank is (exec keeps the pid): the stop hold tells it from the children it starts */
+    static char rank_pid[40];
+    snprintf(rank_pid, sizeof rank_pid, RANK_PID_VAR "=%ld", (long)getpid());
+    env[n++] = rank_pid;
     env[n] = NULL;
     if (chdir(cwd) != 0)
         return fail("cannot enter the code directory", cwd);

@@ -30,6 +30,24 @@
  * blocked SIGTERM is there before any rank can act on its own (a step daemon signals its processes in
  * one pass, microseconds apart), and nothing but a stop leaves it there.
  *
+ * A rank's own end, where the platform may signal it before its host's train (native, for the rank
+ * alone: the process training-toolkit-rank became, TRAINING_TOOLKIT_RANK_PID; its children pass through):
+ *
+ *   TRAINING_TOOLKIT_RANK_STOP_WAIT_MS   once the rank has had a SIGTERM, its end (MPI_Abort, exit(),
+ *                                        _exit(), or SIGTERM's default death) waits, up to this long,
+ *                                        until its host has decided what the stop is: the stop flag
+ *                                        exists (its runtime holds), its runtime has a SIGTERM waiting,
+ *                                        or the restart flag exists (a restart's stop: nothing held)
+ *   TRAINING_TOOLKIT_RANK_RESTART_FLAG   that restart flag's path
+ *
+ * Slurm signals every process of the job in one pass of its step daemon, but a pass is not atomic: on a
+ * loaded node a rank whose handler exits at once ended, called MPI_Abort even, before the pass reached
+ * mpirun, and before its host's train had made the flag, so the runtime ended every rank still saving
+ * (seen in CI).  To know that a SIGTERM came, the library stands between the program and SIGTERM's
+ * disposition: sigaction() and signal() for SIGTERM set and report the program's own disposition as
+ * always, while the one installed is a trampoline that notes the signal, then runs the program's
+ * handler (or, for SIG_DFL, waits as above and dies of SIGTERM).
+ *
  * Unset or empty: the library passes everything through.  train creates the file before it
  * signals its ranks and removes it before the next attempt starts (runners/mpi.py); the processes
  * of a stopped job are ended by train, as every stop's are.  Plain C, no Python.
@@ -37,20 +55,34 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define FLAG_VAR "TRAINING_TOOLKIT_STOP_FLAG"
 #define RANK_FLAG_VAR "TRAINING_TOOLKIT_RANK_STOP_FLAG"
+#define RESTART_FLAG_VAR "TRAINING_TOOLKIT_RANK_RESTART_FLAG"
+#define WAIT_VAR "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"
+#define RANK_PID_VAR "TRAINING_TOOLKIT_RANK_PID"
 
-static const char *flag;      /* the runtime's: set once, before main(), read only after */
-static const char *rank_flag; /* a rank's */
+static const char *flag;         /* the runtime's: set once, before main(), read only after */
+static const char *rank_flag;    /* a rank's */
+static const char *restart_flag; /* a rank's: its host's train stops it for a restart */
+static long wait_ms;             /* > 0: this process is a rank whose end waits for its host's decision */
+static pid_t rank_pid;           /* that rank (a child forked from it is not) */
+
+static volatile sig_atomic_t got_term;  /* the rank has had a SIGTERM */
+static volatile sig_atomic_t end_held;  /* its end has waited once already */
+static struct sigaction program_term;   /* SIGTERM's disposition as the program set it: what sigaction() reports */
+static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 
 static const char *path_of(const char *name)
 {
@@ -60,10 +92,39 @@ static const char *path_of(const char *name)
 
 #include "nodepath.h"
 
+static void trampoline(int sig, siginfo_t *info, void *context);
+
+/* Install the trampoline for SIGTERM, keeping `act`'s mask and flags (SA_RESETHAND is emulated). */
+static int install(const struct sigaction *act)
+{
+    struct sigaction mine = *act;
+    if (act->sa_handler == SIG_IGN && !(act->sa_flags & SA_SIGINFO))
+        return real_sigaction(SIGTERM, act, NULL); /* ignored: nothing comes to note */
+    mine.sa_sigaction = trampoline;
+    mine.sa_flags = (act->sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+    return real_sigaction(SIGTERM, &mine, NULL);
+}
+
+static long number(const char *text)
+{
+    char *end = NULL;
+    long value = text ? strtol(text, &end, 10) : 0;
+    return text && *end == '\0' && value > 0 ? value : 0;
+}
+
 __attribute__((constructor)) static void init(void)
 {
     flag = node_path(path_of(FLAG_VAR));
     rank_flag = path_of(RANK_FLAG_VAR);
+    real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
+    long wait = number(path_of(WAIT_VAR));
+    if (!rank_flag || !wait || !real_sigaction || number(path_of(RANK_PID_VAR)) != (long)getpid())
+        return;
+    if (real_sigaction(SIGTERM, NULL, &program_term) != 0 || install(&program_term) != 0)
+        return;
+    restart_flag = path_of(RESTART_FLAG_VAR);
+    rank_pid = getpid();
+    wait_ms = wait;
 }
 
 static int stopping(const char *path)
@@ -78,22 +139,137 @@ static int term_waiting(void)
     return sigpending(&set) == 0 && sigismember(&set, SIGTERM) == 1;
 }
 
-/* Whether process `pid` has a SIGTERM waiting (its /proc status's ShdPnd), read without stdio. */
+/* Whether process `pid` has a SIGTERM waiting (its /proc status's ShdPnd): async-signal-safe, no stdio. */
 static int term_waiting_in(pid_t pid)
 {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
+    char path[32] = "/proc/", digits[16], buf[4096];
+    int n = 0;
+    for (unsigned long v = (unsigned long)pid; n == 0 || v; v /= 10)
+        digits[n++] = (char)('0' + v % 10);
+    size_t at = strlen(path);
+    while (n)
+        path[at++] = digits[--n];
+    memcpy(path + at, "/status", sizeof "/status");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *line = strstr(buf, "\nShdPnd:");
-    if (!line)
+    ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0)
         return 0;
-    unsigned long long pending = strtoull(line + 8, NULL, 16);
+    buf[got] = 0;
+    const char *p = strstr(buf, "\nShdPnd:");
+    if (!p)
+        return 0;
+    unsigned long long pending = 0;
+    for (p += 8; *p == ' ' || *p == '\t'; p++)
+        ;
+    for (;; p++) {
+        int d = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (d < 0)
+            break;
+        pending = pending << 4 | (unsigned)d;
+    }
     return (pending >> (SIGTERM - 1)) & 1;
+}
+
+/* The rank, after a SIGTERM: wait (once, bounded) until its host has decided what the stop is. */
+static void hold_back_end(void)
+{
+    if (!wait_ms || !got_term || end_held || getpid() != rank_pid)
+        return;
+    end_held = 1;
+    for (long waited = 0; waited < wait_ms; waited += 10) {
+        if (stopping(rank_flag) || stopping(restart_flag) || term_waiting_in(getppid()))
+            return;
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+static void trampoline(int sig, siginfo_t *info, void *context)
+{
+    struct sigaction program = program_term;
+    if (getpid() == rank_pid)
+        got_term = 1;
+    if (program.sa_flags & SA_RESETHAND) {
+        program_term.sa_handler = SIG_DFL;
+        program_term.sa_flags &= ~(SA_SIGINFO | SA_RESETHAND);
+    }
+    if (program.sa_flags & SA_SIGINFO) {
+        program.sa_sigaction(sig, info, context);
+    } else if (program.sa_handler == SIG_DFL) {
+        hold_back_end();
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        real_sigaction(SIGTERM, &dfl, NULL);
+        raise(SIGTERM); /* blocked in its own handler: delivered, with its default, when this returns */
+    } else if (program.sa_handler != SIG_IGN) {
+        program.sa_handler(sig);
+    }
+}
+
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (!real_sigaction)
+        real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
+    if (sig != SIGTERM || !wait_ms)
+        return real_sigaction(sig, act, old);
+    if (getpid() != rank_pid) {
+        /* a child of the rank, before its exec: vfork()'s shares this memory (Python's subprocess resets its
+           handlers there), so it changes nothing here; it reports the program's disposition for the trampoline */
+        struct sigaction was;
+        if (real_sigaction(sig, act, &was) != 0)
+            return -1;
+        if (old)
+            *old = (was.sa_flags & SA_SIGINFO) && was.sa_sigaction == trampoline ? program_term : was;
+        return 0;
+    }
+    struct sigaction was = program_term;
+    if (act) {
+        if (install(act) != 0)
+            return -1;
+        program_term = *act;
+    }
+    if (old)
+        *old = was;
+    return 0;
+}
+
+sighandler_t signal(int sig, sighandler_t handler)
+{
+    static sighandler_t (*real_signal)(int, sighandler_t);
+    if (sig != SIGTERM || !wait_ms) {
+        if (!real_signal)
+            real_signal = (sighandler_t(*)(int, sighandler_t))dlsym(RTLD_NEXT, "signal");
+        return real_signal(sig, handler);
+    }
+    struct sigaction act, old;
+    memset(&act, 0, sizeof act);
+    act.sa_handler = handler;
+    act.sa_flags = SA_RESTART; /* glibc's signal(): BSD semantics */
+    if (sigaction(SIGTERM, &act, &old) != 0)
+        return SIG_ERR;
+    return old.sa_handler;
+}
+
+__attribute__((destructor)) static void at_exit(void)
+{
+    hold_back_end(); /* exit() after a SIGTERM: the end is seen by the runtime once this returns */
+}
+
+void _exit(int status)
+{
+    static void (*real_exit)(int);
+    hold_back_end();
+    if (!real_exit)
+        real_exit = (void (*)(int))dlsym(RTLD_NEXT, "_exit");
+    if (real_exit)
+        real_exit(status);
+    syscall(SYS_exit_group, status);
+    for (;;)
+        ;
 }
 
 static int runtime_stopping(void)
@@ -144,6 +320,7 @@ pid_t waitpid(pid_t pid, int *status, int options)
 int MPI_Abort(uintptr_t comm, int code)
 {
     static int (*real_abort)(uintptr_t, int);
+    hold_back_end();
     if (rank_flag != NULL && (stopping(rank_flag) || term_waiting_in(getppid()))) {
         fflush(NULL);
         _exit(code & 0xff ? code & 0xff : 1);

@@ -37,8 +37,8 @@ from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import judged, mpi_failure
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_command, has_mpi4py, home,
                                                  job_addresses, mpi_flavor, mpi_options, mpirun_preload, netshim,
-                                                 rank_environment, slurm_environment, slurm_paths, stophold_library,
-                                                 user_command)
+                                                 rank_environment, restart_flag, slurm_environment, slurm_paths,
+                                                 stophold_library, user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
@@ -161,6 +161,7 @@ class MpiHost:
             self.ssh.shut()
         if self._rank_file is not None:
             self._stop_flag().unlink(missing_ok=True)
+            restart_flag(self._stop_flag()).unlink(missing_ok=True)
 
     def _seat_attempt(self, seat: Seating) -> Shim | None:
         """An active host, once the attempt's hosts are known: its ranks' file, its shim and sshd's from= name them.
@@ -235,8 +236,11 @@ class MpiHost:
         """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.
 
         No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
-        stop has no verdict after which train would end it.
+        stop has no verdict after which train would end it.  The restart flag tells the ranks so: their end
+        after the SIGTERM waits for no hold (native/stophold.c).
         """
+        if self._rank_file is not None:
+            restart_flag(self._stop_flag()).touch(mode=0o600, exist_ok=True)
         stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signal.SIGTERM)
 
     def stop(self, signum: int, locals_: Sequence[Local]) -> None:

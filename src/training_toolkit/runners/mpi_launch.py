@@ -26,7 +26,9 @@ from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runspec import RunContext
-from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR, without_secrets
+from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR, STOP_FLAG_VAR,
+                                       without_secrets)
+from training_toolkit.stopping import STOP_HEARD_S
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
@@ -82,7 +84,9 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
 
     The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
-    ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c).
+    ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c);
+    a rank's end after a SIGTERM waits (``STOP_HEARD_S`` at most) for that file or the restart flag beside it
+    (``restart_flag``), so that it cannot end before its host's runtime holds, where the platform signals it first.
     ``attempt``: the attempt these ranks are of (``rank_env.ATTEMPT_VAR``), what mpirun's ``--attempt`` waits for;
     None: of no attempt (the file a host writes before any attempt's hosts are known).
     """
@@ -97,6 +101,8 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
     if stop_flag is not None:
         preload.append(stophold_library())
         extra[RANK_STOP_FLAG_VAR] = stop_flag
+        extra[RANK_RESTART_FLAG_VAR] = str(restart_flag(Path(stop_flag)))
+        extra[RANK_STOP_WAIT_VAR] = str(round(STOP_HEARD_S * 1000))
     return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
                                      interface=ctx.job.resource.network_interface_name,
                                      custom=mpi_options(ctx).custom, preload=preload, extra=extra)
@@ -126,6 +132,14 @@ def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[
         preload.append(shim.library)
         extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
     return preload, extra
+
+
+RESTART_FLAG_NAME = "restarting"  # beside the stop flag: this host's train stops its ranks for a restart
+
+
+def restart_flag(stop_flag: Path) -> Path:
+    """The file that tells a rank its host stops it for a restart, not a stop (nothing held: native/stophold.c)."""
+    return stop_flag.with_name(RESTART_FLAG_NAME)
 
 
 def stophold_library() -> str:

@@ -143,7 +143,7 @@ def run_rank(tmp_path, argv, env, inherited, cwd=None):
 
 
 def test_the_rank_program_runs_the_files_command_with_its_environment_and_the_runtimes(tmp_path):
-    dump = "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), dict(os.environ)]))"
+    dump = "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), dict(os.environ), os.getpid()]))"
     env = {"PATH": "/usr/bin:/bin", "PWD": "/elsewhere", "SM_HP_LEARNING-RATE": "0.1", "MULTI": "a\nb", "OMPI_COMM_WORLD_RANK": "file's",
            "LD_LIBRARY_PATH": "/file/lib:/shared"}
     inherited = {"OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "PRTE_LAUNCHED": "1", "OPAL_PREFIX": "/o",
@@ -153,9 +153,10 @@ def test_the_rank_program_runs_the_files_command_with_its_environment_and_the_ru
     assert proc.returncode == 0, proc.stderr
     import json
 
-    argv, cwd, seen = json.loads(proc.stdout)
+    argv, cwd, seen, pid = json.loads(proc.stdout)
     assert argv == ["a b", ""] and cwd == "/"
     seen.pop("LC_CTYPE", None)  # Python's own locale coercion
+    assert seen.pop("TRAINING_TOOLKIT_RANK_PID") == str(pid)  # the rank is the process it execs (native/stophold.c)
     assert seen == {"PATH": "/usr/bin:/bin", "SM_HP_LEARNING-RATE": "0.1", "MULTI": "a\nb", "OMPI_COMM_WORLD_RANK": "3",
                     "PMIX_RANK": "3", "PRTE_LAUNCHED": "1", "OPAL_PREFIX": "/o", "HFI_NO_BACKTRACE": "1",
                     "TRAINING_TOOLKIT_SUPERVISOR": "t", "LD_LIBRARY_PATH": "/ompi/lib:/shared:/file/lib", "PWD": "/"}
