@@ -187,11 +187,26 @@ static void hold_back_end(void)
     }
 }
 
+static long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 static void trampoline(int sig, siginfo_t *info, void *context)
 {
+    static long first_ms; /* the rank's first SIGTERM */
     struct sigaction program = program_term;
-    if (getpid() == rank_pid)
+    if (getpid() == rank_pid) {
+        long now = now_ms();
+        /* the same stop, sent again (Slurm signals every process, the rank's host's train its ranks, srun
+           forwards): one run of the program's handler, not a second one inside the first (its save begun anew) */
+        if (got_term && now - first_ms < wait_ms)
+            return;
+        first_ms = got_term ? first_ms : now;
         got_term = 1;
+    }
     if (program.sa_flags & SA_RESETHAND) {
         program_term.sa_handler = SIG_DFL;
         program_term.sa_flags &= ~(SA_SIGINFO | SA_RESETHAND);
@@ -317,11 +332,17 @@ pid_t waitpid(pid_t pid, int *status, int options)
 }
 
 /* MPI_Comm is a pointer in Open MPI and an int in MPICH: either passes through a uintptr_t unchanged. */
+/* Whether this rank's runtime holds (a stop of its host's): its peers' ends are not seen, nor is its own. */
+static int runtime_holds(void)
+{
+    return rank_flag != NULL && (stopping(rank_flag) || term_waiting_in(getppid()));
+}
+
 int MPI_Abort(uintptr_t comm, int code)
 {
     static int (*real_abort)(uintptr_t, int);
     hold_back_end();
-    if (rank_flag != NULL && (stopping(rank_flag) || term_waiting_in(getppid()))) {
+    if (runtime_holds()) {
         fflush(NULL);
         _exit(code & 0xff ? code & 0xff : 1);
     }
@@ -332,4 +353,23 @@ int MPI_Abort(uintptr_t comm, int code)
         return -1;
     }
     return real_abort(comm, code);
+}
+
+/* During a stop a rank's MPI_Finalize is no meeting: the runtime holds, so a peer that ended first (its own
+   MPI_Abort above, a death) is never reported, and Open MPI 4's finalize waited for it until the grace ran out
+   (seen: a rank whose handler ran twice, the second SystemExit escaping mpi4py's abort).  It returns at once;
+   the rank's exit status is the program's, its host's train judges it. */
+int MPI_Finalize(void)
+{
+    static int (*real_finalize)(void);
+    hold_back_end();
+    if (runtime_holds())
+        return 0; /* MPI_SUCCESS */
+    if (!real_finalize)
+        real_finalize = (int (*)(void))dlsym(RTLD_NEXT, "MPI_Finalize");
+    if (!real_finalize) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return real_finalize();
 }

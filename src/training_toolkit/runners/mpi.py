@@ -27,6 +27,7 @@ from training_toolkit import procfs, rundir, stacks
 from training_toolkit.cluster import ssh
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
+from training_toolkit.log import log
 from training_toolkit.names import LAUNCH_SLURM, OPENMPI4
 from training_toolkit.process import ExitStatus
 from training_toolkit.redact import redact
@@ -249,7 +250,7 @@ class MpiHost:
         Other signals the agent passes to mpirun, which passes SIGUSR1/2 to every rank.
         """
         self._hold_kills()
-        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum)
+        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum, on_kill=_name_the_left)
 
     def _ranks(self, locals_: Sequence[Local]) -> list[int]:
         mpirun = frozenset(local.child.pid for local in locals_)
@@ -302,3 +303,7 @@ def describe(ctx: RunContext) -> dict:
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ctx.environ, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
 
+
+def _name_the_left(pids: list[int]) -> None:
+    """What of this host's ranks was still there at the grace period's end, named before its SIGKILL."""
+    log(f"after the grace period, killed: {', '.join(f'{pid} ({procfs.cmdline(pid) or procfs.comm(pid)})' for pid in pids)}")

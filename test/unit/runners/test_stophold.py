@@ -74,3 +74,21 @@ def test_outside_a_stop_mpi_abort_is_the_real_one(tmp_path: Path):
     flag = tmp_path / "stopping"
     out = run(ABORT, "none", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})
     assert (out.returncode, out.stdout) == (0, "abort\nno MPI here: returned\n"), out.stderr
+
+
+FINALIZE = r"""
+import ctypes, sys
+if sys.argv[1] == "flag":
+    open(sys.argv[2], "w").close()
+print("finalize", ctypes.CDLL(None).MPI_Finalize(), flush=True)
+"""
+
+
+def test_a_ranks_mpi_finalize_during_a_stop_returns_at_once(tmp_path: Path):
+    """No meeting with peers whose ends the held runtime never reports (Open MPI 4 waited for them to the grace)."""
+    flag = tmp_path / "stopping"
+    out = run(FINALIZE, "flag", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})
+    assert (out.returncode, out.stdout) == (0, "finalize 0\n"), out.stderr
+    flag.unlink()
+    out = run(FINALIZE, "none", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})  # outside a stop: the real one
+    assert (out.returncode, out.stdout) == (0, "finalize -1\n"), out.stderr  # (no MPI library here)

@@ -28,7 +28,14 @@ WAIT_MS = 4000  # the bound, well above FLAG_AFTER_S: an end at FLAG_AFTER_S wai
 RANK = r"""
 import ctypes, os, signal, subprocess, sys, time
 how = sys.argv[1]
+calls = []
 def handler(signum, frame):
+    if how == "count":  # each run of the handler said; the second ends the rank
+        calls.append(signum)
+        os.write(1, f"handler {len(calls)}\n".encode())
+        if len(calls) == 2:
+            os._exit(143)
+        return
     if how == "abort":
         ctypes.CDLL(None).MPI_Abort(ctypes.c_void_p(0), 143)
         os.write(1, b"no MPI here: returned\n")  # not print(): the signal may come while "ready" is written
@@ -82,6 +89,22 @@ def test_a_ranks_end_after_sigterm_waits_for_its_hosts_stop_flag(tmp_path: Path,
         assert seen == "[<Handlers.SIG_DFL: 0>, True]"  # Python sees SIGTERM's disposition as it set it
         assert FLAG_AFTER_S <= took < FLAG_AFTER_S + 2, took
         assert (code, out) == (143, "")  # MPI_Abort during the stop: the rank's own exit, the runtime never told
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_the_same_stop_sent_again_runs_the_handler_once(tmp_path: Path):
+    """Slurm signals the rank, then its host's train does: the handler (a save) runs once, not a second time inside
+    the first; a SIGTERM after the window (the wait's length) is the program's again."""
+    rank, child, _ = start_rank(tmp_path, "count", wait_ms=1500)
+    try:
+        rank.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        rank.send_signal(signal.SIGTERM)
+        time.sleep(2.0)
+        rank.send_signal(signal.SIGTERM)
+        out, err = rank.communicate(timeout=30)
+        assert (rank.returncode, out) == (143, "handler 1\nhandler 2\n"), err
     finally:
         os.kill(child, signal.SIGKILL)
 
