@@ -46,13 +46,6 @@ SETS = {"mpi-first": (("mpi", "first-slow"), ("torch", "last-slow"), ("ompi5", "
 GRACE_S = 25  # the Slurm platform's default grace (docs/slurm.md), under KillWait 30 s
 
 
-class OpenMpi4StopDefect(AssertionError):
-    """The open defect of Open MPI's jobs (4, and 5 once in CI) under Slurm's stop (docs/slurm.md, "Stops"), seen about once in 20 runs:
-    Slurm signals the ranks at the moment it signals train, so a rank whose handler ends at once can reach
-    ``MPI_Abort`` before its node's train has set the stop hold, and Open MPI kills the slow rank before its save;
-    or a node waits out its grace.  Raised for that job alone, after every other job and check has passed."""
-
-
 def delays_of(kind: str, order: str) -> list[float]:
     """Seconds each rank's handler takes, by rank: one slow, one 0.5 s, two that exit at once."""
     slow = SLOWEST[kind]
@@ -103,8 +96,6 @@ def ended_at(slurm, host: str) -> float:
     return max(p.stat().st_mtime for p in output.iterdir() if p.name in ("success", "failure"))
 
 
-@pytest.mark.xfail(raises=OpenMpi4StopDefect, strict=False,
-                   reason="open: Open MPI 4 under Slurm, a rank's MPI_Abort before its node's stop hold (docs/slurm.md)")
 @pytest.mark.mpi
 @pytest.mark.openmpi5
 @pytest.mark.torch
@@ -144,22 +135,8 @@ def test_a_slurm_stop_keeps_every_ranks_save(tmp_path, trigger, jobs):
                                        if verdict(slurm, h)[0] != "none"}}
         outs = {kind: (tmp_path / kind / f"slurm-{job}.out").read_text(errors="replace") for kind, job in ids.items()}
     assert left == {}, left
-    defect = None
-    for kind, r in results.items():  # every job's checks: only the Open MPI 4 job's known defect waits to the end
-        try:
-            check_stop(kind, r, comps[kind], outs[kind], trigger)
-        except AssertionError as exc:
-            if kind not in ("mpi", "ompi5") or not known_defect(r, outs[kind]):
-                raise
-            defect = OpenMpi4StopDefect(str(exc))
-    if defect is not None:
-        raise defect
-
-
-def known_defect(r: dict, out: str) -> bool:
-    """The Open MPI 4 job failed its stop in one of the two known ways (``OpenMpi4StopDefect``)."""
-    aborted = sorted(r["saved"]) != [0, 1, 2, 3]  # Open MPI 5's CI run lost rank 1's save the same way
-    return aborted or max(r["ended"].values(), default=0) >= GRACE_S - 1
+    for kind, r in results.items():
+        check_stop(kind, r, comps[kind], outs[kind], trigger)
 
 
 def check_stop(kind: str, r: dict, comp: dict, out: str, trigger: str) -> None:
