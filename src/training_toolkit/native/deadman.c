@@ -37,6 +37,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "procread.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -76,16 +77,9 @@ static int usage(void)
 /* The state, parent and start time of /proc/PID/stat; 0 once the process is gone. */
 static int read_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char buf[1024];
+    if (!proc_read(pid, "stat", buf, sizeof buf))
         return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
     char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
     if (p == NULL || p[1] != ' ')
         return 0;

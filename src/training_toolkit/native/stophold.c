@@ -91,6 +91,7 @@ static const char *path_of(const char *name)
 }
 
 #include "nodepath.h"
+#include "procread.h"
 
 static void trampoline(int sig, siginfo_t *info, void *context);
 
@@ -142,22 +143,9 @@ static int term_waiting(void)
 /* Whether process `pid` has a SIGTERM waiting (its /proc status's ShdPnd): async-signal-safe, no stdio. */
 static int term_waiting_in(pid_t pid)
 {
-    char path[32] = "/proc/", digits[16], buf[4096];
-    int n = 0;
-    for (unsigned long v = (unsigned long)pid; n == 0 || v; v /= 10)
-        digits[n++] = (char)('0' + v % 10);
-    size_t at = strlen(path);
-    while (n)
-        path[at++] = digits[--n];
-    memcpy(path + at, "/status", sizeof "/status");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char buf[4096];
+    if (!proc_read(pid, "status", buf, sizeof buf))
         return 0;
-    ssize_t got = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (got <= 0)
-        return 0;
-    buf[got] = 0;
     const char *p = strstr(buf, "\nShdPnd:");
     if (!p)
         return 0;
