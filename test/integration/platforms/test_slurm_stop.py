@@ -4,7 +4,8 @@ Both end a job the same way: SIGTERM to every process of every step of the job (
 the MPI daemons' step), SIGKILL after ``KillWait``.  Ranks whose handlers take different times
 (rank 0 the slow one in one job, the last rank in another; the others 0 s and 0.5 s) must each
 save, every node must end "stopped by SIGTERM" (143) soon after the slowest handler, long before
-the grace (25 s) or KillWait (30 s), and nothing may be left on any node.
+the grace (25 s) or KillWait (30 s), each rank's handler must run once (the same stop reaches a rank
+from Slurm and from its node's train), and nothing may be left on any node.
 
 Each test runs three jobs at once on one 6-node cluster: an MPI 2 x 2 with Open MPI 4 (mpi4py) on
 node1-2, a torch_distributed 2 x 2 on node3-4 and an MPI 2 x 2 with Open MPI 5 (the wheel's PRRTE)
@@ -127,9 +128,12 @@ def test_a_slurm_stop_keeps_every_ranks_save(tmp_path, trigger, jobs):
             delays = delays_of(kind, order)
             saved = {int(p.name.split("-")[1]): p.stat().st_mtime for h in nodes
                      for p in model_dir(slurm, h).glob("saved-*")}
+            # the same stop reaches a rank more than once (Slurm, srun's forward, its node's train): its handler runs once
+            runs = {int(p.name.split("-")[1]): len(p.read_text().splitlines()) for h in nodes
+                    for p in model_dir(slurm, h).glob("saved-*")}
             # no clock of Slurm's SIGTERM for --time: a rank with no delay saved as it came, within a moment
             start = sent.get(kind, min([saved[r] - delays[r] for r in saved], default=0))
-            results[kind] = {"order": order, "delays": delays, "saved": saved, "start": start,
+            results[kind] = {"order": order, "delays": delays, "saved": saved, "runs": runs, "start": start,
                              "verdicts": {h: verdict(slurm, h) for h in nodes},
                              "ended": {h: ended_at(slurm, h) - start for h in nodes
                                        if verdict(slurm, h)[0] != "none"}}
@@ -143,6 +147,7 @@ def check_stop(kind: str, r: dict, comp: dict, out: str, trigger: str) -> None:
     """One job's stop: every rank saved, the job's state, every node "stopped by SIGTERM", and the end with the
     slowest handler, not with the grace or KillWait."""
     assert sorted(r["saved"]) == [0, 1, 2, 3], (kind, r, out)
+    assert set(r["runs"].values()) == {1}, (kind, "a handler ran more than once", r["runs"])
     assert comp["JobState"] == ("TIMEOUT" if trigger == "time_limit" else "CANCELLED"), (kind, comp)
     for host, (name, text) in r["verdicts"].items():
         assert name == "failure" and "stopped by SIGTERM" in text.splitlines()[0], (kind, host, name, text)
