@@ -99,7 +99,7 @@ static void trampoline(int sig, siginfo_t *info, void *context);
 static int install(const struct sigaction *act)
 {
     struct sigaction mine = *act;
-    if (act->sa_handler == SIG_IGN && !(act->sa_flags & SA_SIGINFO))
+    if (act->sa_handler == SIG_IGN) /* (sa_handler and sa_sigaction share their storage: SIG_IGN either way) */
         return real_sigaction(SIGTERM, act, NULL); /* ignored: nothing comes to note */
     mine.sa_sigaction = trampoline;
     mine.sa_flags = (act->sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
@@ -199,16 +199,18 @@ static void trampoline(int sig, siginfo_t *info, void *context)
         program_term.sa_handler = SIG_DFL;
         program_term.sa_flags &= ~(SA_SIGINFO | SA_RESETHAND);
     }
-    if (program.sa_flags & SA_SIGINFO) {
-        program.sa_sigaction(sig, info, context);
-    } else if (program.sa_handler == SIG_DFL) {
+    if (program.sa_handler == SIG_DFL) { /* SIG_DFL and SIG_IGN whatever the flags: the storage is shared */
         hold_back_end();
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         real_sigaction(SIGTERM, &dfl, NULL);
         raise(SIGTERM); /* blocked in its own handler: delivered, with its default, when this returns */
-    } else if (program.sa_handler != SIG_IGN) {
+    } else if (program.sa_handler == SIG_IGN) {
+        return;
+    } else if (program.sa_flags & SA_SIGINFO) {
+        program.sa_sigaction(sig, info, context);
+    } else {
         program.sa_handler(sig);
     }
 }
