@@ -44,6 +44,7 @@ KILL_WAIT_S = 1.0
 #: Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
 #: handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25).
 STOP_HEARD_S = 2.0
+
 _FIRST_POLL_S = 0.005
 _MAX_POLL_S = 0.05
 # Signals after which SIGCONT is pointless: they act on a stopped process, or are SIGCONT.

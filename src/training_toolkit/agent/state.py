@@ -23,7 +23,6 @@ STOP_MARGIN_S = 3.0  # after the grace period: a host's SIGKILL to what is left 
 
 STACKS_WAIT_S = 6.0  # first host: how long gathering the stacks may take before the stall is named without them
 
-
 SETUP, RUNNING, ENDED = Phase.SETUP, Phase.RUNNING, Phase.ENDED
 
 

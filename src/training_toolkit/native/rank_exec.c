@@ -15,8 +15,9 @@
  * The rank's environment is FILE's, plus what Open MPI's runtime gave this process to
  * find its peers (OMPI_*, PMIX_*, PRTE_*, OPAL_*, ORTE_*, its *_NO_BACKTRACE flags); the
  * runtime's LD_LIBRARY_PATH entries (Open MPI 5 puts its own lib dir there) come before
- * FILE's; PWD is the rank's directory, TRAINING_TOOLKIT_RANK_PID its process (native/stophold.c).  Nothing else of the inherited environment (sshd's
- * session) survives, so a rank sees the same on every host.  Then it enters CWD and execs the command: no
+ * FILE's; PWD is the rank's directory, TRAINING_TOOLKIT_RANK_PID its process (native/stophold.c).
+ * Nothing else of the inherited environment (sshd's session) survives, so a rank sees the same on
+ * every host.  Then it enters CWD and execs the command: no
  * process stays between the runtime and the user's program, and no Python starts.
  *
  * --attempt N (mpirun's line: the attempt it launches): FILE must hold the entry

@@ -55,7 +55,6 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -321,13 +320,13 @@ pid_t waitpid(pid_t pid, int *status, int options)
     return real_waitpid(pid, status, options);
 }
 
-/* MPI_Comm is a pointer in Open MPI and an int in MPICH: either passes through a uintptr_t unchanged. */
 /* Whether this rank's runtime holds (a stop of its host's): its peers' ends are not seen, nor is its own. */
 static int runtime_holds(void)
 {
     return rank_flag != NULL && (stopping(rank_flag) || term_waiting_in(getppid()));
 }
 
+/* MPI_Comm is a pointer in Open MPI and an int in MPICH: either passes through a uintptr_t unchanged. */
 int MPI_Abort(uintptr_t comm, int code)
 {
     static int (*real_abort)(uintptr_t, int);

@@ -135,11 +135,10 @@ def test_a_slurm_stop_keeps_every_ranks_save(tmp_path, trigger, jobs):
         results = {}
         for kind, order, nodes in jobs:
             delays = delays_of(kind, order)
-            saved = {int(p.name.split("-")[1]): p.stat().st_mtime for h in nodes
-                     for p in model_dir(slurm, h).glob("saved-*")}
+            files = {int(p.name.split("-")[1]): p for h in nodes for p in model_dir(slurm, h).glob("saved-*")}
+            saved = {rank: p.stat().st_mtime for rank, p in files.items()}
             # the same stop reaches a rank more than once (Slurm, srun's forward, its node's train): its handler runs once
-            runs = {int(p.name.split("-")[1]): len(p.read_text().splitlines()) for h in nodes
-                    for p in model_dir(slurm, h).glob("saved-*")}
+            runs = {rank: len(p.read_text().splitlines()) for rank, p in files.items()}
             # no clock of Slurm's SIGTERM for --time: a rank with no delay saved as it came, within a moment
             start = sent.get(kind, min([saved[r] - delays[r] for r in saved], default=0))
             results[kind] = {"order": order, "delays": delays, "saved": saved, "runs": runs, "start": start,
