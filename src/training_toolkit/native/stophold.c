@@ -21,14 +21,17 @@
  *                                    the calling process with the error code, as if the job had
  *                                    been aborted, without telling the runtime
  *
- * A SIGTERM waiting in the runtime counts as the flag too (Open MPI 4's mpirun and orted start with
- * SIGTERM blocked: runners/mpi_command.py), for the runtime and for its ranks' MPI_Abort (the
- * parent's, read from /proc): where the platform signals every process of the job at once (Slurm's
- * scancel and --time), a rank whose handler ends at once may end before its host's train has made
- * the file, and under Slurm's own launch of the daemons (docs/slurm.md) a worker's ranks are in
- * another step than its train, signalled by another step daemon, in either order.  The runtime's
- * blocked SIGTERM is there before any rank can act on its own (a step daemon signals its processes in
- * one pass, microseconds apart), and nothing but a stop leaves it there.
+ * A SIGTERM the runtime has had counts as the flag too, from then on: where the platform signals every
+ * process of the job at once (Slurm's scancel and --time), it may come before its host's train has made
+ * the file, and under Slurm's own launch of the daemons (docs/slurm.md) a worker's daemon and ranks are
+ * in another step than its train, signalled by another step daemon, in either order.  Open MPI 4's
+ * mpirun and orted start with SIGTERM blocked (runners/mpi_command.py): it waits in them, and counts
+ * for their ranks' MPI_Abort too (the parent's, read from /proc).  Open MPI 5's prterun and prted take
+ * it, and PRRTE's answer is to end its ranks at once (SIGCONT, 0.25 s, SIGTERM, 0.25 s, SIGKILL): the
+ * library notes it (the trampoline below) before PRRTE's handler runs.  Except under
+ *
+ *   TRAINING_TOOLKIT_RESTART_FLAG    (the runtime's) a file's path on this host: while it exists, a
+ *                                    SIGTERM holds nothing (its host's train ends it for a restart)
  *
  * A rank's own end, where the platform may signal it before its host's train (native, for the rank
  * alone: the process training-toolkit-rank became, TRAINING_TOOLKIT_RANK_PID; its children pass through):
@@ -46,7 +49,7 @@
  * (seen in CI).  To know that a SIGTERM came, the library stands between the program and SIGTERM's
  * disposition: sigaction() and signal() for SIGTERM set and report the program's own disposition as
  * always, while the one installed is a trampoline that notes the signal, then runs the program's
- * handler (or, for SIG_DFL, waits as above and dies of SIGTERM).
+ * handler (or, for SIG_DFL, a rank waits as above and dies of SIGTERM).  The runtime's is the same.
  *
  * Unset or empty: the library passes everything through.  train creates the file before it
  * signals its ranks and removes it before the next attempt starts (runners/mpi.py); the processes
@@ -68,17 +71,18 @@
 
 #define FLAG_VAR "TRAINING_TOOLKIT_STOP_FLAG"
 #define RANK_FLAG_VAR "TRAINING_TOOLKIT_RANK_STOP_FLAG"
-#define RESTART_FLAG_VAR "TRAINING_TOOLKIT_RANK_RESTART_FLAG"
+#define RESTART_FLAG_VAR "TRAINING_TOOLKIT_RESTART_FLAG"
+#define RANK_RESTART_FLAG_VAR "TRAINING_TOOLKIT_RANK_RESTART_FLAG"
 #define WAIT_VAR "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"
 #define RANK_PID_VAR "TRAINING_TOOLKIT_RANK_PID"
 
 static const char *flag;         /* the runtime's: set once, before main(), read only after */
+static const char *restart_flag; /* the runtime's, or a rank's: its host's train stops it for a restart */
 static const char *rank_flag;    /* a rank's */
-static const char *restart_flag; /* a rank's: its host's train stops it for a restart */
 static long wait_ms;             /* > 0: this process is a rank whose end waits for its host's decision */
-static pid_t rank_pid;           /* that rank (a child forked from it is not) */
+static pid_t owner;              /* the rank, or the runtime, whose SIGTERM is noted (a child forked from it is not) */
 
-static volatile sig_atomic_t got_term;  /* the rank has had a SIGTERM */
+static volatile sig_atomic_t got_term;  /* the owner has had a SIGTERM */
 static volatile sig_atomic_t end_held;  /* its end has waited once already */
 static struct sigaction program_term;   /* SIGTERM's disposition as the program set it: what sigaction() reports */
 static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
@@ -118,13 +122,18 @@ __attribute__((constructor)) static void init(void)
     rank_flag = path_of(RANK_FLAG_VAR);
     real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
     long wait = number(path_of(WAIT_VAR));
-    if (!rank_flag || !wait || !real_sigaction || number(path_of(RANK_PID_VAR)) != (long)getpid())
+    int rank = rank_flag && wait && number(path_of(RANK_PID_VAR)) == (long)getpid();
+    if (!real_sigaction || !(rank || flag))
         return;
     if (real_sigaction(SIGTERM, NULL, &program_term) != 0 || install(&program_term) != 0)
         return;
-    restart_flag = path_of(RESTART_FLAG_VAR);
-    rank_pid = getpid();
-    wait_ms = wait;
+    owner = getpid();
+    if (rank) {
+        restart_flag = path_of(RANK_RESTART_FLAG_VAR);
+        wait_ms = wait;
+    } else {
+        restart_flag = node_path(path_of(RESTART_FLAG_VAR));
+    }
 }
 
 static int stopping(const char *path)
@@ -163,7 +172,7 @@ static int term_waiting_in(pid_t pid)
 /* The rank, after a SIGTERM: wait (once, bounded) until its host has decided what the stop is. */
 static void hold_back_end(void)
 {
-    if (!wait_ms || !got_term || end_held || getpid() != rank_pid)
+    if (!wait_ms || !got_term || end_held || getpid() != owner)
         return;
     end_held = 1;
     for (long waited = 0; waited < wait_ms; waited += 10) {
@@ -185,7 +194,9 @@ static void trampoline(int sig, siginfo_t *info, void *context)
 {
     static long first_ms; /* the rank's first SIGTERM */
     struct sigaction program = program_term;
-    if (getpid() == rank_pid) {
+    if (getpid() == owner && !wait_ms) {
+        got_term = 1; /* the runtime: a platform's stop (runtime_stopping) */
+    } else if (getpid() == owner) {
         long now = now_ms();
         /* the same stop, sent again (Slurm signals every process, the rank's host's train its ranks, srun
            forwards): one run of the program's handler, not a second one inside the first (its save begun anew) */
@@ -218,10 +229,10 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
     if (!real_sigaction)
         real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
-    if (sig != SIGTERM || !wait_ms)
+    if (sig != SIGTERM || !owner)
         return real_sigaction(sig, act, old);
-    if (getpid() != rank_pid) {
-        /* a child of the rank, before its exec: vfork()'s shares this memory (Python's subprocess resets its
+    if (getpid() != owner) {
+        /* a child of the owner, before its exec: vfork()'s shares this memory (Python's subprocess resets its
            handlers there), so it changes nothing here; it reports the program's disposition for the trampoline */
         struct sigaction was;
         if (real_sigaction(sig, act, &was) != 0)
@@ -244,7 +255,7 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 sighandler_t signal(int sig, sighandler_t handler)
 {
     static sighandler_t (*real_signal)(int, sighandler_t);
-    if (sig != SIGTERM || !wait_ms) {
+    if (sig != SIGTERM || !owner) {
         if (!real_signal)
             real_signal = (sighandler_t(*)(int, sighandler_t))dlsym(RTLD_NEXT, "signal");
         return real_signal(sig, handler);
@@ -276,9 +287,11 @@ void _exit(int status)
         ;
 }
 
+/* The runtime holds while its host's stop flag exists, and once it has had a SIGTERM (waiting, where it starts
+   with SIGTERM blocked, or taken) unless its host's train stops it for a restart. */
 static int runtime_stopping(void)
 {
-    return flag != NULL && (stopping(flag) || term_waiting());
+    return flag != NULL && (stopping(flag) || ((got_term || term_waiting()) && !stopping(restart_flag)));
 }
 
 /* Whether a signal to `pid` (kill()'s meaning: -N is a group, 0 our own group) is held now. */

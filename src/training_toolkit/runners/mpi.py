@@ -38,8 +38,8 @@ from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import judged, mpi_failure
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_command, has_mpi4py, home,
                                                  job_addresses, mpi_flavor, mpi_options, mpirun_preload, netshim,
-                                                 rank_environment, restart_flag, slurm_environment, slurm_paths,
-                                                 stophold_library, user_command)
+                                                 rank_environment, restart_flag, runtime_flags, slurm_environment,
+                                                 slurm_paths, stophold_library, user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
@@ -121,7 +121,7 @@ class MpiHost:
         # this host (sshd's sessions get nothing else)
         session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
                        PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
-                       **(shim.environment() if shim else {}), STOP_FLAG_VAR: str(self._stop_flag())}
+                       **(shim.environment() if shim else {}), **runtime_flags(self._stop_flag())}
         self.ssh.serve(seat, by_host, session_env)
 
     def after_barrier(self, seat: Seating) -> None:
@@ -213,7 +213,7 @@ class MpiHost:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(ctx, shim)
         preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
-        extra[STOP_FLAG_VAR] = str(self._stop_flag())
+        extra.update(runtime_flags(self._stop_flag()))
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         if self.ssh is not None:
             extra.update(self.ssh.agent_environment())  # its rsh agent's config (native/ssh_agent.c)

@@ -26,8 +26,8 @@ from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runspec import RunContext
-from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR, STOP_FLAG_VAR,
-                                       without_secrets)
+from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR, RESTART_FLAG_VAR,
+                                       STOP_FLAG_VAR, without_secrets)
 from training_toolkit.stopping import STOP_HEARD_S
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
@@ -142,6 +142,12 @@ def restart_flag(stop_flag: Path) -> Path:
     return stop_flag.with_name(RESTART_FLAG_NAME)
 
 
+def runtime_flags(stop_flag: Path) -> dict[str, str]:
+    """What Open MPI's runtime on a host (mpirun, a daemon) is told of its host's stop: the stop flag, and the restart
+    flag beside it, under which a SIGTERM it gets is a restart's end and holds nothing (native/stophold.c)."""
+    return {STOP_FLAG_VAR: str(stop_flag), RESTART_FLAG_VAR: str(restart_flag(stop_flag))}
+
+
 def stophold_library() -> str:
     """The library that holds Open MPI's reaction to a rank's end while a host stops its ranks (native/stophold.c)."""
     return str(native.path_of(native.STOPHOLD_LIBRARY))
@@ -202,7 +208,7 @@ def slurm_environment(ctx: RunContext, slurm_order: tuple[str, ...] | None = Non
     return env
 
 def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
-    """The rank file's and the stop flag's paths for every daemon through Slurm: this host's name in them is
+    """The rank file's and the runtime's flags' paths for every daemon through Slurm: this host's name in them is
     ``%n``, which each daemon and rank completes with its node's ``SLURMD_NODENAME`` (slurmstepd sets it for
     the daemons; mpirun, this host's daemon, gets this host's).  Every host names its directory alike
     (``rank_env.node_rank_file_path``) under the same parent (docs/slurm.md)."""
@@ -211,7 +217,8 @@ def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
         assert text.count(host) >= 1, (text, host)
         head, _, tail = text.rpartition(host)
         return f"{head}{NODE_PLACEHOLDER}{tail}"
-    return {rank_env.RANK_FILE_VAR: template(rank_file), STOP_FLAG_VAR: template(stop_flag), SLURMD_NODE_VAR: host}
+    flags = {name: template(Path(path)) for name, path in runtime_flags(stop_flag).items()}
+    return {rank_env.RANK_FILE_VAR: template(rank_file), **flags, SLURMD_NODE_VAR: host}
 
 
 def home() -> str:

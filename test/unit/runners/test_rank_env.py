@@ -223,6 +223,7 @@ def test_through_slurm_each_host_names_its_ranks_directory_after_its_node(tmp_pa
     paths = slurm_paths(one, one.parent / "stopping", "node1")
     assert paths == {"TRAINING_TOOLKIT_RANK_FILE": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "rank.env"),
                      "TRAINING_TOOLKIT_STOP_FLAG": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "stopping"),
+                     "TRAINING_TOOLKIT_RESTART_FLAG": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "restarting"),
                      "SLURMD_NODENAME": "node1"}
 
 

@@ -6,12 +6,15 @@ Each case runs a small Python with the library preloaded (as mpirun and the daem
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training_toolkit import native
-from training_toolkit.settings import RANK_STOP_FLAG_VAR, STOP_FLAG_VAR
+from training_toolkit.settings import RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR, STOP_FLAG_VAR
 
 # a "runtime": starts a child, then signals and waits for it with the flag there, then without
 RUNTIME = r"""
@@ -92,3 +95,47 @@ def test_a_ranks_mpi_finalize_during_a_stop_returns_at_once(tmp_path: Path):
     flag.unlink()
     out = run(FINALIZE, "none", str(flag), **{RANK_STOP_FLAG_VAR: str(flag)})  # outside a stop: the real one
     assert (out.returncode, out.stdout) == (0, "finalize -1\n"), out.stderr  # (no MPI library here)
+
+
+# a "runtime" that a platform's stop reaches before its host's train has made the flag: it takes the SIGTERM (a
+# handler, as Open MPI 5's prterun and prted) or has it waiting (blocked, as Open MPI 4's mpirun and orted start)
+SIGTERMED_RUNTIME = r"""
+import os, signal, subprocess, sys, time
+child = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid, flush=True)
+def on_term(signum, frame):  # as PRRTE's: a SIGTERM ends the job's processes
+    os.kill(child.pid, signal.SIGKILL)
+if sys.argv[1] == "taken":
+    signal.signal(signal.SIGTERM, on_term)
+else:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("handler", signal.getsignal(signal.SIGTERM) is (on_term if sys.argv[1] == "taken" else signal.SIG_DFL))
+os.kill(os.getpid(), signal.SIGTERM)  # (to itself: never held)
+os.kill(child.pid, signal.SIGKILL)
+time.sleep(0.2)
+print("alive", open(f"/proc/{child.pid}/stat").read().split()[2] != "Z")
+print("waitpid", os.waitpid(child.pid, os.WNOHANG) != (0, 0))
+"""
+
+
+@pytest.mark.parametrize("how", ["taken", "waiting"])
+@pytest.mark.parametrize("restarting", [False, True], ids=["stop", "restart"])
+def test_a_sigtermed_runtime_holds_unless_its_host_restarts(tmp_path: Path, how: str, restarting: bool):
+    """A SIGTERM holds the runtime from then on, flag or not (the platform signals every process: Slurm's scancel and
+    --time), but not under the restart flag: that SIGTERM is its host's train ending it for a restart."""
+    restart = tmp_path / "restarting"
+    if restarting:
+        restart.touch()
+    out = run(SIGTERMED_RUNTIME, how, **{STOP_FLAG_VAR: str(tmp_path / "stopping"), RESTART_FLAG_VAR: str(restart)})
+    lines = out.stdout.splitlines()
+    if lines and lines[0].isdigit():
+        _end(int(lines[0]))
+    assert out.returncode == 0, out.stderr
+    assert lines[1:] == ["handler True", f"alive {not restarting}", f"waitpid {restarting}"]
+
+
+def _end(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
