@@ -144,6 +144,11 @@ VARIABLES = (
              "how mpirun starts Open MPI's daemons on the other hosts: `ssh` (the toolkit's own sshd and keys) or "
              "`slurm` (`srun --overlap` inside the job's step: no sshd, no keys; the default under Slurm; "
              "docs/slurm.md)"),
+    Variable("TRAINING_TOOLKIT_ONE_STOP", "one_stop", values.on_off, False, "off",
+             "`on`: a SIGTERM that reaches a process of the user's script again within 2 s of its first is the same "
+             "stop, and the script's handler runs once (a small library preloaded into it); the default under Slurm, "
+             "which signals every process of the job itself while each host's train passes the stop on as well "
+             "(docs/slurm.md; MPI ranks have it everywhere)"),
 )
 
 
@@ -178,6 +183,7 @@ class Settings(NamedTuple):
     min_hosts: int | None = None  # None: the max
     netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
     mpi_launcher: str = names.LAUNCH_SSH  # how mpirun starts its daemons: ssh, or srun under Slurm
+    one_stop: bool = False  # preload the user's processes so that repeated SIGTERMs are one stop (Slurm)
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
@@ -197,6 +203,7 @@ class Overrides(NamedTuple):
     job_secret: bytes | None = None
     num_gpus: int | None = None  # Slurm: the GPUs allocated on this node (SLURM_GPUS_ON_NODE), not all it has
     mpi_launcher: str | None = None  # Slurm: mpirun starts its daemons with srun, not over ssh
+    one_stop: bool | None = None  # Slurm: every process gets the platform's SIGTERM and its host's train's
 
 
 NO_OVERRIDES = Overrides()

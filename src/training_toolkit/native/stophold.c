@@ -43,6 +43,12 @@
  *                                        or the restart flag exists (a restart's stop: nothing held)
  *   TRAINING_TOOLKIT_RANK_RESTART_FLAG   that restart flag's path
  *
+ * SIGTERMs that reach a rank within TRAINING_TOOLKIT_RANK_STOP_WAIT_MS of its first are one stop: the program's
+ * handler runs once (the platform's signal, srun's forward and the host's train's are one stop).  The same for a
+ * process of the user's script that the toolkit starts itself where the platform signals every process (Slurm:
+ * one_stop.py): it has the variable but no TRAINING_TOOLKIT_RANK_PID, so it names itself there, and what it
+ * starts is not the rank; without TRAINING_TOOLKIT_RANK_STOP_FLAG nothing of its end waits.
+ *
  * Slurm signals every process of the job in one pass of its step daemon, but a pass is not atomic: on a
  * loaded node a rank whose handler exits at once ended, called MPI_Abort even, before the pass reached
  * mpirun, and before its host's train had made the flag, so the runtime ended every rank still saving
@@ -79,7 +85,8 @@
 static const char *flag;         /* the runtime's: set once, before main(), read only after */
 static const char *restart_flag; /* the runtime's, or a rank's: its host's train stops it for a restart */
 static const char *rank_flag;    /* a rank's */
-static long wait_ms;             /* > 0: this process is a rank whose end waits for its host's decision */
+static long wait_ms;             /* > 0: this process is a rank: SIGTERMs within it are one stop; with rank_flag (MPI)
+                                    its end after one waits, as long at most, for its host's decision */
 static pid_t owner;              /* the rank, or the runtime, whose SIGTERM is noted (a child forked from it is not) */
 
 static volatile sig_atomic_t got_term;  /* the owner has had a SIGTERM */
@@ -122,7 +129,12 @@ __attribute__((constructor)) static void init(void)
     rank_flag = path_of(RANK_FLAG_VAR);
     real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
     long wait = number(path_of(WAIT_VAR));
-    int rank = rank_flag && wait && number(path_of(RANK_PID_VAR)) == (long)getpid();
+    if (wait && !path_of(RANK_PID_VAR)) { /* a process the toolkit started itself, not through training-toolkit-rank */
+        char own[24];
+        snprintf(own, sizeof own, "%ld", (long)getpid());
+        setenv(RANK_PID_VAR, own, 1); /* it is the rank, what it starts is not */
+    }
+    int rank = wait && number(path_of(RANK_PID_VAR)) == (long)getpid();
     if (!real_sigaction || !(rank || flag))
         return;
     if (real_sigaction(SIGTERM, NULL, &program_term) != 0 || install(&program_term) != 0)
@@ -172,7 +184,7 @@ static int term_waiting_in(pid_t pid)
 /* The rank, after a SIGTERM: wait (once, bounded) until its host has decided what the stop is. */
 static void hold_back_end(void)
 {
-    if (!wait_ms || !got_term || end_held || getpid() != owner)
+    if (!wait_ms || !rank_flag || !got_term || end_held || getpid() != owner)
         return;
     end_held = 1;
     for (long waited = 0; waited < wait_ms; waited += 10) {

@@ -182,7 +182,8 @@ class Slurm:
         notes = [f"slurm: job {job} step {env.get(STEP_ID, 'batch')}: host {current} of {', '.join(step_hosts)}"
                  f"; interface {interface or 'unknown'}" + (f"; {gpus} GPU(s) on this node" if gpus is not None else "")]
         return JobView(self.name, step_hosts, current, interface, hyperparameters(facts, EMPTY), channels(facts),
-                       Overrides(grace_s=GRACE_S, num_gpus=gpus, mpi_launcher=LAUNCH_SLURM), notes=tuple(notes), unset=task_variables(env))
+                       Overrides(grace_s=GRACE_S, num_gpus=gpus, mpi_launcher=LAUNCH_SLURM, one_stop=True),
+                       notes=tuple(notes), unset=task_variables(env))
 
     @staticmethod
     def _check_step(env, hosts: tuple[str, ...], current: str) -> None:

@@ -25,10 +25,10 @@ from training_toolkit.plan import MpiOptions
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
+from training_toolkit.runners.one_stop import stop_window, stophold_library
 from training_toolkit.runspec import RunContext
-from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR, RESTART_FLAG_VAR,
+from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR,
                                        STOP_FLAG_VAR, without_secrets)
-from training_toolkit.stopping import STOP_HEARD_S
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
@@ -102,7 +102,7 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
         preload.append(stophold_library())
         extra[RANK_STOP_FLAG_VAR] = stop_flag
         extra[RANK_RESTART_FLAG_VAR] = str(restart_flag(Path(stop_flag)))
-        extra[RANK_STOP_WAIT_VAR] = str(round(STOP_HEARD_S * 1000))
+        extra.update(stop_window())
     return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
                                      interface=ctx.job.resource.network_interface_name,
                                      custom=mpi_options(ctx).custom, preload=preload, extra=extra)
@@ -146,11 +146,6 @@ def runtime_flags(stop_flag: Path) -> dict[str, str]:
     """What Open MPI's runtime on a host (mpirun, a daemon) is told of its host's stop: the stop flag, and the restart
     flag beside it, under which a SIGTERM it gets is a restart's end and holds nothing (native/stophold.c)."""
     return {STOP_FLAG_VAR: str(stop_flag), RESTART_FLAG_VAR: str(restart_flag(stop_flag))}
-
-
-def stophold_library() -> str:
-    """The library that holds Open MPI's reaction to a rank's end while a host stops its ranks (native/stophold.c)."""
-    return str(native.path_of(native.STOPHOLD_LIBRARY))
 
 
 def hostname_preload(host: str) -> str | None:

@@ -60,6 +60,7 @@ def test_the_view_of_a_real_srun_task():
                                                                               "node2", "eth0")
     assert view.hyperparameters == {} and view.channels == {}
     assert view.overrides.grace_s == 25.0
+    assert view.overrides.one_stop is True  # Slurm signals every process: repeated SIGTERMs are one stop
     assert view.notes == ("slurm: job 1 step 0: host node2 of node1, node2; interface eth0",)
     # the job's identity stays for the script; what describes train's own task does not
     assert "SLURM_JOB_ID" not in view.unset and "SLURM_CLUSTER_NAME" not in view.unset
