@@ -46,16 +46,20 @@ def test_the_environment_keeps_the_users_preload_first():
                    RANK_STOP_WAIT_VAR: "2000"}
 
 
+def sigterms(proc: subprocess.Popen, *after_s: float) -> tuple[int, str, str]:
+    """SIGTERM now and after each of ``after_s``; the process's status and output."""
+    proc.send_signal(signal.SIGTERM)
+    for pause in after_s:
+        time.sleep(pause)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, out, err
+
+
 def test_the_same_stop_sent_again_runs_the_handler_once():
     """The platform's SIGTERM and its host's train's, 0.2 s apart: one run; one after the window: the script's again."""
-    proc = start("count")
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, out) == (143, "handler 1\nhandler 2\n"), err
+    code, out, err = sigterms(start("count"), 0.2, 2.0)
+    assert (code, out) == (143, "handler 1\nhandler 2\n"), err
 
 
 def test_without_the_library_python_runs_the_handler_again():
@@ -63,18 +67,14 @@ def test_without_the_library_python_runs_the_handler_again():
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT.replace("ready", "up"), "count", RANK_PID_VAR],
                             env={"PATH": os.environ["PATH"]}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().startswith("up")
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, out) == (143, "handler 1\nhandler 2\n"), err
+    code, out, err = sigterms(proc, 0.2)
+    assert (code, out) == (143, "handler 1\nhandler 2\n"), err
 
 
 def test_its_end_waits_for_nothing():
     """No MPI stop flag: the handler's exit ends the process at once, not after the window."""
     proc = start("exit", wait_ms=5000)
     started = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, out) == (143, "handler 1\n"), err
+    code, out, err = sigterms(proc)
+    assert (code, out) == (143, "handler 1\n"), err
     assert time.monotonic() - started < 2.0
