@@ -132,22 +132,29 @@ def test_then_runs_in_its_place_only_if_the_owner_died(tmp_path):
     script = ("import sys; from training_toolkit.supervise.deadman import Deadman\n"
               "d = Deadman(then=['sh', '-c', 'echo reaped > \"$0\"', sys.argv[1]])\n"
               "print(d.pid, flush=True)\n"
+              "sys.stdin.readline()\n"  # the test holds the deadman (its pidfd) before a disarm can end it
               "if sys.argv[2] == 'disarm': d.disarm()\n"
+              "print('on', flush=True)\n"
               "import time; time.sleep(300)\n")
     for how in ("disarm", "die"):
         said = tmp_path / how
-        owner = subprocess.Popen([sys.executable, "-c", script, str(said), how], stdout=subprocess.PIPE, text=True)
-        pid = int(owner.stdout.readline())
-        fd = os.pidfd_open(pid)
+        owner = subprocess.Popen([sys.executable, "-c", script, str(said), how], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        fd = None
         try:
-            if how == "disarm":
-                time.sleep(0.2)
+            fd = os.pidfd_open(int(owner.stdout.readline()))
+            owner.stdin.write("go\n")
+            owner.stdin.flush()
+            assert owner.stdout.readline() == "on\n"  # disarmed, if it was to be, before the owner dies
             owner.kill()
             owner.wait()
             assert select.select([fd], [], [], BOUND_S)[0], "the deadman did not exit"
             assert said.exists() is (how == "die")
         finally:
-            os.close(fd)
+            owner.kill()
+            owner.wait()
+            if fd is not None:
+                os.close(fd)
 
 
 def test_a_hold_the_look_does_not_confirm_is_refused(tmp_path):
