@@ -212,7 +212,9 @@ def _run(job, first_attempt: int = 0):
         setup_error=setup_error,
         first_attempt=first_attempt,
     )
-    return agent.run(ctx, _runner(launch.runner).spec(ctx))
+    from training_toolkit.runners.one_stop import with_one_stop
+
+    return agent.run(ctx, with_one_stop(_runner(launch.runner).spec(ctx), config.one_stop))
 
 
 def _runner(name: str):

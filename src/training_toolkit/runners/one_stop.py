@@ -12,11 +12,15 @@ starts.  MPI ranks get it from their rank file everywhere (runners/mpi_launch.py
 from __future__ import annotations
 
 from collections.abc import Mapping
+from training_toolkit.records import replace
+from typing import TYPE_CHECKING
 
 from training_toolkit import native
-from training_toolkit.runners.netshim import PRELOAD, preload_list
 from training_toolkit.settings import RANK_STOP_WAIT_VAR
 from training_toolkit.stopping import STOP_HEARD_S
+
+if TYPE_CHECKING:
+    from training_toolkit.runspec import Proc, RunnerSpec, Seating
 
 
 def stophold_library() -> str:
@@ -32,4 +36,18 @@ def stop_window() -> dict[str, str]:
 
 def one_stop_environment(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a process of the user's script that the platform signals itself (``settings.one_stop``)."""
+    from training_toolkit.runners.netshim import PRELOAD, preload_list  # (socket's import: under Slurm only)
+
     return {**env, PRELOAD: preload_list(env.get(PRELOAD), [stophold_library()]), **stop_window()}
+
+
+def with_one_stop(spec: RunnerSpec, on: bool) -> RunnerSpec:
+    """``spec``, whose processes of the user's script (``Proc.program``) get ``one_stop_environment`` when ``on``."""
+    if not on:
+        return spec
+
+    def processes(seat: Seating) -> list[Proc]:
+        return [replace(proc, env=one_stop_environment(proc.env)) if proc.program else proc
+                for proc in spec.processes(seat)]
+
+    return replace(spec, processes=processes)

@@ -78,3 +78,14 @@ def test_its_end_waits_for_nothing():
     code, out, err = sigterms(proc)
     assert (code, out) == (143, "handler 1\n"), err
     assert time.monotonic() - started < 2.0
+
+
+def test_the_spec_gives_it_to_the_scripts_processes_only_when_on():
+    from training_toolkit.runners.one_stop import with_one_stop
+    from training_toolkit.runspec import Proc, RunnerSpec
+
+    script, server = Proc("script", ("python", "s.py"), {"A": "b"}), Proc("ps", ("python", "p.py"), {}, program=False)
+    spec = RunnerSpec(processes=lambda seat: [script, server])
+    assert with_one_stop(spec, False) is spec
+    started = with_one_stop(spec, True).processes(None)
+    assert started == [Proc("script", ("python", "s.py"), one_stop_environment({"A": "b"})), server]
