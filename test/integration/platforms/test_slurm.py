@@ -117,9 +117,10 @@ def test_the_environment_a_real_srun_task_gets(tmp_path):
 def test_a_one_node_job(tmp_path):
     src = tmp_path / "code"
     src.mkdir()
-    (src / "show.py").write_text("import json, os\njson.dump({k: os.environ[k] for k in ('SM_HOSTS', 'SM_CURRENT_HOST', "
-                                 "'SM_NETWORK_INTERFACE_NAME', 'SM_HPS')}, open(os.environ['SM_MODEL_DIR'] + "
-                                 "'/env.json', 'w'))\n")
+    (src / "show.py").write_text("import json, os\njson.dump({**{k: os.environ[k] for k in ('SM_HOSTS', 'SM_CURRENT_HOST', "
+                                 "'SM_NETWORK_INTERFACE_NAME', 'SM_HPS', 'LD_PRELOAD')}, 'one_stop': "
+                                 "os.environ.get('TRAINING_TOOLKIT_RANK_PID') == str(os.getpid())}, "
+                                 "open(os.environ['SM_MODEL_DIR'] + '/env.json', 'w'))\n")
     with slurm_cluster(tmp_path, nodes=1) as slurm:
         hp = json.dumps({**{k: json.loads(v) for k, v in hps("show.py", src).items()}, "epochs": 3})
         code, job, out = submit(slurm, batch_script(tmp_path, 1, {**FAST, "TRAINING_TOOLKIT_HYPERPARAMETERS": hp}))
@@ -130,6 +131,8 @@ def test_a_one_node_job(tmp_path):
         assert settled(slurm) == {}
     assert seen["SM_HOSTS"] == '["node1"]' and seen["SM_CURRENT_HOST"] == "node1"
     assert seen["SM_NETWORK_INTERFACE_NAME"] == "eth0" and json.loads(seen["SM_HPS"])["epochs"] == 3
+    # Slurm signals the script too: its repeated SIGTERMs are one stop (runners/one_stop.py), the script the rank
+    assert seen["LD_PRELOAD"].endswith("libtrainingtoolkit_stophold.so") and seen["one_stop"] is True, seen
     assert f"slurm: job {job} step 0: host node1 of node1" in out
 
 
