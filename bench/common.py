@@ -179,15 +179,16 @@ def stamps(results) -> list[float]:
 WRITE_SSH_DIR = """\
 import json, sys
 from pathlib import Path
-from training_toolkit.cluster import ssh
+from training_toolkit.cluster.ssh.keys import KeyPair
+from training_toolkit.cluster.ssh.layout import write_client_side, write_server_side
 keys = json.load(open(sys.argv[1]))
-client = ssh.KeyPair(keys["client"][0].encode(), keys["client"][1])
-host = ssh.KeyPair(keys["host"][0].encode(), keys["host"][1])
+client = KeyPair(keys["client"][0].encode(), keys["client"][1])
+host = KeyPair(keys["host"][0].encode(), keys["host"][1])
 if sys.argv[3] == "client":
-    ssh.write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
+    write_client_side(Path(sys.argv[2]), client_key=client, host_keys={h: host.public for h in sys.argv[4:]}, port=22)
 else:
-    ssh.write_server_side(Path(sys.argv[2]), host_key=host, authorized=[(client.public, sys.argv[4:])],
-                          port=22, user="root")
+    write_server_side(Path(sys.argv[2]), host_key=host, authorized=[(client.public, sys.argv[4:])],
+                      port=22, user="root")
 """
 # Every worker's sshd answers the job's key; then the probe's shared connections are ended, so that
 # a bare mpirun logs in to each host itself, as it does on any cluster (left open, they spared the
@@ -196,8 +197,9 @@ WAIT_FOR_SSH = """\
 import os
 import sys
 from pathlib import Path
-from training_toolkit.cluster import ssh
-layout = ssh.SshLayout(Path(sys.argv[1]), 22)
-ssh.wait_for_ssh(layout, sys.argv[2:], deadline_s=30, environ=os.environ)
-ssh.end_connections(layout)
+from training_toolkit.cluster.ssh.layout import SshLayout, end_connections
+from training_toolkit.cluster.ssh.probe import wait_for_ssh
+layout = SshLayout(Path(sys.argv[1]), 22)
+wait_for_ssh(layout, sys.argv[2:], deadline_s=30, environ=os.environ)
+end_connections(layout)
 """

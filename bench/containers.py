@@ -33,7 +33,7 @@ from pathlib import Path
 
 from common import STAMP, WAIT_FOR_SSH, WRITE_SSH_DIR, stamps
 
-from training_toolkit.cluster.ssh import generate_keypair
+from training_toolkit.cluster.ssh.keys import generate_keypair
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names

@@ -97,7 +97,7 @@ def client(index: int, master: str, port: int, timeout_s: float, out: list) -> N
                 record["verdict"] = time.monotonic()
                 break
             if isinstance(event, PeerLost):
-                record["error"] = f"lost the first host: {event.reason}"
+                record["error"] = f"lost the lead: {event.reason}"
                 break
     except Empty:
         record["error"] = "no verdict"

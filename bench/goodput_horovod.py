@@ -27,7 +27,7 @@ SCRIPT = "goodput_hvd.py"
 
 
 def _ssh_files(cluster: NamespaceCluster, env: dict[str, str]) -> None:
-    from training_toolkit.cluster.ssh import generate_keypair
+    from training_toolkit.cluster.ssh.keys import generate_keypair
     client, host_key = generate_keypair("bench-client"), generate_keypair("bench-host")
     keys = Path(tempfile.mkdtemp(prefix="bench-goodput-keys-")) / "keys.json"
     keys.write_text(json.dumps({"client": [client.private.decode(), client.public],

@@ -83,7 +83,7 @@ def ours(src: Path, entry: str, workdir: Path, expect_success: bool, tags: list[
 def prepare(cluster: NamespaceCluster, src: Path) -> list[str]:
     """Code, ssh dir and sshd in place on every host; the bare mpirun command to run in the first host."""
     hosts = [host.name for host in cluster.hosts]
-    from training_toolkit.cluster.ssh import generate_keypair
+    from training_toolkit.cluster.ssh.keys import generate_keypair
 
     client, host_key = generate_keypair("bench-client"), generate_keypair("bench-host")
     keys_file = Path(tempfile.mkdtemp(prefix="bench-mpi-keys-")) / "keys.json"

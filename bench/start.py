@@ -38,7 +38,9 @@ from pathlib import Path
 
 from common import OURS, PYTHON, env_for, make_tree
 
-from training_toolkit.cluster.ssh import Sshd, generate_keypair, ssh_command, write_client_side, write_server_side
+from training_toolkit.cluster.ssh.keys import generate_keypair
+from training_toolkit.cluster.ssh.layout import ssh_command, write_client_side, write_server_side
+from training_toolkit.cluster.ssh.sshd import Sshd
 from training_toolkit.cluster.ssh.layout import end_connections
 
 STAMP = "import time\nopen('stamp', 'w').write(repr(time.monotonic()))\n"

@@ -143,18 +143,31 @@ def build_job(
 
 
 def with_hosts(job: JobSpec, hosts: tuple[str, ...]) -> JobSpec:
-    """``job`` with the hosts the first host gave (the job's membership), in its order; the same job if they agree.
+    """``job`` with the hosts the lead gave (the job's membership), in its order; the same job if they agree.
 
-    A host's own view may be partial (an MPIJob worker's: the launcher and itself); the first host's
+    A host's own view may be partial (an MPIJob worker's: the launcher and itself); the lead's
     list replaces it.  A heterogeneous cluster's groups name their hosts, so it cannot take other hosts.
     """
     if tuple(hosts) == job.resource.hosts:
         return job
     source = str(job.paths.resource_config_file)
     if job.resource.instance_groups:
-        raise ConfigError(source, "hosts", f"the first host's hosts {list(hosts)} are not this host's "
+        raise ConfigError(source, "hosts", f"the lead's hosts {list(hosts)} are not this host's "
                           f"{list(job.resource.hosts)}, and instance groups name their hosts")
     return job._replace(resource=parse_resource_config({**job.resource.raw, "hosts": list(hosts)}, source))
+
+
+def on_hosts(job: JobSpec, active: tuple[str, ...]) -> JobSpec:
+    """``job`` as an attempt on ``active`` (hosts of the job, rank order) runs it: its hosts those, nothing parsed again.
+
+    Every host of ``active`` was checked with the job's hosts; an attempt on fewer hosts than the job's
+    (spares, a shrink) has no instance groups (``agent.seats`` refuses both together).
+    """
+    if tuple(active) == job.resource.hosts:
+        return job
+    resource = job.resource
+    return job._replace(resource=resource._replace(
+        hosts=tuple(active), raw=MappingProxyType({**resource.raw, "hosts": list(active)})))
 
 
 def parse_resource_config(raw: Mapping[str, Any], source: str) -> ResourceConfig:

@@ -25,9 +25,10 @@ class NoOptions(NamedTuple):
 
 class MpiOptions(NamedTuple):
     processes_per_host: int
-    num_processes: int  # at most processes_per_host x hosts
+    num_processes: int  # at most processes_per_host x hosts (the attempt's: ``for_hosts``)
     custom: CustomMpiOptions  # sagemaker_mpi_custom_mpi_options, split: mpirun's, --NCCL_DEBUG, -x variables
     smddp: bool  # SageMaker's data parallel library (its env, smddprun when installed)
+    requested: int | None = None  # sagemaker_mpi_num_processes as given (None: one per slot of every host)
 
 
 class ParameterServerOptions(NamedTuple):
@@ -56,13 +57,14 @@ class LaunchPlan(NamedTuple):
     options: RunnerOptions = NoOptions()
 
     @property
-    def master(self) -> str:
-        """The runner's first host: the job's master (contract.master_host) for every host that takes part."""
+    def lead(self) -> str:
+        """The lead of the hosts taking part (rank order's first): the job's master (``contract.master_host``) for the
+        first attempt, each attempt's lead for its own (``runspec.for_attempt``): every runner's coordinator."""
         return self.hosts[0]
 
     @property
-    def is_master(self) -> bool:
-        return self.current_host == self.master
+    def is_lead(self) -> bool:
+        return self.current_host == self.lead
 
     @property
     def multi_host(self) -> bool:
@@ -104,16 +106,42 @@ def make_plan(job: JobSpec) -> LaunchPlan:
         return LaunchPlan(SINGLE, (current,), current)
     options: RunnerOptions
     if runner == MPI:
-        options = _mpi_options(job, source, len(hosts))
+        options = _mpi_options(job, source)
     elif runner == PARAMETER_SERVER:
-        options = _ps_options(job, source, len(hosts))
+        options = _ps_options(job, source)
     elif runner == MULTI_WORKER_MIRRORED:
         options = MultiWorkerMirroredOptions(_port(job.framework_params, names.MWMS_PORT_KEY,
                                                    names.TF_MWMS_PORT, source))
     else:
         assert runner == TORCH_DISTRIBUTED, runner
         options = _torch_options(job, source)
-    return LaunchPlan(runner, hosts, current, options)
+    return LaunchPlan(runner, hosts, current, _fit(options, len(hosts), source))
+
+
+def for_hosts(plan: LaunchPlan, hosts: tuple[str, ...], source: str) -> LaunchPlan:
+    """``plan`` for an attempt's active hosts (rank order): the options parsed once, fitted to the hosts' count.
+
+    ``source`` names the hyperparameters file for a count that no longer fits (an explicit
+    ``sagemaker_mpi_num_processes`` or ``num_ps`` above what the hosts left can take).
+    """
+    if tuple(hosts) == plan.hosts:
+        return plan
+    return plan._replace(hosts=tuple(hosts), options=_fit(plan.options, len(hosts), source))
+
+
+def _fit(options: RunnerOptions, host_count: int, source: str) -> RunnerOptions:
+    """The options' counts for ``host_count`` hosts, each checked here once (the job's hosts and every attempt's)."""
+    if isinstance(options, MpiOptions):
+        slots = options.processes_per_host * host_count
+        total = slots if options.requested is None else options.requested
+        if total > slots:
+            raise ConfigError(source, "sagemaker_mpi_num_processes",
+                              f"{total} processes do not fit {host_count} host(s) x {options.processes_per_host} slots")
+        return options._replace(num_processes=total)
+    if isinstance(options, ParameterServerOptions) and options.num_ps is not None and options.num_ps > host_count:
+        raise ConfigError(source, "sagemaker_parameter_server_num_ps",
+                          f"{options.num_ps} parameter servers for {host_count} hosts")
+    return options
 
 
 def _port(params: Mapping[str, Any], key: str, default: int, source: str) -> int:
@@ -123,7 +151,7 @@ def _port(params: Mapping[str, Any], key: str, default: int, source: str) -> int
     return value
 
 
-def _ps_options(job: JobSpec, source: str, host_count: int) -> ParameterServerOptions:
+def _ps_options(job: JobSpec, source: str) -> ParameterServerOptions:
     params = job.framework_params
     naming = params.get(names.PS_NAMING_KEY, "chief")
     if naming not in ("chief", "master"):
@@ -131,8 +159,6 @@ def _ps_options(job: JobSpec, source: str, host_count: int) -> ParameterServerOp
     num_ps = params.get("sagemaker_parameter_server_num_ps")
     if num_ps is not None:
         num_ps = positive_int(num_ps, source, "sagemaker_parameter_server_num_ps")
-        if num_ps > host_count:
-            raise ConfigError(source, "sagemaker_parameter_server_num_ps", f"{num_ps} parameter servers for {host_count} hosts")
     worker_port = _port(params, names.PS_WORKER_PORT_KEY, names.TF_WORKER_PORT, source)
     ps_port = _port(params, "sagemaker_parameter_server_port", names.TF_PS_PORT, source)
     if worker_port == ps_port:
@@ -149,7 +175,7 @@ def _torch_options(job: JobSpec, source: str) -> TorchDistributedOptions:
                                                    names.TORCH_MASTER_PORT, source))
 
 
-def _mpi_options(job: JobSpec, source: str, host_count: int) -> MpiOptions:
+def _mpi_options(job: JobSpec, source: str) -> MpiOptions:
     params = job.framework_params
     smddp_switch = names.distribution("smddp").switch
     smddp = flag(params.get(smddp_switch, False), source, smddp_switch)
@@ -158,11 +184,8 @@ def _mpi_options(job: JobSpec, source: str, host_count: int) -> MpiOptions:
     per_host = positive_int(per_host, source, per_host_key) if per_host is not None else max(1, job.hardware.num_gpus)
     total_key = "sagemaker_mpi_num_processes"
     total = params.get(total_key)
-    total = positive_int(total, source, total_key) if total is not None else per_host * host_count
-    if total > per_host * host_count:
-        raise ConfigError(source, total_key,
-                          f"{total} processes do not fit {host_count} host(s) x {per_host} slots")
+    total = positive_int(total, source, total_key) if total is not None else None
     key = "sagemaker_mpi_custom_mpi_options"
     if smddp and not params.get(key):
         key = "sagemaker_distributed_dataparallel_custom_mpi_options"
-    return MpiOptions(per_host, total, parse_custom_options(params.get(key, ""), source, key), smddp)
+    return MpiOptions(per_host, 0, parse_custom_options(params.get(key, ""), source, key), smddp, total)

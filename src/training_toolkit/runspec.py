@@ -4,9 +4,10 @@ A runner (``runners/``, one module each) imports nothing of the agent, and the
 agent nothing of a runner: ``cli`` looks the runner up (``runners.runner``),
 asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
 
-- ``RunContext``: the job as this host sees it (``with_hosts``: as the first host gave it).
-- ``Seating``: the attempt's membership as a runner sees it: the job, this host's
-  seat, the attempt, the channel's introductions, what every process of the attempt gets.
+- ``RunContext``: the job as this host sees it (``with_hosts``: its hosts as the lead gave them), and as
+  an attempt runs it (``for_attempt``: computed from the job and the ``Attempt``, never parsed again).
+- ``Seating``: the attempt's membership as a runner sees it: the job, the ``Attempt``
+  (``attempt.py``), the channel's introductions, what every process of the attempt gets.
 - ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
   host's part, whether it runs the user's program); ``Local``: one the agent started.
 - ``Blamed``: a failed exit as the runner tells it: its outcome, and the host whose own processes failed.
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from training_toolkit.attempt import Attempt
 from training_toolkit.errors import ToolkitError
 from training_toolkit.job import JobSpec
 from training_toolkit.plan import LaunchPlan
@@ -59,14 +61,15 @@ class RunContext(NamedTuple):
 class Seating:
     """The attempt's membership as a runner sees it; the agent makes a new one for each hook it calls.
 
-    ``ctx``'s hosts are the first host's (``with_hosts``): a runner reads peers from here only.
+    ``ctx``: the job's every host (what a runner holds for the job), or the attempt's own (``for_attempt``: what
+    its processes see); a runner reads peers from here only.  ``attempt``: the barrier's outcome (before the first
+    barrier, every host, the lead rank order's first).
     ``job_env(env)``: ``env`` with what every process of the attempt gets (the attempt, the stall
     watch's hook), for processes the agent does not start itself (MPI's ranks, from the rank file).
     """
 
     ctx: RunContext
-    attempt: int
-    first: bool  # this host is the job's first host
+    attempt: Attempt
     job_id: str = ""  # the same on every host (empty: a job of one seat)
     introductions: Mapping[str, Mapping[str, str]] | None = None  # what each host told when it joined
     job_env: Callable[[Mapping[str, str]], dict[str, str]] = dict
@@ -75,6 +78,11 @@ class Seating:
     @property
     def host(self) -> str:
         return self.ctx.plan.current_host
+
+    @property
+    def leads(self) -> bool:
+        """This host leads the attempt (its barrier, its verdict, and every runner's coordinator)."""
+        return self.attempt.leads(self.host)
 
 
 @record
@@ -155,23 +163,38 @@ def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:
 
 
 def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
-    """``ctx`` for the job's hosts as the first host gave them, its resource config in ``/opt/ml`` rewritten to match.
+    """``ctx`` for the job's hosts as the lead gave them (once, at the join: a host's own view may be partial).
 
-    Everything a rank sees (``SM_HOSTS``, ``SM_TRAINING_ENV``, ``SM_RESOURCE_CONFIG``, the file) and
-    everything that admits or addresses peers (the plan's hosts: the shim, sshd's ``from=``, the guard)
-    then follows the first host's membership.
+    The lead's list is input from the wire: it is checked as the resource config is (``job.with_hosts``).
     """
     from training_toolkit import contract, job, plan
 
     spec = job.with_hosts(ctx.job, hosts)
     if spec is ctx.job:
         return ctx
-    write_resource_config(spec)
     return ctx._replace(job=spec, plan=plan.make_plan(spec), script_env=contract.script_environment(spec, ctx.environ))
 
 
+def for_attempt(ctx: RunContext, attempt: Attempt) -> RunContext:
+    """``ctx`` as ``attempt`` runs the job: its active hosts in rank order, the lead first.  Pure.
+
+    Everything a rank sees (``SM_HOSTS``, ``SM_TRAINING_ENV``, ``SM_RESOURCE_CONFIG``) and everything
+    that addresses or admits peers (the plan's hosts: the hostfile, ``TF_CONFIG``, ``MASTER_ADDR``, the
+    shim, sshd's ``from=``) is computed from the job and the attempt: the job is not parsed again, the
+    runner's options are fitted to the hosts' count (``plan.for_hosts``).  Only an active host runs it.
+    """
+    from training_toolkit import contract, job, plan
+
+    if attempt.active == ctx.plan.hosts:
+        return ctx
+    spec = job.on_hosts(ctx.job, attempt.active)
+    fitted = plan.for_hosts(ctx.plan, attempt.active, str(ctx.job.paths.hyperparameters_file))
+    return ctx._replace(job=spec, plan=fitted, script_env=contract.script_environment(spec, ctx.environ))
+
+
 def write_resource_config(spec: JobSpec) -> None:
-    """``/opt/ml``'s resource config as ``spec`` has it (its hosts: the job's, or an attempt's active hosts)."""
+    """``/opt/ml``'s resource config as ``spec`` has it (its hosts: the job's, or an attempt's active hosts): what a
+    script that reads the file (not ``SM_RESOURCE_CONFIG``) sees."""
     _write_json(spec.paths.resource_config_file, dict(spec.resource.raw))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training_toolkit.cluster.ssh import MOUNTED_FILES, KeyPair
+from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair
 
 
 def mount_keys(directory: Path, client: KeyPair, host: KeyPair, file_mode: int = 0o644) -> Path:

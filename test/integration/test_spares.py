@@ -155,7 +155,7 @@ def test_the_first_hosts_loss_still_ends_the_job_on_every_host_the_spare_include
     assert not killing.errors, killing.errors
     for host in ("algo-2", "algo-3"):  # the active worker and the spare
         assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
-        assert "lost the first host algo-1" in results[host].failure, results[host].failure
+        assert "lost the lead algo-1" in results[host].failure, results[host].failure
 
 
 @pytest.mark.torch

@@ -20,6 +20,7 @@ from training_toolkit.plan import LaunchPlan
 from training_toolkit.process import Supervised
 from training_toolkit.errors import JobFailed
 from training_toolkit.report import Outcome
+from training_toolkit.attempt import seated
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec
 
 HOSTS = ("algo-1", "algo-2", "algo-3")
@@ -32,7 +33,7 @@ class FakeSeat:
                  fail_barrier=None, welcomed=None, active=None, ready=None):
         self.hosts, self.current, self.events = tuple(hosts), current, events
         self._welcomed = welcomed  # the hosts the first host's welcome lists (None: this host's own)
-        self.is_master = current == self.hosts[0]
+        self.is_lead = current == self.hosts[0]
         self.job_id = "fake-job"
         self.job_attempt = (0, False)
         self.introductions = {}
@@ -48,7 +49,7 @@ class FakeSeat:
         self.told.append("open")
         if self._welcomed is not None:
             self.hosts = tuple(self._welcomed)
-        if self.is_master:  # what the first host's channel would post: the others joined and said ready
+        if self.is_lead:  # what the first host's channel would post: the others joined and said ready
             for host in self.hosts[1:] if self._ready is None else self._ready:
                 self.events.put(PeerJoined(host))
                 self.events.put(PeerReady(host, 0))
@@ -58,9 +59,9 @@ class FakeSeat:
         self.deadlines.append(deadline_s)
         if self._fail_barrier:
             raise self._fail_barrier
-        return self._active
+        return seated(attempt, self.hosts, self._active)
 
-    def release(self, active):
+    def release(self, attempt):
         """The first host's barrier passed (the agent decided it): the go, with the attempt's active hosts."""
         self.told.append("barrier" if not self._releases else ("barrier", self._releases))
         self._releases += 1
@@ -178,9 +179,9 @@ def test_another_host_reports_done_then_ends_with_the_verdict(tmp_path):
 def test_a_failed_barrier_is_told_to_the_job(tmp_path):
     seats: list[FakeSeat] = []
     agent = script_agent(context(tmp_path, "algo-2"),
-                        seat_factory(seats, fail_barrier=ClusterError("the first host algo-1 did not start the job")))
+                        seat_factory(seats, fail_barrier=ClusterError("the lead algo-1 did not start the job")))
     outcome = agent.run()
-    assert outcome == Outcome(69, "algo-2: the first host algo-1 did not start the job")
+    assert outcome == Outcome(69, "algo-2: the lead algo-1 did not start the job")
     assert seats[0].told[:2] == ["open", "barrier"] and seats[0].told[-1] == "close"
     (kind, reason, code, at), = [t for t in seats[0].told if isinstance(t, tuple)]
     assert (kind, reason, code) == ("failed", outcome.reason, 69) and at is not None
@@ -266,7 +267,7 @@ def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_se
 
     @contextmanager
     def hold(seat):
-        order.append(("held", seat.job_id, seat.first, seat.attempt))
+        order.append(("held", seat.job_id, seat.leads, seat.attempt))
         yield
         order.append(("let go", [local.child.poll() is not None for local in agent.locals], list(seats[0].told)))
 
@@ -275,7 +276,7 @@ def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_se
                          after_barrier=lambda seat: order.append(("after barrier", seats[0].told[-1])))
     assert agent.run() == Outcome(0)
     verdict = ("verdict", Verdict(0, None, "algo-1"))
-    assert order == [("held", "fake-job", True, 0), "prepared", ("after barrier", "barrier"),
+    assert order == [("held", "fake-job", True, seated(0, HOSTS)), "prepared", ("after barrier", "barrier"),
                      ("let go", [True], ["open", "barrier", verdict])]
     assert seats[0].told[-1] == "close"
 

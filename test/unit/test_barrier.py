@@ -13,8 +13,9 @@ from helpers.steps import run
 from training_toolkit.agent import barrier, failures, lead
 from training_toolkit.agent.barrier import Barrier, Failed, Heard, Passed, Roll, Waiting, decide, note, not_ready
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, Announce, BarrierOpened, Finish, GotSignal, Interrupt,
-                                              Release, Tick, first_host, next_deadline, step)
+                                              Release, Tick, lead_state, next_deadline, step)
 from training_toolkit.agent.events import Phase
+from training_toolkit.agent.state import led
 from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerLost, PeerReady, Verdict
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.records import replace
@@ -25,8 +26,9 @@ TERM = int(signal.SIGTERM)
 
 
 
-def master(**kw):
-    return replace(first_host("algo-1", HOSTS[1:]), **kw)
+def master(roll=None, **kw):
+    state = replace(lead_state("algo-1", HOSTS[1:]), **kw)
+    return state if roll is None else led(state, roll=roll)
 
 
 def joined_ready(*hosts, attempt=0):
@@ -119,7 +121,7 @@ def test_every_host_ready_releases_the_attempt():
     assert actions == [] and next_deadline(state) == 12.0  # the barrier's deadline, from its opening
     state, actions = run(state, *((3.0, e) for e in joined_ready("algo-3")))
     assert actions == [Release(frozenset(HOSTS), {})]
-    assert state.barrier is None and state.deadline is None and state.phase == Phase.SETUP
+    assert state.lead.barrier is None and state.deadline is None and state.phase == Phase.SETUP
 
 
 def test_the_deadline_is_a_decision_on_a_tick_and_the_job_is_told():

@@ -11,8 +11,8 @@ import pytest
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.agent.decisions import (ENDED, FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING,
                                         SETUP, Announce, Failure, Finish, Forward, GotSignal, Interrupt, LocalExit,
-                                        PartStopped, Report, ReportDone, SetupFailed, Started, Tick, first_host,
-                                        other_host, root_cause, step)
+                                        PartStopped, Report, ReportDone, SetupFailed, Started, Tick, lead_state,
+                                        follower_state, root_cause, step)
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
@@ -23,12 +23,12 @@ RANK3 = Outcome(1, "algo-2 rank 3: train.py exited with code 1: ValueError: boom
 
 
 def master(wait_for_peers=False, primaries=("script",)):
-    state = first_host("algo-1", ("algo-2", "algo-3"), wait_for_peers)
+    state = lead_state("algo-1", ("algo-2", "algo-3"), wait_for_peers)
     return replace(state, phase=RUNNING, primaries=frozenset(primaries))
 
 
 def worker(primaries=("script",)):
-    return replace(other_host("algo-2"), phase=RUNNING, primaries=frozenset(primaries))
+    return replace(follower_state("algo-2"), phase=RUNNING, primaries=frozenset(primaries))
 
 
 
@@ -113,7 +113,7 @@ def test_first_host_success_without_waiting_for_peers():
 
 def test_success_waits_for_every_peer():
     state, actions = run(master(wait_for_peers=True), (0.5, PeerDone("algo-2", 0)), (1.0, LocalExit("script", OK)))
-    assert actions == [] and state.succeeded and state.deadline == 1.0 + PEER_FINISH_TIMEOUT_S
+    assert actions == [] and state.lead.succeeded and state.deadline == 1.0 + PEER_FINISH_TIMEOUT_S
     state, actions = run(state, (3.0, Tick()))
     assert actions == [] and state.phase == RUNNING
     assert run(state, (4.0, PeerDone("algo-3", 0)))[1] == announced(Outcome(0))
@@ -168,12 +168,12 @@ def test_non_stopping_signals_are_forwarded_and_change_nothing():
 
 
 def test_a_stopping_signal_during_setup_interrupts_it():
-    state, actions = step(first_host("algo-1", ("algo-2",)), GotSignal(TERM), 0.0)
+    state, actions = step(lead_state("algo-1", ("algo-2",)), GotSignal(TERM), 0.0)
     assert actions == (Interrupt(TERM),) and state.phase == SETUP and state.stop_signal == TERM
 
 
 def test_other_signals_during_setup_wait_for_the_start():
-    state, actions = run(other_host("algo-2"), (0.0, GotSignal(USR1)), (0.1, GotSignal(int(signal.SIGUSR2))))
+    state, actions = run(follower_state("algo-2"), (0.0, GotSignal(USR1)), (0.1, GotSignal(int(signal.SIGUSR2))))
     assert actions == [] and state.pending_signals == (USR1, int(signal.SIGUSR2))
     state, actions = step(state, Started(("script",)), 1.0)
     assert actions == (Forward(USR1), Forward(int(signal.SIGUSR2)))
@@ -182,14 +182,14 @@ def test_other_signals_during_setup_wait_for_the_start():
 
 def test_setup_failure_on_the_first_host_is_announced():
     failed = Outcome(69, "algo-1: port 8950 in use")
-    state, actions = step(first_host("algo-1", ("algo-2",)), SetupFailed(failed, at=3.0), 0.0)
+    state, actions = step(lead_state("algo-1", ("algo-2",)), SetupFailed(failed, at=3.0), 0.0)
     assert actions == (Announce(Verdict(69, "algo-1: port 8950 in use", "algo-1")), Finish(failed))
     assert state.phase == ENDED
 
 
 def test_setup_failure_elsewhere_is_reported_with_its_time():
     failed = Outcome(66, "algo-2: cannot start x")
-    state, actions = step(other_host("algo-2"), SetupFailed(failed, at=3.0), 0.0)
+    state, actions = step(follower_state("algo-2"), SetupFailed(failed, at=3.0), 0.0)
     assert actions == (Report("algo-2: cannot start x", 66, 3.0), Finish(failed)) and state.phase == ENDED
 
 
@@ -230,14 +230,14 @@ def test_worker_ends_with_its_own_failure_when_the_first_host_never_answers():
 
 
 @pytest.mark.parametrize("own, outcome", [
-    (None, Outcome(EXIT_CLUSTER_ERROR, "algo-2: lost the first host algo-1 (timed out)")),
+    (None, Outcome(EXIT_CLUSTER_ERROR, "algo-2: lost the lead algo-1 (timed out)")),
     (RANK3, RANK3),
 ])
 def test_worker_losing_the_first_host(own, outcome):
     state = worker()
     if own:
         state, _ = step(state, LocalExit("script", FAILED, at=1.0, failure=own), 1.0)
-    assert run(state, (2.0, PeerLost("algo-1", "lost the first host algo-1 (timed out)")))[1] == [Finish(outcome)]
+    assert run(state, (2.0, PeerLost("algo-1", "lost the lead algo-1 (timed out)")))[1] == [Finish(outcome)]
 
 
 def test_worker_stopped_by_a_signal():

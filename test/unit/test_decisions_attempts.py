@@ -11,8 +11,8 @@ from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksW
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart,
                                         Finish, Forward, GatherStacks, GotSignal, Interrupt, LocalExit, PartEnded,
                                         Phase, Progress, Rejoin, Report, SendStacks, SetupFailed, ShareProgress,
-                                        StacksGathered, Started, StopPart, Tick, Watch, first_host, next_deadline,
-                                        other_host, step)
+                                        StacksGathered, Started, StopPart, Tick, Watch, lead_state, next_deadline,
+                                        follower_state, step)
 from training_toolkit.errors import EXIT_STALLED
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
@@ -26,11 +26,11 @@ WATCH = Watch(stall_s=10.0, startup_s=60.0)
 
 
 def master(max_restarts=0, watch=None):
-    return step(first_host("algo-1", ("algo-2",), max_restarts=max_restarts, watch=watch), Started(("script",)), 0.0)[0]
+    return step(lead_state("algo-1", ("algo-2",), max_restarts=max_restarts, watch=watch), Started(("script",)), 0.0)[0]
 
 
 def worker(max_restarts=0):
-    return step(other_host("algo-2", max_restarts), Started(("script",)), 0.0)[0]
+    return step(follower_state("algo-2", max_restarts), Started(("script",)), 0.0)[0]
 
 
 # Stalls ------------------------------------------------------------------------------------------------
@@ -38,11 +38,11 @@ def worker(max_restarts=0):
 
 def test_the_startup_allowance_then_the_stall_timeout_from_the_last_progress():
     state = master(watch=WATCH)
-    assert state.stall_deadline == 60.0 and next_deadline(state) == 60.0  # no progress yet: the longer allowance
+    assert state.lead.stall_deadline == 60.0 and next_deadline(state) == 60.0  # no progress yet: the longer allowance
     state, actions = run(state, (59.9, Tick()))
     assert actions == [] and state.phase == Phase.RUNNING
     state, _ = run(state, (5.0, Progress()), (12.0, PeerProgress("algo-2")))
-    assert state.stall_deadline == 22.0
+    assert state.lead.stall_deadline == 22.0
     state, actions = run(state, (21.9, Tick()))
     assert actions == []
     state, actions = run(state, (22.0, Tick()))
@@ -51,16 +51,16 @@ def test_the_startup_allowance_then_the_stall_timeout_from_the_last_progress():
 
 def test_once_a_heartbeat_came_only_heartbeats_are_progress():
     state, _ = run(master(watch=WATCH), (1.0, Progress(heartbeat=True)))
-    assert state.heartbeats and state.stall_deadline == 11.0
+    assert state.lead.heartbeats and state.lead.stall_deadline == 11.0
     state, _ = run(state, (5.0, Progress()), (6.0, PeerProgress("algo-2")))  # output: no longer progress
-    assert state.stall_deadline == 11.0
+    assert state.lead.stall_deadline == 11.0
     state, _ = run(state, (7.0, PeerProgress("algo-2", heartbeat=True)))
-    assert state.stall_deadline == 17.0
+    assert state.lead.stall_deadline == 17.0
 
 
 def test_no_watch_no_stall():
     state = master()
-    assert state.stall_deadline is None and next_deadline(state) is None
+    assert state.lead.stall_deadline is None and next_deadline(state) is None
     assert run(state, (1e9, Tick()))[1] == []
 
 
@@ -198,7 +198,7 @@ def test_replace_keeps_the_tables_honest():
 
 
 def test_a_job_of_one_host_has_no_reports_to_wait_for():
-    state = step(first_host("algo-1", (), max_restarts=1), Started(("rank 0", "rank 1")), 0.0)[0]
+    state = step(lead_state("algo-1", (), max_restarts=1), Started(("rank 0", "rank 1")), 0.0)[0]
     state, actions = run(state, (1.0, LocalExit("rank 1", KILLED, 1.0, RANK3)))
     assert actions == [] and state.deadline == 1.0  # no window: the next Tick concludes
     state, actions = run(state, (1.0, Tick()))
@@ -208,7 +208,7 @@ def test_a_job_of_one_host_has_no_reports_to_wait_for():
 def test_a_worker_whose_restart_barrier_fails_reports_it_bare_and_ends_with_every_cause():
     stopping, _ = step(worker(max_restarts=1), RestartCalled(1, "algo-2 rank 3: boom"), 1.0)
     state, _ = run(stopping, (2.0, PartEnded(0)))
-    late = Outcome(69, "algo-2: the first host algo-1 did not start the job within 60 s")
+    late = Outcome(69, "algo-2: the lead algo-1 did not start the job within 60 s")
     state, actions = run(state, (70.0, SetupFailed(late, 70.0)))
     mine = f"{late.reason} (attempt 2 of 2; earlier: attempt 1: algo-2 rank 3: boom)"
     assert actions == [Report(late.reason, 69, 70.0, 1), Finish(actions[1].outcome)]  # the first host adds the causes
@@ -229,11 +229,11 @@ def test_joined_sets_the_attempt_of_a_host_in_setup_only():
     from training_toolkit.agent.decisions import Joined
 
     rows = [  # (state, event) -> attempt after
-        (other_host("algo-2", 1), Joined(0, False), 0),
-        (other_host("algo-2", 1), Joined(0, True), 1),  # the job runs attempt 0 without it: it comes in at 1
-        (other_host("algo-2", 3), Joined(2, False), 2),  # the restart its loss caused is at its barrier
-        (other_host("algo-2", 1, first_attempt=1), Joined(1, False), 1),  # a JobSet restart: every pod at 1
-        (first_host("algo-1", ("algo-2",), max_restarts=1), Joined(0, True), 0),  # the first host's own
+        (follower_state("algo-2", 1), Joined(0, False), 0),
+        (follower_state("algo-2", 1), Joined(0, True), 1),  # the job runs attempt 0 without it: it comes in at 1
+        (follower_state("algo-2", 3), Joined(2, False), 2),  # the restart its loss caused is at its barrier
+        (follower_state("algo-2", 1, first_attempt=1), Joined(1, False), 1),  # a JobSet restart: every pod at 1
+        (lead_state("algo-1", ("algo-2",), max_restarts=1), Joined(0, True), 0),  # the first host's own
         (worker(1), Joined(0, True), 0),  # running already: a host joins once
     ]
     for state, event, attempt in rows:
@@ -244,7 +244,7 @@ def test_joined_sets_the_attempt_of_a_host_in_setup_only():
 def test_a_rejoined_host_follows_the_attempt_it_came_in_at():
     from training_toolkit.agent.decisions import Joined
 
-    state, _ = run(other_host("algo-2", 1), (0.0, Joined(0, True)), (0.0, Started(("script",))))
+    state, _ = run(follower_state("algo-2", 1), (0.0, Joined(0, True)), (0.0, Started(("script",))))
     assert (state.attempt, state.phase) == (1, Phase.RUNNING)
     # the restart its own loss caused, heard after it joined: not a restart of the attempt it runs
     state, actions = run(state, (1.0, RestartCalled(1, "algo-2: left the job")))
@@ -254,7 +254,7 @@ def test_a_rejoined_host_follows_the_attempt_it_came_in_at():
 
 
 def test_a_platform_restart_is_where_the_attempts_start_and_the_restarts_are_the_jobs_own():
-    state = step(first_host("algo-1", ("algo-2",), max_restarts=1, first_attempt=1), Started(("script",)), 0.0)[0]
+    state = step(lead_state("algo-1", ("algo-2",), max_restarts=1, first_attempt=1), Started(("script",)), 0.0)[0]
     assert state.attempt == 1
     state, actions = run(state, (1.0, LocalExit("script", KILLED, 1.0, RANK3, attempt=1)), (2.0, Tick()))
     assert actions == [AnnounceRestart(2, RANK3.reason), StopPart(1)]  # its one restart is left

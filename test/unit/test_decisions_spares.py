@@ -14,7 +14,7 @@ from helpers.steps import run
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, RUNNING, Announce, Finish,
                                         GotSignal, LocalExit, PartStopped, Say, Started, Tick, active_workers,
-                                        first_host, other_host, step, stop_wait)
+                                        lead_state, follower_state, step, stop_wait)
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
@@ -27,7 +27,7 @@ H = ("algo-1", "algo-2", "algo-3", "algo-4")
 
 def master(active=H[:3], wait_for_peers=True, **kw):
     """The first host of 4 hosts, the attempt running on ``active`` (None: every host)."""
-    return step(first_host("algo-1", H[1:], wait_for_peers, **kw), Started(("rank 0",), active), 0.0)[0]
+    return step(lead_state("algo-1", H[1:], wait_for_peers, **kw), Started(("rank 0",), active), 0.0)[0]
 
 
 def announced(outcome):
@@ -46,8 +46,8 @@ def test_the_first_host_takes_the_attempts_active_hosts_from_started(active, wan
 
 
 def test_an_other_hosts_started_names_no_workers():
-    state = step(other_host("algo-4"), Started((), H[:3]), 0.0)[0]
-    assert state.phase == RUNNING and state.primaries == frozenset() and state.seated is None
+    state = step(follower_state("algo-4"), Started((), H[:3]), 0.0)[0]
+    assert state.phase == RUNNING and state.primaries == frozenset() and state.lead is None  # a follower keeps no seats
 
 
 @pytest.mark.parametrize("active, lost, want", [
@@ -121,7 +121,7 @@ def test_a_failure_reported_by_a_host_with_no_part_is_said_not_the_jobs():
 def test_each_restart_records_whose_own_processes_caused_it(events, want):
     state = master(wait_for_peers=False, max_restarts=2)
     state, actions = run(state, *[(1.0 + i * 0.1, e) for i, e in enumerate(events)], (2.0, Tick()))
-    assert state.cause_hosts == want and state.phase.name == "STOPPING"
+    assert state.lead.cause_hosts == want and state.phase.name == "STOPPING"
 
 
 def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for_the_waiting_spare():
@@ -130,13 +130,13 @@ def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for
     from training_toolkit.agent.decisions import PartEnded
 
     said = Outcome(1, "rank 3 on algo-2 called MPI_Abort")
-    state = step(first_host("algo-1", H[1:3], max_restarts=3), Started(("mpirun",), H[:2]), 0.0)[0]
+    state = step(lead_state("algo-1", H[1:3], max_restarts=3), Started(("mpirun",), H[:2]), 0.0)[0]
     for attempt in (0, 1):
         state, _ = run(state, (1.0, LocalExit("mpirun", FAILED, 100.0, said, attempt, host="algo-2")), (2.0, Tick()))
         assert state.phase.name == "STOPPING"
         state, _ = run(state, (3.0, PartEnded(attempt)), (4.0, Started(("mpirun",), H[:2])))
-    assert state.cause_hosts == ("algo-2", "algo-2")
-    retire = roster.to_retire(state.cause_hosts)
+    assert state.lead.cause_hosts == ("algo-2", "algo-2")
+    retire = roster.to_retire(state.lead.cause_hosts)
     assert retire == frozenset({"algo-2"})
     turn = roster.next_roster(roster.Roster(H[:2], ("algo-3",)), frozenset(H[:3]), retire=retire)
     assert turn == roster.Turn(roster.Roster(("algo-1", "algo-3"), (), ("algo-2",)),
@@ -159,7 +159,7 @@ def at_restart_barrier(active=H[:3], alive_only=True):
     from training_toolkit.agent.decisions import BarrierOpened, PartEnded
 
     state, _ = run(stopping(active), (3.0, PartEnded(0)), (4.0, BarrierOpened(H[1:], 60.0, alive_only)))
-    assert state.barrier is not None and state.attempt == 1
+    assert state.lead.barrier is not None and state.attempt == 1
     return state
 
 
@@ -195,7 +195,7 @@ def test_a_loss_at_barrier_0_is_not_said_as_a_spares():
     """At the first barrier every host is expected: a loss there is the setup's failure, not a line."""
     from training_toolkit.agent.decisions import BarrierOpened
 
-    state, _ = run(first_host("algo-1", H[1:]), (0.0, BarrierOpened(H[1:], 60.0)))
+    state, _ = run(lead_state("algo-1", H[1:]), (0.0, BarrierOpened(H[1:], 60.0)))
     state, actions = run(state, (1.0, PeerLost("algo-4", "connection closed", 100.0)))
     assert not [a for a in actions if isinstance(a, Say)]
     state, actions = run(state, (1.0 + FAILURE_WINDOW_S, Tick()))

@@ -15,8 +15,8 @@ import pytest
 
 from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce,
                                               Finish, Forward,
-                                              GotSignal, LocalExit, PartStopped, Report, Started, Tick, first_host,
-                                              next_deadline, other_host, step, stop_wait)
+                                              GotSignal, LocalExit, PartStopped, Report, Started, Tick, lead_state,
+                                              next_deadline, follower_state, step, stop_wait)
 from training_toolkit.process import ExitStatus
 from training_toolkit.report import Outcome
 
@@ -28,11 +28,11 @@ STOPPED = ExitStatus(143)
 
 
 def master(workers=("algo-2", "algo-3"), **kw):
-    return step(first_host("algo-1", workers, stop_wait_s=WAIT, **kw), Started(("rank-0", "rank-1")), 0.0)[0]
+    return step(lead_state("algo-1", workers, stop_wait_s=WAIT, **kw), Started(("rank-0", "rank-1")), 0.0)[0]
 
 
 def worker():
-    return step(other_host("algo-2", stop_wait_s=WAIT), Started(("rank-2", "rank-3")), 0.0)[0]
+    return step(follower_state("algo-2", stop_wait_s=WAIT), Started(("rank-2", "rank-3")), 0.0)[0]
 
 
 def stopped_report(host):
@@ -105,7 +105,7 @@ def test_a_real_failure_is_still_concluded_after_the_window():
 
 
 def test_a_job_of_one_seat_keeps_its_scripts_own_end():
-    state = step(first_host("algo-1", (), own_end_on_stop=True, stop_wait_s=WAIT), Started(("script",)), 0.0)[0]
+    state = step(lead_state("algo-1", (), own_end_on_stop=True, stop_wait_s=WAIT), Started(("script",)), 0.0)[0]
     state, actions = run(state, (1.0, GotSignal(TERM)), (1.5, PartStopped(TERM, 1.5)))
     assert actions == [Forward(TERM)]  # its part's stop says nothing: the script's exit is the verdict
     state, actions = run(state, (2.0, LocalExit("script", ExitStatus(0))))

@@ -43,7 +43,7 @@ def test_parameter_server_needs_several_hosts_as_the_reference():
 ])
 def test_switches(key, runner):
     p = plan({key: "true"})
-    assert p.runner == runner and p.hosts == ("algo-1", "algo-2") and not p.is_master and p.hosts.index(p.current_host) == 1
+    assert p.runner == runner and p.hosts == ("algo-1", "algo-2") and not p.is_lead and p.hosts.index(p.current_host) == 1
 
 
 def test_mpi_processes_default_to_gpus_else_one():
@@ -52,7 +52,7 @@ def test_mpi_processes_default_to_gpus_else_one():
     assert p.options == MpiOptions(4, 8, CustomMpiOptions(), False)
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "3",
               "sagemaker_mpi_num_processes": "5", "sagemaker_mpi_custom_mpi_options": '"-x FOO"'})
-    assert p.options == MpiOptions(3, 5, CustomMpiOptions(rank_variables=(("FOO", None),)), False)
+    assert p.options == MpiOptions(3, 5, CustomMpiOptions(rank_variables=(("FOO", None),)), False, requested=5)
 
 
 def test_the_data_parallel_library_goes_through_mpi_with_its_own_options():
@@ -149,7 +149,7 @@ def test_heterogeneous_groups_choose_the_hosts_that_take_part():
           "instance_groups": [{"instance_group_name": "data", "instance_type": "c5", "hosts": ["algo-1"]},
                               {"instance_group_name": "train", "instance_type": "p3", "hosts": ["algo-4", "algo-2", "algo-3"]}]}
     p = plan({"sagemaker_parameter_server_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc)
-    assert (p.runner, p.hosts, p.is_master, p.hosts.index(p.current_host)) == ("parameter_server", ("algo-4", "algo-2", "algo-3"), False, 2)
+    assert (p.runner, p.hosts, p.is_lead, p.hosts.index(p.current_host)) == ("parameter_server", ("algo-4", "algo-2", "algo-3"), False, 2)
     assert PsLayout(p.hosts).script_config("algo-3")["task"] == {"type": "worker", "index": 1}
     assert PsLayout(p.hosts).cluster()["chief"] == ["algo-4:2222"]
     p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_distribution_instance_groups": '["train"]'}, rc, gpus=8)
@@ -164,6 +164,33 @@ def test_the_master_is_one_host_for_the_contract_the_plan_and_the_ranks():
                               {"instance_group_name": "train", "instance_type": "p3", "hosts": ["algo-3", "algo-2"]}]}
     spec = job({"sagemaker_mpi_enabled": "true"}, rc)
     env = training_env(spec, {})
-    assert master_host(spec) == make_plan(spec).master == env["master_hostname"] == "algo-3"
-    assert env["is_master"] is make_plan(spec).is_master is True
-    assert master_host(job()) == make_plan(job({"sagemaker_mpi_enabled": "true"})).master == "algo-1"
+    assert master_host(spec) == make_plan(spec).lead == env["master_hostname"] == "algo-3"
+    assert env["is_master"] is make_plan(spec).is_lead is True
+    assert master_host(job()) == make_plan(job({"sagemaker_mpi_enabled": "true"})).lead == "algo-1"
+
+
+RC4 = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2", "algo-3", "algo-4"]}
+
+
+def test_an_attempts_plan_fits_the_options_parsed_once_to_its_hosts():
+    from training_toolkit.plan import for_hosts
+
+    p = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "2",
+              "sagemaker_mpi_custom_mpi_options": '"-x FOO"'}, RC4)
+    shrunk = for_hosts(p, ("algo-2", "algo-4"), "hp.json")
+    assert shrunk.hosts == ("algo-2", "algo-4") and shrunk.lead == "algo-2" and shrunk.is_lead
+    assert shrunk.options == p.options._replace(num_processes=4)  # one per slot of the hosts left, custom kept
+    assert for_hosts(p, p.hosts, "hp.json") is p
+
+
+@pytest.mark.parametrize("hps, key", [
+    ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": "4"}, "sagemaker_mpi_num_processes"),
+    ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_num_ps": "3"},
+     "sagemaker_parameter_server_num_ps"),
+])
+def test_an_attempt_on_too_few_hosts_for_an_explicit_count_is_refused_naming_it(hps, key):
+    from training_toolkit.plan import for_hosts
+
+    p = plan(hps, RC4)
+    with pytest.raises(ConfigError, match=f"hp.json.*{key}"):
+        for_hosts(p, ("algo-1", "algo-2"), "hp.json")

@@ -25,8 +25,8 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Ba
                                            Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
-                                          STOP_MARGIN_S, AgentState, Watch, active_workers, channel_attempt,
-                                          first_host, next_deadline, other_host, stop_wait)
+                                          STOP_MARGIN_S, AgentState, LeadState, Watch, active_workers, channel_attempt, led,
+                                          lead_state, next_deadline, follower_state, stop_wait)
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
@@ -40,12 +40,13 @@ CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the first host's
 def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     if state.phase == Phase.ENDED:
         return state, ()
-    if state.is_master and isinstance(event, CHANNEL):
+    if state.is_lead and isinstance(event, CHANNEL):
         from training_toolkit.agent import barrier  # a job of one host has no channel: it never loads the barrier
 
         said = spare_lost(state, event)  # between attempts: a spare's loss, said (the roll keeps it as no failure)
-        state = replace(state, roll=barrier.note(state.roll or barrier.Roll(), event, now, channel_attempt(state)))
-        if state.barrier is not None:
+        assert state.lead is not None
+        state = led(state, roll=barrier.note(state.lead.roll or barrier.Roll(), event, now, channel_attempt(state)))
+        if state.lead.barrier is not None:
             state, actions = _barrier(state, now)
             return state, (*said, *actions)
         if said or isinstance(event, (PeerJoined, PeerReady)):
@@ -88,7 +89,7 @@ def _dispatch(state: AgentState, event: Event, now: float) -> tuple[AgentState, 
         return _signal(state, event.signum, now)
     if isinstance(event, BarrierOpened):
         return _barrier_opened(state, event, now)
-    if isinstance(event, Tick) and state.barrier is not None:
+    if isinstance(event, Tick) and state.lead is not None and state.lead.barrier is not None:
         return _barrier(state, now)
     if isinstance(event, Joined):
         return _joined(state, event), ()
@@ -100,7 +101,7 @@ def _dispatch(state: AgentState, event: Event, now: float) -> tuple[AgentState, 
         return state, (SendStacks(),)
     if state.phase == Phase.STOPPING:
         return _stopping(state, event)
-    if state.is_master:
+    if state.is_lead:
         from training_toolkit.agent import lead  # each host loads the rules of its role only
         return lead.running(state, event, now)
     from training_toolkit.agent import follow
@@ -137,18 +138,20 @@ def _barrier_opened(state: AgentState, event: BarrierOpened, now: float) -> tupl
 
     opened = barrier.Barrier(state.attempt, tuple(event.expected), now + event.deadline_s, event.deadline_s,
                              event.alive_only)
-    return _barrier(replace(state, barrier=opened, roll=barrier.opened(state.roll or barrier.Roll(), state.attempt)), now)
+    assert state.lead is not None
+    return _barrier(led(state, barrier=opened, roll=barrier.opened(state.lead.roll or barrier.Roll(), state.attempt)), now)
 
 
 def _barrier(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     from training_toolkit.agent import barrier
 
-    assert state.barrier is not None and state.roll is not None
-    outcome = barrier.decide(state.host, state.roll, state.barrier, now)
+    lead = state.lead
+    assert lead is not None and lead.barrier is not None and lead.roll is not None
+    outcome = barrier.decide(state.host, lead.roll, lead.barrier, now)
     if isinstance(outcome, barrier.Waiting):
         return replace(state, deadline=outcome.until), ()
     if isinstance(outcome, barrier.Passed):
-        return replace(state, barrier=None, deadline=None), (Release(outcome.ready, outcome.why),)
+        return replace(led(state, barrier=None), deadline=None), (Release(outcome.ready, outcome.why),)
     return _setup_failed(state, SetupFailed(outcome.outcome))
 
 
@@ -162,26 +165,27 @@ def attempt_to_join(job_attempt: int, started: bool) -> int:
 
 
 def _joined(state: AgentState, event: Joined) -> AgentState:
-    if state.is_master or state.phase != Phase.SETUP:
+    if state.is_lead or state.phase != Phase.SETUP:
         return state  # the first host's welcome is its own; a host joins once
     return replace(state, attempt=attempt_to_join(event.job_attempt, event.started))
 
 
 def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     """An attempt's processes run: its own bookkeeping starts afresh, the stall clock with the startup allowance."""
-    watch = state.watch
     pending = state.pending_signals
-    seated = state.seated if event.active is None or not state.is_master else \
-        frozenset(event.active) - {state.host}
-    state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(), seated=seated,
-                    finished=frozenset(), done=frozenset(), failures=(), succeeded=False, deadline=None, held=(),
-                    held_until=None, stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None, heartbeats=False)
+    state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(),
+                    finished=frozenset(), failures=(), deadline=None, held=(), held_until=None)
+    if state.lead is not None:
+        watch = state.lead.watch
+        seated = state.lead.seated if event.active is None else frozenset(event.active) - {state.host}
+        state = led(state, seated=seated, done=frozenset(), succeeded=False, heartbeats=False,
+                    stall_deadline=now + max(watch.stall_s, watch.startup_s) if watch else None)
     return state, tuple(Forward(s) for s in pending)
 
 
 def _setup_failed(state: AgentState, event: SetupFailed) -> tuple[AgentState, tuple[Action, ...]]:
     outcome = with_causes(state, event.outcome)  # this host's verdict; its report to the first host is bare
-    if state.is_master:
+    if state.is_lead:
         return announce(state, outcome)
     bare = event.outcome
     return ended(state, outcome), (Report(bare.reason or "", bare.exit_code, event.at, state.attempt), Finish(outcome))
@@ -192,12 +196,12 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
     if isinstance(event, PartEnded):
         if state.stop_signal is not None:  # stopped meanwhile: the platform's stop is the end
             outcome = stopped(state.host, state.stop_signal)
-            if state.is_master:
+            if state.is_lead:
                 return announce(state, outcome)
             return end(state, outcome, Report(outcome.reason or "", outcome.exit_code, None, state.attempt, True))
         return (replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1),
                 (Rejoin(state.attempt + 1, state.causes[-1] if state.causes else ""),))
-    if not state.is_master and isinstance(event, (Verdict, PeerLost)):
+    if not state.is_lead and isinstance(event, (Verdict, PeerLost)):
         from training_toolkit.agent import follow
 
         return follow.running(state, event, 0.0)
@@ -205,10 +209,10 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
 
 
 __all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "Event", "FAILURE_WINDOW_S",
-           "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LocalExit",
+           "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LeadState", "LocalExit",
            "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
            "Phase", "Progress", "REPORT_WAIT_S", "RUNNING", "Rejoin", "Release", "Report", "ReportDone",
            "RestartCalled", "SETUP", "STACKS_WAIT_S", "STOP_HEARD_S", "STOP_MARGIN_S", "Say", "SendStacks", "SetupFailed",
            "ShareProgress", "StacksGathered", "StacksWanted", "Started", "StopPart", "Tick", "Verdict", "Watch",
-           "active_workers", "attempt_to_join", "first_host", "next_deadline", "other_host", "root_cause", "step",
+           "active_workers", "attempt_to_join", "lead_state", "next_deadline", "follower_state", "root_cause", "step",
            "stop_wait"]

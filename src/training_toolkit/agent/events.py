@@ -1,6 +1,6 @@
 """What the agent's pure step reads (events) and returns (actions), and the phases it moves through.
 
-Kept apart from the rules (``decisions``, ``barrier``, ``first_host``) so that
+Kept apart from the rules (``decisions``, ``barrier``, ``lead_state``) so that
 each stays readable on its own; ``decisions`` re-exports every name here.
 """
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from training_toolkit.agent.events import (Action, AnnounceRestart, Event, GatherStacks, LocalExit, PartStopped, Phase,
                                            Progress, StacksGathered, StopPart, Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
-from training_toolkit.agent.state import PEER_FINISH_TIMEOUT_S, STACKS_WAIT_S, AgentState, active_workers
+from training_toolkit.agent.state import PEER_FINISH_TIMEOUT_S, STACKS_WAIT_S, AgentState, active_workers, led
 from training_toolkit.agent.verdicts import announce, counts_ok, failure_of, no_part, with_causes
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, PeerProgress
 from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
@@ -30,10 +30,12 @@ def waits_for_parts(state: AgentState) -> bool:
     when its first process ends.  A job of one seat whose script's own exit is the verdict has
     no part to wait for.
     """
-    return state.is_master and state.stop_signal is not None and state.stop_wait_s > 0 and not state.own_end_on_stop
+    return state.is_lead and state.stop_signal is not None and state.stop_wait_s > 0 and not state.own_end_on_stop
 
 
 def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    lead = state.lead
+    assert lead is not None
     if isinstance(event, (Progress, PeerProgress)):
         return _progress(state, event.heartbeat, now), ()
     if isinstance(event, StacksGathered):
@@ -46,17 +48,17 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
         state = replace(state, finished=state.finished | {event.name})
         if state.failures or not state.primaries <= state.finished:
             return state, ()
-        if state.wait_for_peers and not active_workers(state) <= state.done:
-            return replace(state, succeeded=True, deadline=now + PEER_FINISH_TIMEOUT_S, stall_deadline=None), ()
+        if lead.wait_for_peers and not active_workers(state) <= lead.done:
+            return replace(led(state, succeeded=True, stall_deadline=None), deadline=now + PEER_FINISH_TIMEOUT_S), ()
         return announce(state, Outcome(0))
     if isinstance(event, PeerDone) and event.exit_code == 0:
-        state = replace(state, done=state.done | {event.host})
-        if state.succeeded and not state.failures and active_workers(state) <= state.done:
+        state = led(state, done=lead.done | {event.host})
+        if lead.succeeded and not state.failures and active_workers(state) <= state.lead.done:
             return announce(state, Outcome(0))
         return _all_parts_stopped(state)
     if isinstance(event, PeerDone):
-        state = replace(state, done=state.done | {event.host})
-    if isinstance(event, PeerLost) and event.host in state.done:
+        state = led(state, done=lead.done | {event.host})
+    if isinstance(event, PeerLost) and event.host in state.lead.done:
         return state, ()  # a host that finished its part may leave
     if isinstance(event, (PeerLost, PeerFailed)) and event.host not in active_workers(state):
         # a spare has no part: its loss or its failure (a host that came back and gave up waiting for a
@@ -68,23 +70,25 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
     if waits_for_parts(state):  # the deadline is the stop's (set with the signal)
         host = event.host if isinstance(event, (PeerFailed, PeerLost)) else state.host
         part = isinstance(event, (PeerFailed, PeerLost, PartStopped))
-        state = replace(state, failures=(*state.failures, failure),
-                        stopped_hosts=state.stopped_hosts | {host} if part else state.stopped_hosts)
+        state = replace(led(state, stopped_hosts=lead.stopped_hosts | {host} if part else lead.stopped_hosts),
+                        failures=(*state.failures, failure))
         return _all_parts_stopped(state)
     # the window is for other hosts' reports of earlier failures; a job of one host has none to wait for
-    deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if state.workers else 0.0)
+    deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if lead.workers else 0.0)
     return replace(state, failures=(*state.failures, failure), deadline=deadline), ()
 
 
 def _all_parts_stopped(state: AgentState) -> tuple[AgentState, tuple[Action, ...]]:
     """A stopped first host concludes once every host's part has stopped (or reported done): no need to wait more."""
     if (waits_for_parts(state) and state.failures
-            and active_workers(state) | {state.host} <= state.stopped_hosts | state.done):
+            and active_workers(state) | {state.host} <= state.lead.stopped_hosts | state.lead.done):
         return conclude(state, state.failures)
     return state, ()
 
 
 def _tick(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    lead = state.lead
+    assert lead is not None
     if state.deadline is not None and now >= state.deadline:
         if state.phase == Phase.GATHERING:
             return _stalled(state, StacksGathered((), ("every host: no stacks within the wait",)))
@@ -93,32 +97,35 @@ def _tick(state: AgentState, now: float) -> tuple[AgentState, tuple[Action, ...]
         if waits_for_parts(state):  # no part said it stopped in time: the job was stopped all the same
             assert state.stop_signal is not None
             return conclude(state, (Failure(stopped(state.host, state.stop_signal), None, stopped=True),))
-        missing = ", ".join(sorted(active_workers(state) - state.done))
+        missing = ", ".join(sorted(active_workers(state) - lead.done))
         return announce(state, Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: the job succeeded here but {missing} "
                                                            f"did not finish within {PEER_FINISH_TIMEOUT_S:g} s"))
-    if (state.phase == Phase.RUNNING and not state.failures and state.stall_deadline is not None
-            and now >= state.stall_deadline):
-        return replace(state, phase=Phase.GATHERING, stall_deadline=None, deadline=now + STACKS_WAIT_S), \
+    if (state.phase == Phase.RUNNING and not state.failures and lead.stall_deadline is not None
+            and now >= lead.stall_deadline):
+        return replace(led(state, stall_deadline=None), phase=Phase.GATHERING, deadline=now + STACKS_WAIT_S), \
             (GatherStacks(),)
     return state, ()
 
 
 def _progress(state: AgentState, heartbeat: bool, now: float) -> AgentState:
-    if state.watch is None or state.phase != Phase.RUNNING or state.stall_deadline is None:
+    lead = state.lead
+    assert lead is not None
+    if lead.watch is None or state.phase != Phase.RUNNING or lead.stall_deadline is None:
         return state
-    if state.heartbeats and not heartbeat:
+    if lead.heartbeats and not heartbeat:
         return state  # heartbeats are the precise signal: once one came, output no longer counts
-    return replace(state, stall_deadline=now + state.watch.stall_s, heartbeats=state.heartbeats or heartbeat)
+    return led(state, stall_deadline=now + lead.watch.stall_s, heartbeats=lead.heartbeats or heartbeat)
 
 
 def _stalled(state: AgentState, event: StacksGathered) -> tuple[AgentState, tuple[Action, ...]]:
     from training_toolkit import stackreport  # only a stalled job needs it: not on the launch path
 
-    assert state.watch is not None
-    what = "heartbeat" if state.heartbeats else "output line or heartbeat"
+    lead = state.lead
+    assert lead is not None and lead.watch is not None
+    what = "heartbeat" if lead.heartbeats else "output line or heartbeat"
     summary = stackreport.summary(event.stacks) if event.stacks else "no stacks"
     missing = f"; no stacks from {', '.join(event.missing)}" if event.missing else ""
-    reason = (f"{state.host}: the job stalled: no {what} from any rank for {state.watch.stall_s:g} s; "
+    reason = (f"{state.host}: the job stalled: no {what} from any rank for {lead.watch.stall_s:g} s; "
               f"stacks: {summary}{missing}")
     details = tuple(stackreport.details(event.stacks)) if event.stacks else ()
     outcome = Outcome(EXIT_STALLED, reason[:900], details=details)
@@ -132,7 +139,8 @@ def conclude(state: AgentState, failures: tuple[Failure, ...]) -> tuple[AgentSta
     restartable = state.stop_signal is None and not any(f.stopped for f in failures)
     if restartable and state.attempt - state.first_attempt < state.max_restarts:
         reason = cause.reason or f"exit code {cause.exit_code}"
-        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
-                        stall_deadline=None, cause_hosts=(*state.cause_hosts, root.host))
+        assert state.lead is not None
+        state = replace(led(state, stall_deadline=None, cause_hosts=(*state.lead.cause_hosts, root.host)),
+                        phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None)
         return state, (AnnounceRestart(state.attempt + 1, reason), StopPart(state.attempt))
     return announce(state, with_causes(state, cause))

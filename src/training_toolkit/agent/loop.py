@@ -33,6 +33,7 @@ from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, Loc
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
+from training_toolkit.attempt import Attempt, seated
 from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
@@ -69,8 +70,8 @@ class HostAgent:
                  hosts: Sequence[str] | None = None):
         self.spec = spec
         host = ctx.plan.current_host
-        self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)))
-        self.host, self.is_master = host, self.seats.is_master
+        self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)), ctx.first_attempt)
+        self.host, self.is_lead = host, self.seats.is_lead
         self.membership: Seat | None = None  # this host's seat, from run() on
         # the platform's secret (None: it gave none) and the channel's port and clocks: a job of one seat has neither
         self.secret: bytes | None = None
@@ -91,9 +92,9 @@ class HostAgent:
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
         watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
         stop_s = decisions.stop_wait(ctx.grace_s)
-        self.state = (decisions.first_host(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
-                                           spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_master
-                      else decisions.other_host(host, config.max_restarts, ctx.first_attempt, stop_s))
+        self.state = (decisions.lead_state(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
+                                           spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_lead
+                      else decisions.follower_state(host, config.max_restarts, ctx.first_attempt, stop_s))
 
     ctx = property(lambda self: self.seats.ctx)
     hosts = property(lambda self: self.seats.hosts)
@@ -106,7 +107,7 @@ class HostAgent:
         """The attempt's membership as the runner's hooks see it, now.  ``attempt``: the job as this attempt runs it
         (its active hosts, ranks renumbered); else every host of the job (what the runner holds, the guard)."""
         seat = self.membership
-        return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.attempt, self.is_master,
+        return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.seats.attempt,
                        seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
                        self.ctx.settings.join_timeout_s)
 
@@ -122,7 +123,7 @@ class HostAgent:
 
     def run(self) -> Outcome:
         spec = self.spec
-        if self.secret is None and self.is_master and len(self.hosts) > 1:
+        if self.secret is None and self.is_lead and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
         try:  # a host that cannot take part joins all the same, to tell the job why
@@ -158,7 +159,7 @@ class HostAgent:
             self.spec.prepare(self.seating())
         self._check_stop()
         self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
-        if self.is_master and self.spec.after_barrier is not None:
+        if self.is_lead and self.spec.after_barrier is not None:
             self.spec.after_barrier(self.seating())
         guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
         if guarded is not None:  # imported only here: a job of one seat never loads it
@@ -191,16 +192,16 @@ class HostAgent:
         actions = self._step_held(Started(tuple(local.name for local in self.locals if local.primary), self.active))
         return carry.carry_out(self, actions)
 
-    def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> tuple[str, ...]:
-        """Every host ready for this attempt: its active hosts, in rank order, on every host.  A host other than the
-        first says it is ready and waits for the go.  The first host runs the loop: the channel's events and Ticks go
-        to the step until every host is ready (``Release``: it chooses the active hosts, sends the go) or the job
-        ends (``Ended``)."""
+    def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> Attempt:
+        """Every host ready for this attempt: the ``Attempt``, the same on every host.  A host other than the lead
+        says it is ready and waits for the go.  The lead runs the loop: the channel's events and Ticks go to the
+        step until every host is ready (``Release``: it chooses the attempt's hosts, sends the go) or the job ends
+        (``Ended``)."""
         assert self.membership is not None
         if self.spec.solo:  # no other host: nothing to wait for, nothing to tell
-            return self.hosts
-        if not self.is_master:
-            return tuple(self.membership.barrier(self.attempt, deadline_s) or self.hosts)
+            return seated(self.attempt, self.hosts)
+        if not self.is_lead:
+            return self.membership.barrier(self.attempt, deadline_s)
         deadline_s = self.ctx.settings.join_timeout_s if deadline_s is None else deadline_s
         self._in_barrier = True
         try:
@@ -213,12 +214,13 @@ class HostAgent:
         finally:
             self._in_barrier = False
         release = next(action for action in actions if isinstance(action, Release))
-        active = self.seats.choose(self.attempt == self.state.first_attempt, release, self.state.cause_hosts)
-        self.membership.release(active)
-        return active
+        attempt = self.seats.choose(self.attempt, self.attempt == self.state.first_attempt, release,
+                                    self.state.lead.cause_hosts if self.state.lead else ())
+        self.membership.release(attempt)
+        return attempt
 
-    def _seat(self, active: Sequence[str] | None) -> None:
-        self.seats.seat(active, self.attempt, self._attempts())
+    def _seat(self, attempt: Attempt) -> None:
+        self.seats.seat(attempt, self._attempts())
 
     def _say_attempt(self, reason: str) -> None:
         self.seats.say_attempt(self.attempt, self._attempts(), reason)
@@ -268,7 +270,7 @@ class HostAgent:
             self.spec.before_restart(self.seating())
         # a host may still be giving its ranks their grace period: that is not a host that did not come back
         self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
-        if self.is_master and self.spec.after_restart_barrier is not None:
+        if self.is_lead and self.spec.after_restart_barrier is not None:
             self.spec.after_restart_barrier(self.seating())
         self._check_stop()
         self._start()

@@ -1,10 +1,12 @@
-"""Who takes part in each attempt (``roster.py``): the first host chooses each attempt's active hosts, every host takes them.
+"""Who takes part in each attempt (``roster.py``): the lead chooses each ``Attempt``, every host takes it.
 
 And the seat of a job of one host (``SoloSeat``), which has no other host to take part.
 
-``Seats`` holds this host's view of the job's hosts (the first host's list,
-once taken), the limits of active hosts, the roster and the attempt's own
-``RunContext`` (its active hosts only); the agent asks it, and logs what it says.
+``Seats`` holds this host's view of the job's hosts (the lead's list, once
+taken), the limits of active hosts, the roster, the current ``Attempt`` and
+that attempt's own ``RunContext`` (``runspec.for_attempt``: its active hosts
+only); the agent asks it, and logs what it says.  Writing the resource config
+of ``/opt/ml`` for an attempt is done here, once per change of its hosts.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
+from training_toolkit.attempt import Attempt, seated
 from training_toolkit.errors import ClusterError, ConfigError
 from training_toolkit.log import log
-from training_toolkit.runspec import RunContext, RunnerSpec, with_hosts, write_resource_config
+from training_toolkit.runspec import RunContext, RunnerSpec, for_attempt, with_hosts, write_resource_config
 
 if TYPE_CHECKING:
     from training_toolkit import roster
@@ -23,26 +26,32 @@ if TYPE_CHECKING:
 
 
 class Seats:
-    def __init__(self, ctx: RunContext, hosts: Sequence[str]):
+    def __init__(self, ctx: RunContext, hosts: Sequence[str], first_attempt: int = 0):
         self.ctx = ctx  # the job's every host (a spare may be seated later)
         self.host = ctx.plan.current_host
         self.hosts = tuple(hosts)  # the job's hosts as seen here
-        self.is_master = self.hosts[0] == self.host
-        self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``with_hosts``)
-        self.active: tuple[str, ...] = self.hosts
+        self.is_lead = self.hosts[0] == self.host
+        self.attempt: Attempt = seated(first_attempt, self.hosts)  # before any barrier: every host
+        self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``for_attempt``)
         self.roster: roster.Roster | None = None  # the first host's, from barrier 0 (a job of one host has none)
         self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
         self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
         self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
 
+    @property
+    def active(self) -> tuple[str, ...]:
+        return self.attempt.active
+
     def take_hosts(self, hosts: Sequence[str]) -> None:
-        """A host other than the first takes the job's hosts from the first host's welcome, never from its own view."""
+        """A host other than the lead takes the job's hosts from the lead's welcome, never from its own view."""
         hosts = tuple(hosts)
-        if self.is_master or hosts == self.ctx.plan.hosts:
+        if self.is_lead or hosts == self.ctx.plan.hosts:
             return
-        log(f"{self.host}: host of {', '.join(hosts)} (from the first host)")
-        self.ctx = with_hosts(self.ctx, hosts)
+        log(f"{self.host}: host of {', '.join(hosts)} (from the lead)")
+        self.ctx = self.attempt_ctx = with_hosts(self.ctx, hosts)
+        write_resource_config(self.ctx.job)
         self.hosts = hosts
+        self.attempt = seated(self.attempt.number, hosts)
 
     def take_limits(self, spec: RunnerSpec) -> None:
         """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
@@ -66,19 +75,20 @@ class Seats:
                               "job without instance groups (a group names its hosts)")
         self.roster = roster.first_roster(self.hosts, self.max_hosts)
 
-    def choose(self, first: bool, release: Release, cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
-        """First host, its barrier passed: the attempt's active hosts (the first roster at barrier 0, else the next)."""
-        return self.first_choice() if first else self.next_choice(release.ready, release.why, cause_hosts)
+    def choose(self, number: int, first: bool, release: Release, cause_hosts: Sequence[str | None]) -> Attempt:
+        """The lead, its barrier passed: attempt ``number`` (the first roster at barrier 0, else the next)."""
+        chosen = self.first_choice() if first else self.next_choice(release.ready, release.why, cause_hosts)
+        return Attempt(number, chosen.active, chosen.spares)
 
-    def first_choice(self) -> tuple[str, ...]:
+    def first_choice(self) -> roster.Roster:
         """Barrier 0: the first roster (every host joined and ready)."""
         from training_toolkit import roster
 
         self.roster = self.roster or roster.Roster(self.hosts)
         self._turn = roster.Turn(self.roster)
-        return self.roster.active
+        return self.roster
 
-    def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> tuple[str, ...]:
+    def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> roster.Roster:
         """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
         from training_toolkit import roster
 
@@ -92,7 +102,7 @@ class Seats:
         if isinstance(turn, roster.Shortfall):
             raise ClusterError(turn.reason())
         self.roster, self._turn = turn.roster, turn
-        return turn.roster.active
+        return turn.roster
 
     def first_deadline(self, attempt: int, first_attempt: int) -> float | None:
         """This ``train``'s first barrier's deadline (None: the join deadline).  A host that rejoins waits for the
@@ -107,27 +117,26 @@ class Seats:
         if total > 1:
             log(f"{self.host}: attempt {attempt + 1} of {total} starting" + (f" ({reason})" if reason else ""))
 
-    def seat(self, active: Sequence[str] | None, attempt: int, total: int) -> None:
-        """Take the attempt's active hosts: an active host's processes see only them; a spare waits."""
-        active = tuple(active or self.hosts)
-        was_spare = self.host not in self.active
-        self.active = active
-        if self.is_master and self.elastic and self._turn is not None:
+    def seat(self, attempt: Attempt, total: int) -> None:
+        """Take the attempt: an active host's processes see its active hosts only; a spare waits."""
+        was_spare = not self.attempt.runs_on(self.host)
+        self.attempt = attempt
+        number, active = attempt.number, attempt.active
+        if self.is_lead and self.elastic and self._turn is not None:
             from training_toolkit import roster
 
-            log(f"{self.host}: {roster.attempt_line(attempt + 1, total, self._turn)}")
-        if self.host not in active:
+            log(f"{self.host}: {roster.attempt_line(number + 1, total, self._turn)}")
+        if not attempt.runs_on(self.host):
             if not was_spare:  # once, when it starts waiting (at the first attempt, or retired)
-                log(f"{self.host}: a spare: waiting (attempt {attempt + 1} runs on {', '.join(active)})")
+                log(f"{self.host}: a spare: waiting (attempt {number + 1} runs on {', '.join(active)})")
             return
         if was_spare:
-            log(f"{self.host}: seated in attempt {attempt + 1} (rank order: {', '.join(active)})")
-        if active == self.hosts:  # every host of the job (a job of one seat: its own)
-            if self.attempt_ctx is not self.ctx:  # back to every host: the resource config says so again
-                write_resource_config(self.ctx.job)
-            self.attempt_ctx = self.ctx
-        else:
-            self.attempt_ctx = with_hosts(self.ctx, active)
+            log(f"{self.host}: seated in attempt {number + 1} (rank order: {', '.join(active)})")
+        # every host of the job (a job of one seat: its own) is the job as it is
+        attempt_ctx = self.ctx if active == self.hosts else for_attempt(self.ctx, attempt)
+        if attempt_ctx.job.resource.hosts != self.attempt_ctx.job.resource.hosts:  # not the last attempt's hosts
+            write_resource_config(attempt_ctx.job)
+        self.attempt_ctx = attempt_ctx
 
 
 
@@ -138,7 +147,7 @@ class SoloSeat:
     Kept here, so a single-host ``train`` imports no membership code (test/unit/test_launch_imports.py).
     """
 
-    is_master = True
+    is_lead = True
     job_id = ""
     introductions: Mapping[str, Mapping[str, str]] = {}
     job_attempt = (0, False)
@@ -151,10 +160,10 @@ class SoloSeat:
     def open(self) -> None:
         pass
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...]:
-        return self.hosts
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt:
+        return Attempt(attempt, self.hosts)
 
-    def release(self, active: Sequence[str]) -> None:
+    def release(self, attempt: Attempt) -> None:
         pass
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,

@@ -1,13 +1,13 @@
 """What an event means as a failure of this host's job, and the end of it: the verdict, with earlier attempts' causes.
 
-Pure helpers of the step (``decisions``, ``first_host``, ``other_host``).
+Pure helpers of the step (``decisions``, ``lead_state``, ``follower_state``).
 """
 
 from __future__ import annotations
 
 from training_toolkit.agent.events import Action, Announce, Event, Finish, LocalExit, PartStopped, Phase, Say
 from training_toolkit.agent.failures import Failure, local_failure, lost, peer_failure, stopped
-from training_toolkit.agent.state import AgentState, active_workers
+from training_toolkit.agent.state import AgentState, active_workers, led
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.records import replace
 from training_toolkit.report import Outcome
@@ -51,8 +51,9 @@ def spare_lost(state: AgentState, event: Event) -> tuple[Action, ...]:
     A spare's loss while an attempt runs is ``lead``'s; an active host's loss between attempts is told in the
     next attempt's line (``roster.attempt_line``: "algo-2 lost"); at barrier 0 any loss is a failure.
     """
-    between = state.phase == Phase.STOPPING or (state.barrier is not None and state.barrier.alive_only)
-    if state.is_master and between and isinstance(event, PeerLost) and event.host not in active_workers(state):
+    assert state.lead is not None
+    between = state.phase == Phase.STOPPING or (state.lead.barrier is not None and state.lead.barrier.alive_only)
+    if state.is_lead and between and isinstance(event, PeerLost) and event.host not in active_workers(state):
         return no_part(state, event)
     return ()
 
@@ -75,7 +76,9 @@ def with_causes(state: AgentState, outcome: Outcome) -> Outcome:
 
 
 def ended(state: AgentState, outcome: Outcome) -> AgentState:
-    return replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None, stall_deadline=None, barrier=None)
+    if state.lead is not None:
+        state = led(state, stall_deadline=None, barrier=None)
+    return replace(state, phase=Phase.ENDED, outcome=outcome, deadline=None)
 
 
 def announce(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:

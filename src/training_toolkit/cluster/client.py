@@ -25,7 +25,7 @@ class Interrupted(ClusterError):
 
 
 class ControlClient:
-    """Joins the channel of the first host (``master``) as ``host``, telling it ``introduction``.
+    """Joins the channel of the lead (``lead``) as ``host``, telling it ``introduction``.
 
     After ``connect``: ``job_id``, the first host's ``introduction``,
     ``job_attempt`` (the job's attempt, and whether its processes had started:
@@ -41,7 +41,7 @@ class ControlClient:
         self,
         secret: bytes | None,
         host: str,
-        master: str,
+        lead: str,
         port: int,
         events: SimpleQueue,
         *,
@@ -53,7 +53,7 @@ class ControlClient:
         self._secret = secret
         self._source = source
         self.host = host
-        self.master = master
+        self.lead = lead
         self.port = port
         self._introduction = dict(introduction or {})
         self._events = events
@@ -65,7 +65,8 @@ class ControlClient:
         self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
         self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
         self._go = -1  # the last attempt the first host started
-        self._active: tuple[str, ...] = ()  # its active hosts (the others are spares)
+        self._active: tuple[str, ...] = ()  # its active hosts
+        self._spares: tuple[str, ...] = ()  # and its spares (its members: both)
         self.peers: dict[str, dict[str, str]] = {}  # every seated host's introduction, from the last go
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()  # its lock is an RLock: ``interrupt`` may take it from a signal handler
@@ -84,23 +85,23 @@ class ControlClient:
                 self._join(min(JOIN_ATTEMPT_S, max(0.5, end - time.monotonic())))
                 return
             except Refused as exc:
-                raise ClusterError(f"control channel on {self.master}:{self.port} refused {self.host}: {exc}") from None
+                raise ClusterError(f"control channel on {self.lead}:{self.port} refused {self.host}: {exc}") from None
             except (OSError, ValueError, ConnectionError) as exc:
                 last = str(exc) or type(exc).__name__
             self._check_interrupted()
             if time.monotonic() + delay >= end:
                 raise ClusterError(
-                    f"could not reach the control channel on {self.master}:{self.port} within {deadline_s:g} s: {last}"
+                    f"could not reach the control channel on {self.lead}:{self.port} within {deadline_s:g} s: {last}"
                 )
             self._interrupted.wait(delay)
             delay = min(delay * 1.5, RETRY_MAX_S)
 
     def _join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        sock = socket.create_connection((self.master, self.port), timeout=timeout,
+        sock = socket.create_connection((self.lead, self.port), timeout=timeout,
                                         source_address=(self._source, 0) if self._source else None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link = Link(sock, self.master)
+        link = Link(sock, self.lead)
         self._joining = sock
         try:
             self._check_interrupted()  # shut before it was known: the join's reads would wait their timeout
@@ -145,9 +146,9 @@ class ControlClient:
                 kind = message.get("t")
                 if kind == "go":
                     go, active = wire.attempt(message), wire.active(message, self.hosts)
-                    intros = wire.introductions(message, self.hosts)
+                    spares, intros = wire.spares(message, self.hosts, active), wire.introductions(message, self.hosts)
                     with self._state:
-                        self._go, self._active, self.peers = go, active, intros
+                        self._go, self._active, self._spares, self.peers = go, active, spares, intros
                         self._state.notify_all()
                 elif kind == "restart":
                     self._events.put(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
@@ -161,7 +162,7 @@ class ControlClient:
         except (OSError, ValueError, ConnectionError) as exc:
             if not self._closed.is_set():
                 reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
-                self._end(f"lost the first host {self.master} ({reason})")
+                self._end(f"lost the lead {self.lead} ({reason})")
 
     def _end(self, ending: Verdict | str) -> None:
         with self._state:
@@ -169,7 +170,7 @@ class ControlClient:
                 return
             self._ended = ending
             self._state.notify_all()
-        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.master, ending, time.time()))
+        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.lead, ending, time.time()))
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
@@ -205,7 +206,11 @@ class ControlClient:
         self._send("done", code=exit_code)
 
     def wait_go(self, deadline_s: float, attempt: int = 0) -> tuple[str, ...]:
-        """Wait for the first host to start ``attempt``; its active hosts (the job's others are spares)."""
+        """Wait for the first host to start ``attempt``; its active hosts."""
+        return self.wait_seats(deadline_s, attempt)[0]
+
+    def wait_seats(self, deadline_s: float, attempt: int = 0) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Wait for the first host to start ``attempt``; its active hosts and its spares, as its go said them."""
         end = time.monotonic() + deadline_s
         with self._state:
             while self._go < attempt:
@@ -217,9 +222,9 @@ class ControlClient:
                 self._check_interrupted()
                 left = end - time.monotonic()
                 if left <= 0:
-                    raise ClusterError(f"the first host {self.master} did not start the job within {deadline_s:g} s")
+                    raise ClusterError(f"the lead {self.lead} did not start the job within {deadline_s:g} s")
                 self._state.wait(min(left, 1.0))
-            return self._active
+            return self._active, self._spares
 
     def interrupt(self) -> None:
         """End a join or a wait for the go now, with ``Interrupted``: the agent got a stopping signal during setup.

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Protocol
 
+from training_toolkit.attempt import Attempt
 from training_toolkit.cluster.events import Verdict
 from training_toolkit.cluster.timing import ChannelSettings
 from training_toolkit.errors import ClusterError
@@ -33,7 +34,7 @@ class Seat(Protocol):
     ``hosts``: after ``open``, the job's hosts in rank order as the first host gave them (its own on the first host).
     """
 
-    is_master: bool
+    is_lead: bool
     hosts: tuple[str, ...]
 
     @property
@@ -47,9 +48,9 @@ class Seat(Protocol):
 
     def open(self) -> None: ...
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...] | None: ...
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt: ...
 
-    def release(self, active: Sequence[str]) -> None: ...
+    def release(self, attempt: Attempt) -> None: ...
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None: ...
@@ -94,9 +95,9 @@ class Membership:
         self.hosts = tuple(hosts)
         self.current = current
         self.settings = settings
-        self.is_master = current == self.hosts[0]
+        self.is_lead = current == self.hosts[0]
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
-        if self.is_master:
+        if self.is_lead:
             self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
                                                                job_id=secrets.token_hex(8), hosts=self.hosts,
                                                                first_attempt=settings.first_attempt, **kw)
@@ -130,23 +131,24 @@ class Membership:
             self._client.connect(self.settings.join_timeout_s)
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
 
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> tuple[str, ...]:
-        """A host other than the first: say it is ready for ``attempt``, and wait for the first host's go.
+    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt:
+        """A host other than the lead: say it is ready for ``attempt``, and wait for the lead's go.
 
-        The attempt's active hosts, in rank order, as the go lists them.  The first host's barrier
-        is the agent's decision (``agent.barrier``), on what its server posts; it then ``release``s.
+        The attempt as the go tells it (its active hosts in rank order, its spares).  The lead's
+        barrier is the agent's decision (``agent.barrier``), on what its server posts; it then ``release``s.
         """
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
         assert self._client is not None
         self._client.ready(attempt)
         # the first host decides the barrier and names who is missing; this host's own deadline, a
         # margin later, is for a first host that went silent (its verdict would otherwise race ours)
-        return self._client.wait_go(deadline_s + FIRST_HOST_MARGIN_S, attempt) or self.hosts
+        active, spares = self._client.wait_seats(deadline_s + FIRST_HOST_MARGIN_S, attempt)
+        return Attempt(attempt, active or self.hosts, spares)
 
-    def release(self, active: Sequence[str]) -> None:
-        """First host: the barrier passed; every host hears the attempt's active hosts and starts."""
+    def release(self, attempt: Attempt) -> None:
+        """The lead: the barrier passed; every host hears the attempt (its active hosts, its spares) and starts."""
         if self._server:
-            self._server.release(active)
+            self._server.release(attempt.active, attempt.spares)
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:

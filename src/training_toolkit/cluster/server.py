@@ -248,11 +248,13 @@ class ControlServer:
         while not self._closed.wait(self._heartbeat_s):
             self._send_all("ping")
 
-    def release(self, active: Sequence[str] | None = None) -> None:
-        """Start the attempt: every host hears its active hosts (None: all the job's), the others are spares."""
+    def release(self, active: Sequence[str] | None = None, spares: Sequence[str] = ()) -> None:
+        """Start the attempt: every host hears its active hosts (None: all the job's) and its spares (waiting for a
+        seat; a lost or retired host is neither)."""
         with self._state:  # and every seated host's introduction (MPI's keys for tree spawn), encoded once for all
             self._released, intros = self._attempt, dict(self.introductions)  # each host's is replaced, never changed
-        self._send_all("go", wire.shared_fields({"intros": intros, "active": list(active or self.hosts)}), n=self._attempt)
+        fields = {"intros": intros, "active": list(active or self.hosts), "spares": list(spares)}
+        self._send_all("go", wire.shared_fields(fields), n=self._attempt)
 
     def restart(self, attempt: int, reason: str) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""

@@ -23,9 +23,10 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 6  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
+PROTOCOL = 7  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
 #              5: each go carries the attempt's active hosts (the others are spares);
-#              6: each go carries every seated host's introduction (each host's ssh keys, for MPI's tree spawn)
+#              6: each go carries every seated host's introduction (each host's ssh keys, for MPI's tree spawn);
+#              7: each go carries the attempt's spares (its members: the active hosts and the spares)
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
 MAX_HOSTS = 100_000
@@ -114,6 +115,14 @@ def active(message: dict, job: tuple[str, ...] | list[str]) -> tuple[str, ...]:
         return value
     if not value or not job or value[0] != job[0] or not set(value) <= set(job):
         raise FrameError("field 'active' is not the job's first host followed by other hosts of the job")
+    return value
+
+
+def spares(message: dict, job: tuple[str, ...] | list[str], active: tuple[str, ...]) -> tuple[str, ...]:
+    """A go's spares: hosts of the job waiting for a seat, none of them active, in the order they are called."""
+    value = hosts(message, "spares")
+    if not set(value) <= set(job) or set(value) & set(active):
+        raise FrameError("field 'spares' is not a list of the job's hosts outside the attempt's active ones")
     return value
 
 

@@ -201,10 +201,6 @@ class NamespaceCluster:
             raise ClusterError(f"cluster {self._tag} is not running")
         return network.netns_file(self._holders[0].pid)
 
-    def bridge_command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
-        """The command line that runs ``argv`` in the network namespace of the hosts' bridge (``br0``); pure."""
-        return [self._nsenter, f"--net={self.bridge_netns}", "--"] + [os.fspath(a) for a in argv]
-
     def popen(
         self,
         host: Host | str,

@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from training_toolkit import procfs, rundir, stacks
-from training_toolkit.cluster import ssh
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
+from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
 from training_toolkit.log import log
 from training_toolkit.names import LAUNCH_SLURM, OPENMPI4
 from training_toolkit.process import ExitStatus
@@ -80,11 +80,11 @@ class MpiHost:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx  # the job's hosts the first host's from ``prepare`` on (``Seating.ctx``)
         self.host = ctx.plan.current_host
-        self.is_master = ctx.plan.hosts[0] == self.host
+        self.is_lead = ctx.plan.hosts[0] == self.host
         self.rank_tag = ""  # the job's id, from the first host: the same on every host
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
         self._slurm_order = ctx.plan.hosts  # the platform's: under Slurm, the step's nodes in Slurm's order
-        self.ssh = None if self.via_slurm else SshPart(self.host, self.is_master, ctx.settings, ctx.environ)
+        self.ssh = None if self.via_slurm else SshPart(self.host, self.is_lead, ctx.settings, ctx.environ)
         self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
         self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
@@ -109,11 +109,11 @@ class MpiHost:
         self.rank_tag = seat.job_id
         self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
         # the daemons' shim (sshd's sessions) and sshd's from= (each host's own, for its key) resolved once
-        by_host = None if self.is_master else host_addresses(self.ctx.plan.hosts)
+        by_host = None if self.is_lead else host_addresses(self.ctx.plan.hosts)
         addresses = None if by_host is None else tuple(joined(by_host))
         self._shim = netshim(self.ctx, addresses)
         self._write_rank_file(seat)
-        if self.is_master or self.ssh is None:
+        if self.is_lead or self.ssh is None:
             return
         assert by_host is not None and self._rank_file is not None
         shim = self._shim
@@ -175,9 +175,9 @@ class MpiHost:
         self._attempt = seat.ctx
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
-        if self.ssh is not None and not self.is_master:
+        if self.ssh is not None and not self.is_lead:
             self.ssh.trust(seat)
-        rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt))
+        rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt.number))
         return shim
 
     def _stop_flag(self) -> Path:
@@ -201,14 +201,14 @@ class MpiHost:
     def start(self, seat: Seating) -> list[Proc]:
         """The attempt's processes (an active host only): mpirun on the first host, over the attempt's hosts."""
         shim = self._seat_attempt(seat)
-        if not self.is_master:
+        if not self.is_lead:
             return []
         ctx = seat.ctx
         assert (self.ssh is None or self.ssh.layout is not None) and self._rank_file is not None
         if self.ssh is not None:  # every active worker answers, with this attempt's keys written
             self.ssh.probe(seat, ctx.plan.hosts[1:])
         flavor = mpi_flavor(ctx.settings.mpi_flavor, ctx.environ)
-        command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt)
+        command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt.number)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(ctx, shim)
@@ -255,7 +255,7 @@ class MpiHost:
     def _ranks(self, locals_: Sequence[Local]) -> list[int]:
         mpirun = frozenset(local.child.pid for local in locals_)
         marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
-        if self.via_slurm and not self.is_master:  # under Slurm's step daemon, in this host's PID namespace
+        if self.via_slurm and not self.is_lead:  # under Slurm's step daemon, in this host's PID namespace
             return procfs.marked(marker, mpirun)
         return procfs.marked_descendants(os.getpid(), marker, mpirun)
 
@@ -264,7 +264,7 @@ class MpiHost:
         if self._rank_file is None:
             return []
         flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
-        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_master else []
+        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_lead else []
 
     def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
         """mpirun's failed end, blamed on the failing rank's host (None: mpirun's own end, this host's)."""
@@ -290,7 +290,7 @@ def describe(ctx: RunContext) -> dict:
     """
     parent = rundir.parent(ctx.environ)
     via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM
-    layout = None if via_slurm else ssh.SshLayout(parent / f"{ssh.layout.DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
+    layout = None if via_slurm else SshLayout(parent / f"{DIR_PREFIX}RANDOM", ctx.settings.ssh_port)
     rank_file = parent / f"{rank_env.DIR_PREFIX}JOBID-RANDOM" / rank_env.FILE_NAME
     flavor = ctx.settings.mpi_flavor
     shown = flavor or f"detected at run time (mpirun --version); the mpirun line shown is {OPENMPI4}'s"

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from training_toolkit import names, native, settings
-from training_toolkit.cluster import netaddr, ssh
+from training_toolkit.cluster import netaddr
+from training_toolkit.cluster.ssh.layout import SshLayout
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
 from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
@@ -74,7 +75,7 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
     """What SageMaker's data parallel library's launcher sets for its ranks (reference: smdataparallel)."""
     if not mpi_options(ctx).smddp:
         return {}
-    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.master,
+    return {"SMDATAPARALLEL_USE_HOMOGENEOUS": "0" if ctx.job.is_hetero else "1", "MASTER_ADDR": ctx.plan.lead,
             "MASTER_PORT": ctx.environ.get("MASTER_PORT", str(names.TORCH_MASTER_PORT))}
 
 
@@ -225,7 +226,7 @@ def home() -> str:
         return "/"
 
 
-def build_command(ctx: RunContext, layout: ssh.SshLayout | None, flavor: str, attempt: int) -> list[str]:
+def build_command(ctx: RunContext, layout: SshLayout | None, flavor: str, attempt: int) -> list[str]:
     """mpirun's line over ``ctx``'s hosts (an attempt's active hosts, in rank order): every rank runs
     ``training-toolkit-rank --attempt N``, which reads the file its host names once it is the attempt's; nothing
     of the job."""

@@ -23,7 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from training_toolkit import rundir
-from training_toolkit.cluster import netaddr, ssh
+from training_toolkit.cluster import netaddr
+from training_toolkit.cluster.ssh.keys import KeyPair, check_public_line, generate_keypair, load_keys
+from training_toolkit.cluster.ssh.layout import (SshLayout, admit, end_connections, new_ssh_dir, repin_host_keys,
+                                                  write_client_side, write_server_side)
+from training_toolkit.cluster.ssh.probe import wait_for_ssh
+from training_toolkit.cluster.ssh.sshd import Sshd
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
 from training_toolkit.runspec import Seating
@@ -37,16 +42,16 @@ INTRO_HOST_KEY = "ssh_host_key"  # what every host but the first introduces: the
 class SshPart:
     """What this host holds of the job's ssh; ``close`` ends sshd and removes the directory."""
 
-    def __init__(self, host: str, is_master: bool, settings: Settings, environ: Mapping[str, str]):
+    def __init__(self, host: str, is_lead: bool, settings: Settings, environ: Mapping[str, str]):
         self.host = host
         self.environ = environ  # the toolkit's, as read at its start: where the directory goes, what ssh runs with
-        self.is_master = is_master
+        self.is_lead = is_lead
         self.settings = settings
         self.port = settings.ssh_port
-        self.layout: ssh.SshLayout | None = None
-        self.sshd: ssh.Sshd | None = None
-        self._client: ssh.KeyPair | None = None  # this host's client key
-        self._host_key: ssh.KeyPair | None = None  # a worker: its host key
+        self.layout: SshLayout | None = None
+        self.sshd: Sshd | None = None
+        self._client: KeyPair | None = None  # this host's client key
+        self._host_key: KeyPair | None = None  # a worker: its host key
         self._addresses: Mapping[str, Sequence[str]] = {}  # a worker: each job host's addresses (its key's from=)
         self._trusted: tuple = ()  # a worker: the keys its files were last written for
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
@@ -54,17 +59,17 @@ class SshPart:
         self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
 
     def _new_ssh_dir(self) -> Path:
-        self._ssh_dir = ssh.new_ssh_dir(rundir.parent(self.environ))
+        self._ssh_dir = new_ssh_dir(rundir.parent(self.environ))
         self._tripwire = Deadman(directories=[self._ssh_dir])  # sshd and ssh's shared connections: watch_for, environment_for
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
         keys_dir = self.settings.ssh_keys
-        mounted = ssh.load_keys(keys_dir) if keys_dir else None
-        self._client = mounted.client if mounted else ssh.generate_keypair(f"training-toolkit-client@{self.host}")
-        if self.is_master:
+        mounted = load_keys(keys_dir) if keys_dir else None
+        self._client = mounted.client if mounted else generate_keypair(f"training-toolkit-client@{self.host}")
+        if self.is_lead:
             return {INTRO_CLIENT_KEY: self._client.public}
-        self._host_key = mounted.host if mounted else ssh.generate_keypair(f"training-toolkit-host@{self.host}")
+        self._host_key = mounted.host if mounted else generate_keypair(f"training-toolkit-host@{self.host}")
         return {INTRO_CLIENT_KEY: self._client.public, INTRO_HOST_KEY: self._host_key.public}
 
     def agent_environment(self) -> dict[str, str]:
@@ -77,15 +82,15 @@ class SshPart:
 
         ``addresses``: each job host's addresses, from which its client key alone is admitted.
         """
-        assert self._host_key is not None and not self.is_master
+        assert self._host_key is not None and not self.is_lead
         self._addresses = dict(addresses)
         directory = self._new_ssh_dir()
-        layout = ssh.SshLayout(directory, self.port)  # the sessions' variable names the client side written later
-        self.layout = ssh.write_server_side(
+        layout = SshLayout(directory, self.port)  # the sessions' variable names the client side written later
+        self.layout = write_server_side(
             directory, host_key=self._host_key, authorized=(), port=self.port, user=_user(),
             listen_addresses=listen_addresses(seat.ctx.job.resource.network_interface_name, self.host),
             session_env={**session_env, SSH_CONFIG_VAR: str(layout.ssh_config)})
-        self.sshd = ssh.Sshd(self.layout, sshd_path=self.settings.sshd)
+        self.sshd = Sshd(self.layout, sshd_path=self.settings.sshd)
         self.sshd.start()
 
     def trust(self, seat: Seating) -> None:
@@ -94,7 +99,7 @@ class SshPart:
         In that order: the first host's probe gets in only once both are written.  Written again only when a
         host's keys changed (one that rejoined), or after ``shut`` (a restart).
         """
-        assert self.layout is not None and self._client is not None and not self.is_master
+        assert self.layout is not None and self._client is not None and not self.is_lead
         hosts = seat.ctx.plan.hosts
         introductions = seat.introductions or {}
         clients = tuple((introduced(introductions, host, INTRO_CLIENT_KEY), tuple(self._addresses[host]))
@@ -102,30 +107,30 @@ class SshPart:
         pinned = {host: introduced(introductions, host, INTRO_HOST_KEY) for host in hosts[1:]}
         if (clients, pinned) == self._trusted:
             return
-        ssh.write_client_side(self.layout.directory, client_key=self._client, host_keys=pinned, port=self.port,
-                              shared_connections=False)
-        ssh.admit(self.layout, clients)
+        write_client_side(self.layout.directory, client_key=self._client, host_keys=pinned, port=self.port,
+                          shared_connections=False)
+        admit(self.layout, clients)
         self._trusted = (clients, pinned)
 
     def shut(self) -> None:
         """A worker, before a restart's barrier: admit nobody until the next go's keys are written (``trust``)."""
-        if self.layout is not None and not self.is_master:
-            ssh.admit(self.layout, ())
+        if self.layout is not None and not self.is_lead:
+            admit(self.layout, ())
             self._trusted = ()
 
     def connect(self, seat: Seating) -> None:
         """The first host, after barrier 0: its client side with every worker's host key pinned (spares included)."""
-        assert self._client is not None and self.is_master
+        assert self._client is not None and self.is_lead
         self._pinned = host_keys(seat)
-        self.layout = ssh.write_client_side(self._new_ssh_dir(), client_key=self._client, host_keys=self._pinned,
-                                            port=self.port)
+        self.layout = write_client_side(self._new_ssh_dir(), client_key=self._client, host_keys=self._pinned,
+                                        port=self.port)
 
     def probe(self, seat: Seating, workers: Sequence[str]) -> None:
         """The first host, before mpirun: each of the attempt's ``workers`` lets it in, which it does only once it has
         written the go's keys (``trust``): then every host is ready for whichever logins the tree gives it."""
-        assert self.layout is not None and self.is_master
-        ssh.wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s),
-                         environ=self.environ)
+        assert self.layout is not None and self.is_lead
+        wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s),
+                     environ=self.environ)
 
     def repin(self, seat: Seating) -> None:
         """The first host, after a restart's barrier: new keys of a host that rejoined pinned; its connections ended."""
@@ -135,14 +140,14 @@ class SshPart:
             changed = sorted(host for host in keys if keys[host] != self._pinned.get(host))
             log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
             self._pinned = keys
-            ssh.repin_host_keys(self.layout, keys, port=self.port)
+            repin_host_keys(self.layout, keys, port=self.port)
         # every worker admits nobody from before this barrier until it has the go's keys: a shared connection
         # would skip that in the probe (and one to an sshd that is gone is of no use)
-        ssh.end_connections(self.layout)
+        end_connections(self.layout)
 
     def close(self) -> None:
-        if self.layout is not None and self.is_master:
-            ssh.end_connections(self.layout)
+        if self.layout is not None and self.is_lead:
+            end_connections(self.layout)
         if self.sshd is not None:
             self.sshd.stop()
         if self._ssh_dir is not None:
@@ -162,7 +167,7 @@ def introduced(introductions, host: str, key: str) -> str:
     line = introductions.get(host, {}).get(key)
     if not line:
         raise ClusterError(f"{host} did not introduce its {key.replace('_', ' ')} (a host of another toolkit version?)")
-    return ssh.keys.check_public_line(line, f"{key.replace('_', ' ')} of {host}")
+    return check_public_line(line, f"{key.replace('_', ' ')} of {host}")
 
 
 def listen_addresses(interface: str, host: str) -> list[str]:

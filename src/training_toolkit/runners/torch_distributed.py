@@ -62,7 +62,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
 
 
 def prepare(seat: Seating) -> None:
-    if seat.first:
+    if seat.leads:
         check_free(torch_options(seat.ctx).master_port, "torch.distributed store", seat.host)
 
 
@@ -75,7 +75,7 @@ def processes(seat: Seating) -> list[Proc]:
     started = []
     for local_rank in range(per_host):
         extra = process_env(ctx.plan.hosts, seat.host, per_host, local_rank, options.master_port)
-        extra["TORCHELASTIC_RESTART_COUNT"] = str(seat.attempt)  # as torchrun gives it
+        extra["TORCHELASTIC_RESTART_COUNT"] = str(seat.attempt.number)  # as torchrun gives it
         rank = int(extra["RANK"])
         started.append(Proc(f"rank {rank}", ctx.argv, {**ctx.script_env, **bind, **extra}, str(ctx.code_dir), rank))
     return started

@@ -106,17 +106,6 @@ def hold(pid: int, seen_start: int | None = None, check: Callable[[int], bool] |
     return Held(fd, pid, now.start)
 
 
-def signal_seen(pid: int, sig: int, seen_start: int | None = None) -> bool:
-    """One signal to a process found by a look (a ``procfs.Seen``, or a pid and ``seen_start``); False if it is gone."""
-    held = hold(pid, seen_start)
-    if held is None:
-        return False
-    try:
-        return held.send(sig)
-    finally:
-        held.close()
-
-
 def _readable(fd: int) -> bool:
     import select
 

@@ -20,7 +20,7 @@ import pytest
 
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, run, source_dir
 from helpers.keys import mount_keys
-from training_toolkit.cluster.ssh import generate_keypair
+from training_toolkit.cluster.ssh.keys import generate_keypair
 from training_toolkit.local.launcher import LocalJob, run_local
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]

@@ -15,19 +15,11 @@ import psutil
 import pytest
 
 from helpers.keys import mount_keys
-from training_toolkit.cluster.ssh import (
-    KeyPair,
-    Sshd,
-    SshdError,
-    SshLayout,
-    SshUnreachable,
-    generate_keypair,
-    load_keys,
-    ssh_command,
-    wait_for_ssh,
-    write_client_side,
-    write_server_side,
-)
+from training_toolkit.cluster.ssh.errors import SshdError, SshUnreachable
+from training_toolkit.cluster.ssh.keys import KeyPair, generate_keypair, load_keys
+from training_toolkit.cluster.ssh.layout import SshLayout, ssh_command, write_client_side, write_server_side
+from training_toolkit.cluster.ssh.probe import wait_for_ssh
+from training_toolkit.cluster.ssh.sshd import Sshd
 
 pytestmark = [pytest.mark.sshd]
 
@@ -113,7 +105,7 @@ def test_login_works_at_once_with_no_prompt(base_dir):
 
 def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_connections_closes(tmp_path):
     from training_toolkit import procfs
-    from training_toolkit.cluster.ssh import end_connections
+    from training_toolkit.cluster.ssh.layout import end_connections
 
     short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # a socket path must be short
     pair = setup(short, free_port())
@@ -135,7 +127,7 @@ def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_co
 
 def test_the_probe_runs_nothing_on_the_peer_and_a_probe_without_a_shared_connection_runs_true(tmp_path):
     """No session, so no login shell (a root .bashrc can cost more than the login): shown by a forced command."""
-    from training_toolkit.cluster.ssh import end_connections
+    from training_toolkit.cluster.ssh.layout import end_connections
 
     short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # room for a socket path
     long = tmp_path / ("x" * 80)  # none

@@ -514,7 +514,7 @@ def _root_links() -> list[str]:
 def test_the_bridge_sees_every_host_and_is_nowhere_else(make_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster = make_cluster(("algo-1", "algo-2"))
     cluster.start()
-    links = subprocess.run(cluster.bridge_command(["ip", "-o", "link", "show", "master", "br0"]),
+    links = subprocess.run(["nsenter", f"--net={cluster.bridge_netns}", "--", "ip", "-o", "link", "show", "master", "br0"],
                            capture_output=True, text=True, timeout=20, check=True).stdout
     assert [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()] == ["veth1", "veth2"]
     assert "br0" not in " ".join(_root_links())

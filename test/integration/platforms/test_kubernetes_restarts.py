@@ -129,7 +129,7 @@ def test_a_first_host_restarted_in_place_ends_the_job_named_and_the_restarted_po
     assert kubelet.ended[:2] == [(master, -signal.SIGKILL), (WORKER, 69)] and kubelet.restarts == {master: 1, WORKER: 1}
     assert kubelet.ended_at[1] - seen["killed"] < 10 + 5  # at once (the link closed); at worst the peer timeout
     out = capfd.readouterr().out
-    assert f"[{WORKER}] training-toolkit: failed: {WORKER}: lost the first host {master}" in out, out[-3000:]
+    assert f"[{WORKER}] training-toolkit: failed: {WORKER}: lost the lead {master}" in out, out[-3000:]
     ranks = rank_files(results)
     assert all(info["attempt"] == 0 and info["start"] >= 2 for info in ranks.values()), ranks  # started over, resumed
     assert all(log(tmp_path, p.name) == "container restart 1: training completed (exit code 0)\n" for p in pods)

@@ -234,5 +234,5 @@ def test_a_host_cut_off_from_the_network_is_found_by_its_silence(tmp_path):
         assert by_host[name].failure.splitlines()[0] == "algo-3: left the job (timed out)"
         assert not by_host[name].survivors
     assert by_host["algo-3"].exit_code == 69
-    assert "lost the first host algo-1" in by_host["algo-3"].failure
+    assert "lost the lead algo-1" in by_host["algo-3"].failure
     assert not by_host["algo-3"].survivors, "the cut-off host must still end its own ranks"

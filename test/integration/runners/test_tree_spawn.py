@@ -23,7 +23,7 @@ from helpers.keys import mount_keys
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit import procfs
-from training_toolkit.cluster.ssh import generate_keypair
+from training_toolkit.cluster.ssh.keys import generate_keypair
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]

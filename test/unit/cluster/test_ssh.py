@@ -12,20 +12,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from helpers.keys import mount_keys
-from training_toolkit.cluster.ssh import (
-    MOUNTED_FILES,
-    KeyMaterialError,
-    SshError,
-    SshLayout,
-    SshLayoutError,
-    admit,
-    generate_keypair,
-    load_keys,
-    new_ssh_dir,
-    ssh_command,
-    write_client_side,
-    write_server_side,
-)
 from training_toolkit.cluster.ssh.config import (
     render_authorized,
     render_authorized_keys,
@@ -33,7 +19,17 @@ from training_toolkit.cluster.ssh.config import (
     render_ssh_config,
     render_sshd_config,
 )
-from training_toolkit.cluster.ssh.layout import strict_modes_possible
+from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshError, SshLayoutError
+from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, generate_keypair, load_keys
+from training_toolkit.cluster.ssh.layout import (
+    SshLayout,
+    admit,
+    new_ssh_dir,
+    ssh_command,
+    strict_modes_possible,
+    write_client_side,
+    write_server_side,
+)
 
 
 def mode(path: Path) -> int:

@@ -1,4 +1,4 @@
-"""What the first host launches and each rank sees, built from an attempt's hosts (runners/mpi_launch.py)."""
+"""What the lead launches and each rank sees, built from an attempt's hosts (runners/mpi_launch.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from training_toolkit.paths import Paths
 from training_toolkit.plan import make_plan
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_launch import build_command, in_slurm_order, rank_environment, slurm_environment
-from training_toolkit.runspec import RunContext, with_hosts
+from training_toolkit.attempt import Attempt
+from training_toolkit.runspec import RunContext, for_attempt
 
 JOB = ("algo-1", "algo-2", "algo-3", "algo-4")
 HPS = {"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": "2",
@@ -40,12 +41,12 @@ def test_mpiruns_hosts_and_np_are_the_attempts_and_its_ranks_wait_for_that_attem
     ctx = context(tmp_path, "algo-1")
     assert hosts_and_np(build_command(ctx, None, OPENMPI4, 0)) == (
         "algo-1,algo-1,algo-2,algo-2,algo-3,algo-3,algo-4,algo-4", "8")
-    seated = with_hosts(ctx, ("algo-1", "algo-4", "algo-3"))  # a spare in algo-2's seat
+    seated = for_attempt(ctx, Attempt(1, ("algo-1", "algo-4", "algo-3")))  # a spare in algo-2's seat
     command = build_command(seated, None, OPENMPI4, 1)
     assert hosts_and_np(command) == ("algo-1,algo-1,algo-4,algo-4,algo-3,algo-3", "6")
     assert command[command.index("--map-by") + 1] == "seq"
     assert Path(command[-3]).name == "training-toolkit-rank" and command[-2:] == [rank_env.ATTEMPT_FLAG, "1"]
-    shrunk = with_hosts(ctx, ("algo-1", "algo-3"))
+    shrunk = for_attempt(ctx, Attempt(1, ("algo-1", "algo-3")))
     assert hosts_and_np(build_command(shrunk, None, OPENMPI4, 2)) == ("algo-1,algo-1,algo-3,algo-3", "4")
 
 
@@ -66,7 +67,7 @@ def test_in_slurm_order_table():
 def test_slurm_nodelist_is_in_slurms_order_whatever_the_seating(tmp_path):
     ctx = context(tmp_path, "algo-1")
     ctx = ctx._replace(environ={**ctx.environ, "SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm/slurm.conf"})
-    seated = with_hosts(ctx, ("algo-1", "algo-4", "algo-3"))
+    seated = for_attempt(ctx, Attempt(1, ("algo-1", "algo-4", "algo-3")))
     assert slurm_environment(seated, ctx.plan.hosts) == {
         "SLURM_JOB_ID": "7", "SLURM_JOBID": "7", "SLURM_NODELIST": "algo-1,algo-3,algo-4",
         "SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_CONF": "/etc/slurm/slurm.conf"}
@@ -75,12 +76,11 @@ def test_slurm_nodelist_is_in_slurms_order_whatever_the_seating(tmp_path):
 
 
 def test_each_ranks_environment_names_the_attempts_hosts_and_the_attempt(tmp_path):
-    ctx = with_hosts(context(tmp_path, "algo-4"), ("algo-1", "algo-4", "algo-3"))
+    ctx = for_attempt(context(tmp_path, "algo-4"), Attempt(1, ("algo-1", "algo-4", "algo-3")))
     env = rank_environment(ctx, "0a1b", attempt=1)
     assert json.loads(env["SM_HOSTS"]) == ["algo-1", "algo-4", "algo-3"] and env["SM_CURRENT_HOST"] == "algo-4"
     assert json.loads(env["SM_RESOURCE_CONFIG"])["hosts"] == ["algo-1", "algo-4", "algo-3"]
     assert json.loads(env["SM_TRAINING_ENV"])["hosts"] == ["algo-1", "algo-4", "algo-3"]
-    assert json.loads(ctx.job.paths.resource_config_file.read_text())["hosts"] == ["algo-1", "algo-4", "algo-3"]
     assert env[rank_env.ATTEMPT_VAR] == "1"
     assert rank_env.ATTEMPT_VAR not in rank_environment(ctx, "0a1b")  # of no attempt: no rank starts from it
 
@@ -91,7 +91,7 @@ def test_a_fixed_number_of_processes_that_a_shrink_cannot_fit_is_refused_naming_
     from training_toolkit.errors import ConfigError
 
     ctx = context(tmp_path, "algo-1")
-    fixed = ctx._replace(job=ctx.job._replace(framework_params={**ctx.job.framework_params,
-                                                                "sagemaker_mpi_num_processes": 6}))
+    job = ctx.job._replace(framework_params={**ctx.job.framework_params, "sagemaker_mpi_num_processes": 6})
+    fixed = ctx._replace(job=job, plan=make_plan(job))
     with pytest.raises(ConfigError, match="sagemaker_mpi_num_processes.*6 processes do not fit 2 host"):
-        with_hosts(fixed, ("algo-1", "algo-3"))
+        for_attempt(fixed, Attempt(1, ("algo-1", "algo-3")))

@@ -18,26 +18,6 @@ Here every piece is per job and lives in a new private directory of our own
 
 Modules: ``keys`` (key pairs), ``config`` (exact file texts), ``layout``
 (the directory and its files), ``sshd`` (the daemon's lifecycle), ``probe``
-(waiting for peers), ``errors``.
+(waiting for peers), ``errors``.  Import each name from its own module: this package re-exports
+nothing.
 """
-
-from training_toolkit.cluster.ssh.errors import KeyMaterialError, SshdError, SshError, SshLayoutError, SshUnreachable
-from training_toolkit.cluster.ssh.keys import MOUNTED_FILES, KeyPair, MountedKeys, generate_keypair, load_keys
-from training_toolkit.cluster.ssh.layout import (
-    SshLayout,
-    admit,
-    end_connections,
-    new_ssh_dir,
-    repin_host_keys,
-    ssh_command,
-    write_client_side,
-    write_server_side,
-)
-from training_toolkit.cluster.ssh.probe import wait_for_ssh
-from training_toolkit.cluster.ssh.sshd import Sshd
-
-__all__ = [
-    "KeyMaterialError", "SshdError", "SshError", "SshLayoutError", "SshUnreachable",
-    "MOUNTED_FILES", "KeyPair", "MountedKeys", "generate_keypair", "load_keys",
-    "SshLayout", "admit", "end_connections", "new_ssh_dir", "repin_host_keys", "ssh_command", "write_client_side", "write_server_side", "wait_for_ssh", "Sshd",
-]
