@@ -149,8 +149,6 @@ class RunnerSpec:
     #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
     stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
     watched: Callable[[Sequence[Local]], list] | None = None  # processes a stall report shows (default: the locals)
-    follows_active_hosts: bool = True  # its processes take each attempt's active hosts from ``Seating.ctx``, so the
-    #   job may have spares or shrink (TRAINING_TOOLKIT_MAX_HOSTS/MIN_HOSTS); False: those settings are refused
 
 
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:

@@ -399,20 +399,6 @@ def test_the_first_host_seats_the_first_roster_and_says_the_attempts_line(tmp_pa
     assert "algo-1: attempt 1 of 1: algo-1, algo-2 (spares: algo-3)" in capsys.readouterr().err
 
 
-def test_a_runner_whose_processes_do_not_follow_the_active_hosts_refuses_spares_with_exit_78(tmp_path):
-    """MPI, for now (its hostfile and rank files are the job's): refused by name, never run on the wrong hosts."""
-    seats: list[FakeSeat] = []
-    ctx = context(tmp_path, "algo-1")
-    spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {})], follows_active_hosts=False)
-    agent = HostAgent(ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MIN_HOSTS": "2"})), spec,
-                      seat_factory(seats))
-    outcome = agent.run()
-    assert outcome.exit_code == 78 and "not supported by the multi_worker_mirrored runner yet" in outcome.reason
-    # without the settings (or with values that change nothing) it runs as before
-    same = settings.parse({"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "3"})
-    assert HostAgent(ctx._replace(settings=same), spec, seat_factory([])).run() == Outcome(0)
-
-
 def test_a_job_of_one_seat_has_no_spares(tmp_path):
     """The single runner: each host is its own job; the settings do not apply to it."""
     ctx = context(tmp_path, "algo-1")

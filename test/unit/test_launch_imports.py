@@ -19,7 +19,7 @@ from pathlib import Path
 NOT_FOR_ONE_HOST = {"training_toolkit.cluster.guard", "training_toolkit.cluster.listeners",
                     "training_toolkit.cluster.sockfilter", "training_toolkit.cluster.server",
                     "training_toolkit.cluster.client", "training_toolkit.cluster.membership",
-                    "training_toolkit.cluster.secret", "training_toolkit.cluster.timing", "training_toolkit.roster",
+                    "training_toolkit.cluster.timing", "training_toolkit.roster",
                     "training_toolkit.agent.barrier", "training_toolkit.agent.follow", "training_toolkit.agent.progress",
                     "dataclasses", "inspect", "secrets", "hmac", "socket",
                     "tarfile", "tempfile", "argparse", "psutil"}

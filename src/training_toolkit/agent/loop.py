@@ -73,14 +73,14 @@ class HostAgent:
         self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)), ctx.first_attempt)
         self.host, self.is_lead = host, self.seats.is_lead
         self.membership: Seat | None = None  # this host's seat, from run() on
-        # the platform's secret (None: it gave none) and the channel's port and clocks: a job of one seat has neither
+        # the platform's secret (None: it gave none, and none is made up: hosts are admitted by address, every key is
+        # random, docs/security.md) and the channel's port and clocks: a job of one seat has neither
         self.secret: bytes | None = None
         self.settings: ChannelSettings | None = None
         if not spec.solo:  # imported only here: a job of one seat loads no channel code
-            from training_toolkit.cluster.secret import job_secret
             from training_toolkit.cluster.timing import ChannelSettings
 
-            self.secret, self.settings = job_secret(ctx.settings), ChannelSettings.from_settings(ctx.settings,
+            self.secret, self.settings = ctx.settings.job_secret, ChannelSettings.from_settings(ctx.settings,
                                                                                                  ctx.first_attempt)
         self._membership_factory = membership_factory or _seat_of(spec)
         self.events: SimpleQueue = SimpleQueue()

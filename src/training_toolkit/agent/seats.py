@@ -66,10 +66,6 @@ class Seats:
         except ValueError as exc:
             raise ConfigError("settings", None, f"{exc}: the job's hosts are {', '.join(self.hosts)}") from None
         self.elastic = roster.elastic(len(self.hosts), self.max_hosts, self.min_hosts)
-        if self.elastic and not spec.follows_active_hosts:
-            raise ConfigError("settings", None, f"TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS are not "
-                              f"supported by the {self.ctx.plan.runner} runner yet (its processes do not follow an "
-                              f"attempt's hosts): unset them")
         if self.elastic and self.ctx.job.resource.instance_groups:
             raise ConfigError("settings", None, "TRAINING_TOOLKIT_MAX_HOSTS and TRAINING_TOOLKIT_MIN_HOSTS need a "
                               "job without instance groups (a group names its hosts)")

@@ -2,15 +2,14 @@
 import pytest
 
 from training_toolkit.cluster.membership import ChannelSettings
-from training_toolkit.cluster.secret import job_secret
 from training_toolkit.errors import ConfigError
 from training_toolkit.settings import parse
 
 
 def test_the_secret_is_the_one_settings_read():
     """The old toolkit derived one from the job name and hosts, which anyone could compute: none is made up."""
-    assert job_secret(parse({})) is None
-    assert job_secret(parse({"TRAINING_TOOLKIT_JOB_SECRET": "e" * 32})) == b"e" * 32
+    assert parse({}).job_secret is None
+    assert parse({"TRAINING_TOOLKIT_JOB_SECRET": "e" * 32}).job_secret == b"e" * 32
 
 
 def test_channel_settings_come_from_the_settings():
