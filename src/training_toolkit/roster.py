@@ -15,8 +15,9 @@ chooses the next attempt's roster from the last one and the hosts that are alive
   job makes anyway, up to M, after the others: no restart is made only to grow;
 - a host whose own ranks caused the last ``RETIRE_AFTER`` failures in a row is retired when a spare
   waits (``to_retire``): a host that stays up but keeps failing (a bad GPU) gives its seat away;
-- the first host stays first: it holds the control channel and launches mpirun, so its loss
-  ends the job (``next_roster`` never replaces it; the caller ends the job before asking).
+- the lead stays first: it holds the control channel and every runner's coordinator (rank 0);
+  when it is lost, its successor (``agent/succession.py``) takes its seat (``led_by``) and the
+  successor's own seat is then the one lost: a spare takes it, or the job shrinks.
 """
 
 from __future__ import annotations
@@ -128,6 +129,19 @@ def next_roster(last: Roster, alive: frozenset[str] | set[str], *, max_hosts: in
         return Shortfall(tuple(h for h in last.active if h not in alive), tuple(seats), minimum)
     # a lost host, active or spare, is out of the roster: if it comes back it joins as a spare (``joined``)
     return Turn(Roster(tuple(seats), tuple(waiting), tuple(retired)), tuple(changed))
+
+
+def led_by(roster: Roster, lead: str) -> Roster:
+    """``roster`` whose lead was lost, led by ``lead`` (an active host): it takes the lost lead's seat (rank 0), and
+    the lost lead sits in its old seat, where ``next_roster`` then seats a spare or drops it.  A spare as the new
+    lead takes the first seat, the lost lead the spare's place (gone with it: a lost spare is out of the roster)."""
+    active, lost = list(roster.active), roster.active[0]
+    if lead in active:
+        active[active.index(lead)] = lost
+        active[0] = lead
+        return Roster(tuple(active), roster.spares, roster.retired)
+    active[0] = lead
+    return Roster(tuple(active), tuple(host for host in roster.spares if host != lead), roster.retired)
 
 
 def to_retire(causes: Sequence[str | None], after: int = RETIRE_AFTER) -> frozenset[str]:

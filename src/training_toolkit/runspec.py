@@ -149,6 +149,8 @@ class RunnerSpec:
     #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
     stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
     watched: Callable[[Sequence[Local]], list] | None = None  # processes a stall report shows (default: the locals)
+    fixed_lead: bool = False  # the job cannot go on under another lead (MPI, for now: its sshd admit the first
+    #   host's client key only): the lead's loss ends the job, named, as before failover (docs/resilience.md)
 
 
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:

@@ -145,17 +145,43 @@ def test_multi_worker_mirrored_a_spare_takes_the_seat_of_a_worker_host_killed_wh
 
 
 @pytest.mark.torch
-def test_the_first_hosts_loss_still_ends_the_job_on_every_host_the_spare_included_named(tmp_path):
+def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_path, capfd):
+    """The lead (algo-1) killed whole: algo-2, the first member left in the platform's order, leads attempt 2 with
+    rank 0 and MASTER_ADDR there; the spare takes algo-2's old seat; every rank resumes from the one checkpoint."""
     job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
-                                           "STEPS": "200"})
+                                           **ROOM})
+    killer = HostKiller()
+    killing = kill_at(killer, shared, 3, "algo-1")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    assert "algo-1" in killer.killed
+    for host in ("algo-2", "algo-3"):  # the new lead and the spare it seated: one verdict, the job's
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)
+    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-2"), (1, "algo-3")], second
+    assert all(i["hosts"] == ["algo-2", "algo-3"] and i["world"] == 2 for i in second.values()), second
+    starts = {i["start"] for i in second.values()}
+    assert len(starts) == 1 and starts.pop() >= 3, second  # resumed from the checkpoint, not from the start
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1"]
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "algo-2: leading the job from attempt 2 (algo-1 lost)" in text, text[-3000:]
+    assert "algo-3: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
+
+
+@pytest.mark.torch
+def test_the_leads_loss_with_two_members_ends_the_job_named_no_majority_without_it(tmp_path):
+    """Two hosts and no spare: the survivor alone is no majority (it cannot tell a dead lead from a cut cable)."""
+    job, shared = torch_job(tmp_path, ("algo-1", "algo-2"), {"TRAINING_TOOLKIT_MIN_HOSTS": "1",
+                                                             "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "STEPS": "200"})
     killer = HostKiller()
     killing = kill_at(killer, shared, 2, "algo-1")
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
     assert not killing.errors, killing.errors
-    for host in ("algo-2", "algo-3"):  # the active worker and the spare
-        assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].failure)
-        assert "lost the lead algo-1" in results[host].failure, results[host].failure
+    assert results["algo-2"].exit_code == EXIT_CLUSTER_ERROR, results["algo-2"].failure
+    assert "lost the lead algo-1" in results["algo-2"].failure, results["algo-2"].failure
 
 
 @pytest.mark.torch

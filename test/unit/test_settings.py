@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit import settings, settings_help, settings_values
+from training_toolkit import settings, settings_help
 from training_toolkit.errors import EXIT_CONFIG, ConfigError
 from training_toolkit.settings import VARIABLES, Settings, parse
 
@@ -232,13 +232,12 @@ def test_nothing_but_settings_reads_the_variables():
 def test_defaults_used_outside_settings_are_its_own():
     """Code that falls back on a default without Settings reads the table's, never a copy of it."""
     from training_toolkit import process
-    from training_toolkit.cluster import secret, timing
+    from training_toolkit.cluster import timing
     from training_toolkit.mpi_options import CustomMpiOptions
     from training_toolkit.runners import rank_env
 
     assert (timing.HEARTBEAT_S, timing.TIMEOUT_S) == (DEFAULTS.heartbeat_s, DEFAULTS.peer_timeout_s)
     assert not hasattr(process, "DEFAULT_GRACE_S")  # a stop's grace is always the caller's (Settings.grace_s)
-    assert secret.MIN_SECRET_BYTES is settings_values.MIN_SECRET_BYTES
     assert process.TOKEN_VAR in settings.INTERNAL_VARIABLES
     secret_env = {name: "x" for name in settings.SECRET_VARIABLES}
     assert rank_env.mpirun_environment(secret_env) == {}

@@ -12,8 +12,8 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Finish, Forward, GatherStacks, Interrupt,
-                                           Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
+from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, FailOver, Finish, Forward, GatherStacks,
+                                           Interrupt, Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
 from training_toolkit.agent.parts import in_thread
 from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
         def locals(self) -> Sequence[Local]: ...
 
         def rejoin(self, attempt: int, reason: str) -> Outcome | None: ...
+
+        def fail_over(self, attempt: int, reason: str, lost: str) -> Outcome | None: ...
 
 
 class Stopped(ToolkitError):
@@ -85,6 +87,8 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
             log(action.line)
         elif isinstance(action, Rejoin):
             return agent.rejoin(action.attempt, action.reason)
+        elif isinstance(action, FailOver):
+            return agent.fail_over(action.attempt, action.reason, action.lost)
         elif isinstance(action, ReportDone):
             seat.report_done(action.exit_code)
         elif isinstance(action, Interrupt):

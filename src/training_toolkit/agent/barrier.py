@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from training_toolkit.agent.failures import Failure, lost, peer_failure, root_cause, window_ends
+from training_toolkit.agent.succession import has_majority
 from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerLost, PeerReady
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.records import record, replace
@@ -62,6 +63,8 @@ class Barrier:
     deadline: float  # monotonic
     deadline_s: float  # as the message says it
     alive_only: bool = False  # a restart's barrier with spares or a minimum: only the hosts still linked
+    members: tuple[str, ...] = ()  # a new lead's first barrier (its lead was lost): the job's members; it waits for
+    #   every expected host, a loss no failure, and passes at its deadline with a majority of them (``succession``)
 
 
 @record
@@ -105,7 +108,8 @@ def opened(roll: Roll, attempt: int) -> Roll:
 
 def decide(first: str, roll: Roll, barrier: Barrier, now: float) -> Passed | Failed | Waiting:
     """The barrier's outcome now, or when to look again."""
-    failures = [h for h in roll.heard if h.attempt == barrier.attempt and not (barrier.alive_only and h.loss)]
+    lenient = barrier.alive_only or bool(barrier.members)  # a loss is no failure: the hosts left go on
+    failures = [h for h in roll.heard if h.attempt == barrier.attempt and not (lenient and h.loss)]
     if failures:  # the earliest, once reports of earlier failures had the window to arrive
         ends = window_ends(failures[0].arrived)
         if now >= ends:
@@ -117,6 +121,14 @@ def decide(first: str, roll: Roll, barrier: Barrier, now: float) -> Passed | Fai
         ready = {h for h in barrier.expected if roll.ready.get(h) == barrier.attempt and h in roll.linked}
         return Passed(frozenset({first, *ready}), roll.lost_why)
     if now >= barrier.deadline:
+        if barrier.members:
+            ready = {h for h in barrier.expected if roll.ready.get(h) == barrier.attempt and h in roll.linked}
+            if has_majority({first, *ready}, barrier.members):
+                return Passed(frozenset({first, *ready}), roll.lost_why)
+            return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: no majority to lead the job: "
+                                  f"{len(ready) + 1} of its {len(barrier.members)} members "
+                                  f"({', '.join(barrier.members)}) ready within {barrier.deadline_s:g} s "
+                                  f"({not_ready(roll, missing, barrier.deadline_s)})"))
         return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: {not_ready(roll, missing, barrier.deadline_s)}"))
     return Waiting(barrier.deadline)
 

@@ -18,7 +18,8 @@ enters as ``Tick`` events: a deadline is a decision on a Tick.
 
 from __future__ import annotations
 
-from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, Finish, Forward,
+from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, FailOver, Finish,
+                                           Forward,
                                            GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
                                            PartStopped, Phase, Progress, Rejoin, Release, Report, ReportDone, Say,
                                            SendStacks, SetupFailed, ShareProgress, StacksGathered, Started, StopPart,
@@ -26,7 +27,7 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Ba
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
                                           STOP_MARGIN_S, AgentState, LeadState, Watch, active_workers, channel_attempt, led,
-                                          lead_state, next_deadline, follower_state, stop_wait)
+                                          lead_state, next_deadline, follower_state, promoted, stop_wait)
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
@@ -137,7 +138,7 @@ def _barrier_opened(state: AgentState, event: BarrierOpened, now: float) -> tupl
     from training_toolkit.agent import barrier
 
     opened = barrier.Barrier(state.attempt, tuple(event.expected), now + event.deadline_s, event.deadline_s,
-                             event.alive_only)
+                             event.alive_only, tuple(event.members))
     assert state.lead is not None
     return _barrier(led(state, barrier=opened, roll=barrier.opened(state.lead.roll or barrier.Roll(), state.attempt)), now)
 
@@ -174,7 +175,8 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
     """An attempt's processes run: its own bookkeeping starts afresh, the stall clock with the startup allowance."""
     pending = state.pending_signals
     state = replace(state, phase=Phase.RUNNING, primaries=frozenset(event.primaries), pending_signals=(),
-                    finished=frozenset(), failures=(), deadline=None, held=(), held_until=None)
+                    finished=frozenset(), failures=(), deadline=None, held=(), held_until=None,
+                    failover=event.failover and state.lead is None, lead_lost=None)
     if state.lead is not None:
         watch = state.lead.watch
         seated = state.lead.seated if event.active is None else frozenset(event.active) - {state.host}
@@ -199,8 +201,11 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
             if state.is_lead:
                 return announce(state, outcome)
             return end(state, outcome, Report(outcome.reason or "", outcome.exit_code, None, state.attempt, True))
-        return (replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1),
-                (Rejoin(state.attempt + 1, state.causes[-1] if state.causes else ""),))
+        reason = state.causes[-1] if state.causes else ""
+        if state.lead_lost is not None:  # under the next lead: this host finds it (or is it)
+            return (replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1),
+                    (FailOver(state.attempt + 1, reason, state.lead_lost),))
+        return replace(state, phase=Phase.BARRIER, attempt=state.attempt + 1), (Rejoin(state.attempt + 1, reason),)
     if not state.is_lead and isinstance(event, (Verdict, PeerLost)):
         from training_toolkit.agent import follow
 
@@ -208,11 +213,11 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
     return state, ()
 
 
-__all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "Event", "FAILURE_WINDOW_S",
+__all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "Event", "FAILURE_WINDOW_S", "FailOver",
            "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LeadState", "LocalExit",
            "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
            "Phase", "Progress", "REPORT_WAIT_S", "RUNNING", "Rejoin", "Release", "Report", "ReportDone",
            "RestartCalled", "SETUP", "STACKS_WAIT_S", "STOP_HEARD_S", "STOP_MARGIN_S", "Say", "SendStacks", "SetupFailed",
            "ShareProgress", "StacksGathered", "StacksWanted", "Started", "StopPart", "Tick", "Verdict", "Watch",
-           "active_workers", "attempt_to_join", "lead_state", "next_deadline", "follower_state", "root_cause", "step",
+           "active_workers", "attempt_to_join", "promoted", "lead_state", "next_deadline", "follower_state", "root_cause", "step",
            "stop_wait"]

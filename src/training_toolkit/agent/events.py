@@ -30,6 +30,8 @@ class Phase(str, Enum):
         RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
         RUNNING --no progress within the stall timeout (first host)--> GATHERING --stacks--> as a failure
         STOPPING --this host's part of the attempt ended (PartEnded)--> BARRIER (attempt n+1)
+        RUNNING, a follower --its lead lost, the job may go on (Started.failover)--> STOPPING --PartEnded-->
+            BARRIER (attempt n+1, under the next lead: ``FailOver``; this host may be it)
         BARRIER (barrier n+1, start) --Started--> RUNNING;  --SetupFailed--> ENDED
         any --a stopping signal--> ends the job (never a restart)
 
@@ -86,6 +88,7 @@ class Started:
 
     primaries: tuple[str, ...]
     active: tuple[str, ...] | None = None
+    failover: bool = False  # a follower: should the lead be lost, the job goes on under a new one (``succession``)
 
 
 @record
@@ -131,12 +134,14 @@ class StacksGathered:
 
 @record
 class BarrierOpened:
-    """First host: the barrier of the current attempt begins; ``expected`` (every other host, in rank order) must be
-    ready within ``deadline_s`` (``alive_only``: only the hosts still linked; a loss is then no failure)."""
+    """The lead: the barrier of the current attempt begins; ``expected`` (every other host, in rank order) must be
+    ready within ``deadline_s`` (``alive_only``: only the hosts still linked; a loss is then no failure;
+    ``members``: a new lead's first barrier, passed at its deadline by a majority of them, ``barrier.Barrier``)."""
 
     expected: tuple[str, ...]
     deadline_s: float
     alive_only: bool = False
+    members: tuple[str, ...] = ()
 
 
 @record
@@ -230,6 +235,16 @@ class StopPart:
     """Stop this host's part of ``attempt`` (grace period, then kill); then ``PartEnded``."""
 
     attempt: int
+
+
+@record
+class FailOver:
+    """A follower whose lead was lost, its part stopped: find the next lead (``succession``; maybe this host), meet
+    at the barrier of ``attempt`` under it and start again; then ``Started`` or ``SetupFailed``."""
+
+    attempt: int
+    reason: str
+    lost: str  # the lead that was lost
 
 
 @record

@@ -1,4 +1,4 @@
-"""A host other than the first: it reports to the first host and takes its verdict (pure; ``decisions.step`` dispatches here)."""
+"""A follower: it reports to the lead and takes its verdict, or finds the next lead when it is lost (pure; ``decisions.step`` dispatches here)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,33 @@ from training_toolkit.records import replace
 from training_toolkit.report import Outcome
 
 
+def _fails_over(state: AgentState) -> bool:
+    """The lead's loss is one more restart, under a new lead: the job may (``Started.failover``: enough members for
+    a majority without it), no stop came, and a restart is left (one called already counts: it is this one)."""
+    if not state.failover or state.stop_signal is not None:
+        return False
+    if state.phase == Phase.STOPPING:
+        return True
+    return state.phase == Phase.RUNNING and state.attempt - state.first_attempt < state.max_restarts
+
+
 def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     own = state.failures[0].outcome if state.failures else None
     if isinstance(event, Verdict):
         outcome = Outcome(0) if event.exit_code == 0 else Outcome(
             event.exit_code, event.reason or f"the job failed with code {event.exit_code}")
         return end(state, outcome)
-    if isinstance(event, PeerLost):  # the first host is gone: this host's own failure, if any, is the best cause
+    if isinstance(event, PeerLost):  # the lead is gone
+        if state.lead_lost is not None:
+            return state, ()  # already on the way to the next lead
+        if _fails_over(state):  # the job goes on under the next lead: stop this host's part, then find it
+            reason = f"{state.host}: {event.reason}"
+            if state.phase == Phase.STOPPING:  # already stopping for a restart: it takes place under the next lead
+                return replace(state, lead_lost=event.host), ()
+            state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
+                            lead_lost=event.host)
+            return state, (StopPart(state.attempt),)
+        # this host's own failure, if any, is the best cause
         return end(state, own or Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: {event.reason}"))
     if isinstance(event, RestartCalled):
         if event.attempt != state.attempt + 1 or state.phase != Phase.RUNNING or state.stop_signal is not None:

@@ -9,7 +9,8 @@ event means and what every host is told is decided in ``decisions`` (a pure
 step, tested without processes); the loop turns exits, peers' messages (the
 channel's server only posts them), signals and the passing of time (``Tick``)
 into events, and carries out the step's actions (``actions``).  The first host's
-barrier is one more run of the loop (``_barrier``): the step says when every host is ready (``Release``) or why not.
+barrier is one more run of the loop (``meeting.barrier``): the step says when every host is ready (``Release``) or
+why not; a follower whose lead was lost meets the next lead there (``meeting.next_lead``).
 
 What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
 leftover scan, the seat, the runner's hold, the guard, and the attempt's own
@@ -26,14 +27,14 @@ from contextlib import ExitStack
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING
 
-from training_toolkit.agent import actions as carry, decisions
+from training_toolkit.agent import actions as carry, decisions, meeting
 from training_toolkit.agent.actions import Ended, Stopped
-from training_toolkit.agent.events import (BarrierOpened, GotSignal, Joined, LocalExit, Phase, Release, SetupFailed,
+from training_toolkit.agent.events import (GotSignal, Joined, LocalExit, Phase, SetupFailed,
                                            Started, Tick)
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
-from training_toolkit.attempt import Attempt, seated
+from training_toolkit.attempt import Attempt
 from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
 from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
@@ -86,11 +87,12 @@ class HostAgent:
         self.events: SimpleQueue = SimpleQueue()
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
-        self._in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
+        self.in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
-        watch = decisions.Watch(config.stall_timeout_s, config.stall_startup_s) if config.stall_timeout_s else None
+        self._watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
+                               if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.lead_state(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
                                            spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_lead
@@ -140,14 +142,14 @@ class HostAgent:
             with SignalForwarder(self._on_signal):
                 outcome = self._begin(lambda: self._set_up(job, unusable))
                 while outcome is None:
-                    outcome = carry.carry_out(self, self._step(self._next_event()))
+                    outcome = carry.carry_out(self, self._step(self.next_event()))
         return outcome
 
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
         """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
         self.membership.open()
         self._check_stop()
-        self._step_held(Joined(*self.membership.job_attempt))
+        self.step_held(Joined(*self.membership.job_attempt))
         if unusable is not None:
             raise unusable
         self.seats.take_hosts(self.membership.hosts)
@@ -158,7 +160,7 @@ class HostAgent:
         if self.spec.prepare is not None:
             self.spec.prepare(self.seating())
         self._check_stop()
-        self._seat(self._barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
+        self._seat(self.barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
         if self.is_lead and self.spec.after_barrier is not None:
             self.spec.after_barrier(self.seating())
         guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
@@ -189,35 +191,13 @@ class HostAgent:
     def _started(self) -> Outcome | None:
         self.stall.attempt_started(self.attempt)
         self.part.watch(self.attempt)
-        actions = self._step_held(Started(tuple(local.name for local in self.locals if local.primary), self.active))
+        primaries = tuple(local.name for local in self.locals if local.primary)
+        actions = self.step_held(Started(primaries, self.active, meeting.may_fail_over(self)))
         return carry.carry_out(self, actions)
 
-    def _barrier(self, deadline_s: float | None, alive_only: bool = False) -> Attempt:
-        """Every host ready for this attempt: the ``Attempt``, the same on every host.  A host other than the lead
-        says it is ready and waits for the go.  The lead runs the loop: the channel's events and Ticks go to the
-        step until every host is ready (``Release``: it chooses the attempt's hosts, sends the go) or the job ends
-        (``Ended``)."""
-        assert self.membership is not None
-        if self.spec.solo:  # no other host: nothing to wait for, nothing to tell
-            return seated(self.attempt, self.hosts)
-        if not self.is_lead:
-            return self.membership.barrier(self.attempt, deadline_s)
-        deadline_s = self.ctx.settings.join_timeout_s if deadline_s is None else deadline_s
-        self._in_barrier = True
-        try:
-            actions = self._step_held(BarrierOpened(self.hosts[1:], deadline_s, alive_only))
-            while not any(isinstance(action, Release) for action in actions):
-                outcome = carry.carry_out(self, actions)
-                if outcome is not None:
-                    raise Ended(outcome)
-                actions = self._step_held(self._next_event())
-        finally:
-            self._in_barrier = False
-        release = next(action for action in actions if isinstance(action, Release))
-        attempt = self.seats.choose(self.attempt, self.attempt == self.state.first_attempt, release,
-                                    self.state.lead.cause_hosts if self.state.lead else ())
-        self.membership.release(attempt)
-        return attempt
+    def barrier(self, deadline_s: float | None, alive_only: bool = False, members: tuple[str, ...] = ()) -> Attempt:
+        """Every host ready for this attempt: the ``Attempt``, the same on every host (``meeting.barrier``)."""
+        return meeting.barrier(self, deadline_s, alive_only, members)
 
     def _seat(self, attempt: Attempt) -> None:
         self.seats.seat(attempt, self._attempts())
@@ -233,11 +213,11 @@ class HostAgent:
         self.state, actions = decisions.step(self.state, event, time.monotonic())
         return actions
 
-    def _step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+    def step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
         with signals_held():  # the handler steps too while setting up: never both at once
             return self._step(event)
 
-    def _next_event(self) -> decisions.Event:
+    def next_event(self) -> decisions.Event:
         deadline = decisions.next_deadline(self.state)
         try:
             event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -257,23 +237,40 @@ class HostAgent:
             return self.spec.failure(local, status)
         return Blamed(described_failure(local, status, None if self.spec.solo else self.host))
 
+    def fail_over(self, attempt: int, reason: str, lost: str) -> Outcome | None:
+        """This host's lead ``lost`` is gone and its part stopped: find the next lead (maybe this host), meet at the
+        barrier of the new attempt under it, and start this host's part again (``meeting.next_lead``)."""
+        return self._begin(lambda: self._meet(reason, lost))
+
     def rejoin(self, attempt: int, reason: str) -> Outcome | None:
         """Meet every host at the barrier of the new attempt and start this host's part again."""
         return self._begin(lambda: self._meet(reason))
 
-    def _meet(self, reason: str) -> None:
-        """The steps of ``rejoin`` up to the attempt's start."""
+    def _meet(self, reason: str, lost: str | None = None) -> None:
+        """The steps of ``rejoin`` (and of ``fail_over``: ``lost``, the lead that was lost) up to the attempt's start."""
         self._say_attempt(reason)
         self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
         self.part.locals = []
         if self.spec.before_restart is not None:
             self.spec.before_restart(self.seating())
-        # a host may still be giving its ranks their grace period: that is not a host that did not come back
-        self._seat(self._barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+        if lost is None:  # a host may still be giving its ranks their grace: that is not a host that did not come back
+            self._seat(self.barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+        else:
+            self._seat(meeting.next_lead(self, lost))
         if self.is_lead and self.spec.after_restart_barrier is not None:
             self.spec.after_restart_barrier(self.seating())
         self._check_stop()
         self._start()
+
+    def take_lead(self, lost: str) -> None:
+        """This host leads from the next attempt on, its lead ``lost``: its seat serves the channel, its state keeps
+        what a lead keeps (``decisions.promoted``), its seats the lost lead's seat."""
+        assert self.membership is not None
+        self.membership.take_lead(self.attempt)
+        self.seats.take_lead(lost)
+        self.is_lead = True
+        self.state = decisions.promoted(self.state, [host for host in self.hosts if host != self.host],
+                                        self.spec.wait_for_peers, self._watch)
 
     def _begin(self, steps: Callable[[], None]) -> Outcome | None:
         """Run the steps up to an attempt's start, then the start's own step; the outcome if either ended the job."""
@@ -292,7 +289,7 @@ class HostAgent:
         prepare, a host's wait for the go), a stopping one also ends the seat's wait (``interrupt``) and is stepped
         at the next safe point (``_check_stop``); the handler never raises into setup."""
         self.events.put(GotSignal(signum))
-        if (signum in STOPPING_SIGNALS and self.state.phase in (Phase.SETUP, Phase.BARRIER) and not self._in_barrier
+        if (signum in STOPPING_SIGNALS and self.state.phase in (Phase.SETUP, Phase.BARRIER) and not self.in_barrier
                 and self._stop_signum is None):
             self._stop_signum = signum
             if self.membership is not None:
@@ -301,7 +298,7 @@ class HostAgent:
     def _check_stop(self) -> None:
         """Between setup's steps: a stopping signal that came is stepped now (``Interrupt`` raises ``Stopped``)."""
         if self._stop_signum is not None:
-            carry.carry_out(self, self._step_held(GotSignal(self._stop_signum)))
+            carry.carry_out(self, self.step_held(GotSignal(self._stop_signum)))
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
         if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
@@ -312,7 +309,7 @@ class HostAgent:
             except Stopped as stopped:
                 exc = stopped
         reason = carry.setup_failure(self.host, self.spec.solo, exc)
-        outcome = carry.carry_out(self, self._step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time())))
+        outcome = carry.carry_out(self, self.step_held(SetupFailed(Outcome(exc.exit_code, reason), time.time())))
         assert outcome is not None
         return outcome
 

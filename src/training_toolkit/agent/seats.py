@@ -84,10 +84,30 @@ class Seats:
         self._turn = roster.Turn(self.roster)
         return self.roster
 
-    def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> roster.Roster:
-        """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named."""
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The hosts the job counts on for the next attempt: the last attempt's active hosts and spares."""
+        return (*self.attempt.active, *self.attempt.spares)
+
+    def take_lead(self, lost: str) -> None:
+        """This host leads from now on, its lead ``lost``: it takes the lost lead's seat (``roster.led_by``)."""
         from training_toolkit import roster
 
+        self.is_lead = True  # the last attempt as every host took it (a host retired by the lost lead is a spare now)
+        last = roster.Roster(self.attempt.active, self.attempt.spares)
+        self.roster = roster.led_by(last, self.host) if last.active[0] == lost else last
+
+    def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> roster.Roster:
+        """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named, and so
+        does a lead without a majority of the job's members behind it (it may be the one cut off: ``succession``)."""
+        from training_toolkit import roster
+        from training_toolkit.agent.succession import has_majority
+
+        members = self.members
+        if not has_majority(alive, members):
+            raise ClusterError(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
+                               f"{len(members)} members ({', '.join(members)}) answer; this host may be the one cut "
+                               f"off from the others, so it stops")
         last = self.roster or roster.Roster(self.hosts)
         for host in self.hosts:  # a host that left and came back waits as a spare
             if host in alive and host not in (*last.active, *last.spares, *last.retired):

@@ -83,6 +83,8 @@ class AgentState:
     stop_wait_s: float = 0.0
     held: tuple = ()  # LocalExits by a stopping signal before this host had one (STOP_HEARD_S), in arrival order
     held_until: float | None = None  # monotonic: then they are judged as they are
+    failover: bool = False  # a follower: the job goes on under a new lead if this one is lost (from ``Started``)
+    lead_lost: str | None = None  # a follower stopping its part because its lead was lost: that lead
 
     @property
     def is_lead(self) -> bool:
@@ -100,6 +102,14 @@ def lead_state(host: str, workers, wait_for_peers: bool = False, max_restarts: i
 def follower_state(host: str, max_restarts: int = 0, first_attempt: int = 0, stop_wait_s: float = 0.0) -> AgentState:
     return AgentState(host, max_restarts=max_restarts, attempt=first_attempt, first_attempt=first_attempt,
                       stop_wait_s=stop_wait_s)
+
+
+def promoted(state: AgentState, workers, wait_for_peers: bool = False, watch: Watch | None = None) -> AgentState:
+    """A follower that takes the lead (its lead was lost, ``succession``): what the job has learnt travels in its
+    state (the attempt, the platform's first attempt and so the restarts used, every earlier cause); what only a
+    lead keeps starts afresh."""
+    return replace(state, lead=LeadState(frozenset(workers), wait_for_peers, watch=watch), failover=False,
+                   lead_lost=None)
 
 
 def led(state: AgentState, **changes) -> AgentState:

@@ -97,6 +97,7 @@ class Membership:
         self.settings = settings
         self.is_lead = current == self.hosts[0]
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
+        self._secret, self._events, self._kw = secret, events, kw  # for a new lead's channel (``take_lead``, ``follow``)
         if self.is_lead:
             self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
                                                                job_id=secrets.token_hex(8), hosts=self.hosts,
@@ -115,7 +116,7 @@ class Membership:
         if self._server:
             return dict(self._server.introductions)
         assert self._client is not None  # the others' from the last go (each host's keys: runners/mpi_ssh.py)
-        return {**self._client.peers, self.hosts[0]: self._client.introduction}
+        return {**self._client.peers, self._client.lead: self._client.introduction}
 
     @property
     def job_attempt(self) -> tuple[int, bool]:
@@ -190,6 +191,44 @@ class Membership:
         if self._server:
             self._server.broadcast(verdict)
             self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
+
+    def take_lead(self, attempt: int) -> None:
+        """This host leads from ``attempt`` on (its lead was lost, ``agent/succession.py``): its link to the lost lead
+        closes, and it serves the job's channel, under the job's id, the others' barrier of ``attempt`` to come."""
+        from training_toolkit.cluster.server import ControlServer
+
+        job_id = self.job_id
+        if self._client:
+            self._client.close()
+            self._client = None
+        others = [host for host in self.hosts if host != self.current]
+        server = ControlServer(self._secret, others, self.settings.port, self._events, job_id=job_id,
+                               hosts=self.hosts, first_attempt=attempt, **self._kw)
+        server.start()
+        self._server, self.is_lead = server, True
+
+    def follow(self, lead: str, attempt: int, deadline_s: float) -> None:
+        """Join ``lead``'s channel, the next lead after this host's was lost, for ``attempt``: the same job (its id),
+        at ``attempt`` or later (the attempt is the term: a lead of an older one is no lead).  ClusterError if it does
+        not answer within ``deadline_s`` or answers otherwise."""
+        from training_toolkit.cluster.client import ControlClient
+
+        job_id, last = self.job_id, self._client
+        if last:
+            last.close()
+        client = self._client = ControlClient(self._secret, self.current, lead, self.settings.port, self._events,
+                                              **self._kw)  # ``interrupt`` ends its join
+        try:
+            client.connect(deadline_s)
+        except ClusterError:
+            self._client = last  # the job's id, for the next lead tried
+            raise
+        if client.job_id == job_id and client.job_attempt[0] >= attempt:
+            return
+        client.close()
+        self._client = last
+        raise ClusterError(f"{lead} leads another job or an older attempt (job {client.job_id!r}, attempt "
+                               f"{client.job_attempt[0] + 1}), not this job's attempt {attempt + 1}")
 
     def interrupt(self) -> None:
         """End a join or a wait for the go now (a stopping signal during setup); safe from a signal handler."""

@@ -59,7 +59,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
                       after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
                       after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
-                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched)
+                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched, fixed_lead=True)
 
 
 class MpiHost:

@@ -149,12 +149,23 @@ def test_a_gos_introductions_refused(value):
 
 
 @pytest.mark.parametrize("value", [
-    [], ["algo-2", "algo-1"], ["algo-1", "algo-9"], ["algo-1", "algo-1"], "algo-1", [1], None,
+    [], ["algo-1", "algo-9"], ["algo-1", "algo-1"], "algo-1", [1], None,
 ])
 def test_a_gos_active_hosts_refused(value):
-    """Not the job's first host first, a host not of the job, a host twice, not a list of names."""
+    """None, a host not of the job, a host twice, not a list of names."""
     with pytest.raises(wire.FrameError):
         wire.active({"active": value}, JOB)
+
+
+def test_a_gos_active_hosts_may_be_led_by_any_host_of_the_job():
+    """After a failover the lead is not the platform's first host: the go's first host is the attempt's lead."""
+    assert wire.active({"active": ["algo-2", "algo-1"]}, JOB) == ("algo-2", "algo-1")
+
+
+@pytest.mark.parametrize("value", [["algo-9"], ["algo-2"], ["algo-3", "algo-3"], "algo-3", None])
+def test_a_gos_spares_are_hosts_of_the_job_outside_the_active_ones(value):
+    with pytest.raises(wire.FrameError):
+        wire.spares({"spares": value}, JOB, ("algo-1", "algo-2"))
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=8), st.recursive(

@@ -1,0 +1,94 @@
+"""Meeting at an attempt's barrier, the loop's host's part: the lead's, a follower's, and after a lost lead the next one's.
+
+The lead runs the loop's step on the channel's events until every host is
+ready (``Release``), then chooses the attempt (``Seats.choose``) and sends the
+go; a follower says it is ready and waits for the go (``Membership.barrier``).
+
+Failover: the rule is ``succession``'s (pure); the decision that the job fails over
+is the step's (``follow.py``: ``FailOver`` once this host's part stopped).  Here the
+loop's host tries each successor in the platform's order: it joins the first
+that answers as the lead of the next attempt, or leads itself when its own
+turn comes (``HostAgent.take_lead``): its first barrier then waits for every
+member left and passes at its deadline only with a majority of them.  Each
+wait is as long as the slowest survivor may take to hear of the loss (the peer
+timeout) and stop its part (the grace and its margin).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from training_toolkit.agent.actions import Ended, carry_out
+from training_toolkit.agent.events import BarrierOpened, Release
+from training_toolkit.agent.state import STOP_MARGIN_S
+from training_toolkit.agent.succession import may_go_on, successors
+from training_toolkit.errors import ClusterError
+from training_toolkit.attempt import seated
+from training_toolkit.log import log
+
+if TYPE_CHECKING:
+    from training_toolkit.attempt import Attempt
+
+# ``agent`` below is the loop's ``HostAgent`` (not imported: the loop imports this module)
+
+
+def may_fail_over(agent) -> bool:
+    """Should this attempt's lead be lost, may the job go on under a new one?  Only if it may go on with fewer
+    hosts (spares, or a minimum), its runner can lead from any host, and the members left are a majority."""
+    if agent.is_lead or agent.spec.solo or agent.spec.fixed_lead or not agent.elastic:
+        return False
+    return may_go_on(agent.seats.members, (agent.seats.attempt.lead,))
+
+
+def next_lead(agent, lost: str) -> Attempt:
+    """The barrier of the agent's (new) attempt under the next lead after ``lost``: the ``Attempt`` it starts."""
+    assert agent.membership is not None
+    wait_s = agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
+    members = agent.seats.members
+    attempt = agent.attempt
+    for candidate in successors(agent.hosts, members, (lost,)):
+        if candidate == agent.host:
+            log(f"{agent.host}: leading the job from attempt {attempt + 1} ({lost} lost)")
+            agent.take_lead(lost)
+            expected = tuple(host for host in members if host not in (lost, agent.host))
+            return barrier(agent, wait_s, members=members, expected=expected)
+        try:
+            agent.membership.follow(candidate, attempt, wait_s)
+        except ClusterError as exc:
+            log(f"{agent.host}: {candidate} does not lead the job: {exc}")
+            continue
+        log(f"{agent.host}: following {candidate}, the lead of attempt {attempt + 1} ({lost} lost)")
+        return agent.membership.barrier(attempt, wait_s)
+    # no member left to lead (this host is not one: a spare the lost lead retired, say)
+    raise ClusterError(f"no member of {', '.join(members)} leads the job after {lost} was lost")
+
+
+def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: tuple[str, ...] = (),
+            expected: tuple[str, ...] | None = None) -> Attempt:
+    """Every host ready for this attempt: the ``Attempt``, the same on every host.  A host other than the lead
+    says it is ready and waits for the go.  The lead runs the loop: the channel's events and Ticks go to the
+    step until every host is ready (``Release``: it chooses the attempt's hosts, sends the go) or the job ends
+    (``Ended``).  ``expected``: the hosts it waits for (None: every other host of the job); ``members``: a new
+    lead's, passed at the deadline with a majority of them (``barrier.Barrier``)."""
+    assert agent.membership is not None
+    if agent.spec.solo:  # no other host: nothing to wait for, nothing to tell
+        return seated(agent.attempt, agent.hosts)
+    if not agent.is_lead:
+        return agent.membership.barrier(agent.attempt, deadline_s)
+    deadline_s = agent.ctx.settings.join_timeout_s if deadline_s is None else deadline_s
+    agent.in_barrier = True
+    try:
+        others = expected if expected is not None else tuple(host for host in agent.hosts if host != agent.host)
+        actions = agent.step_held(BarrierOpened(others, deadline_s, alive_only, members))
+        while not any(isinstance(action, Release) for action in actions):
+            outcome = carry_out(agent, actions)
+            if outcome is not None:
+                raise Ended(outcome)
+            actions = agent.step_held(agent.next_event())
+    finally:
+        agent.in_barrier = False
+    release = next(action for action in actions if isinstance(action, Release))
+    attempt = agent.seats.choose(agent.attempt, agent.attempt == agent.state.first_attempt, release,
+                                agent.state.lead.cause_hosts if agent.state.lead else ())
+    agent.membership.release(attempt)
+    return attempt
