@@ -114,8 +114,8 @@ class Blamed:
     """A failed exit as the runner tells it (``RunnerSpec.failure``): its outcome, and whose own processes failed.
 
     ``host`` None: this host's (every runner whose failing processes are its host's own).  MPI's mpirun runs on
-    the first host for every rank: its failure names the failing rank's host, which the retire rule
-    (``roster.to_retire``) counts, not the first host.
+    the lead for every rank: its failure names the failing rank's host, which the retire rule
+    (``roster.to_retire``) counts, not the lead.
     """
 
     outcome: Outcome
@@ -131,7 +131,7 @@ class RunnerSpec:
     """
 
     processes: Callable[[Seating], Sequence[Proc]]  # this attempt's processes on this host (may be none)
-    wait_for_peers: bool = False  # on success, does the first host wait for every host's own success?
+    wait_for_peers: bool = False  # on success, does the lead wait for every host's own success?
     own_end_on_stop: bool = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
     solo: bool = False  # a job of one seat (no channel, no port); its reasons name no host, as the reference's
     guard: GuardSpec | Callable[[Seating], GuardSpec | None] | None = None  # the listeners only the job's hosts may
@@ -140,9 +140,9 @@ class RunnerSpec:
     hold: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining (every host): what the runner
     #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
     prepare: Callable[[Seating], None] | None = None  # then, before barrier 0 (every host): e.g. a port free, sshd started
-    after_barrier: Callable[[Seating], None] | None = None  # first host: after barrier 0, before anything starts
+    after_barrier: Callable[[Seating], None] | None = None  # the lead: after barrier 0, before anything starts
     before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
-    after_restart_barrier: Callable[[Seating], None] | None = None  # first host: after a restart's barrier
+    after_restart_barrier: Callable[[Seating], None] | None = None  # the lead: after a restart's barrier
     judge: Callable[[Local, ExitStatus], ExitStatus] | None = None  # how an exit counts (default: its status)
     failure: Callable[[Local, ExitStatus], Blamed] | None = None  # a failed exit, told (default: ``failure_of``, here)
     stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace

@@ -56,6 +56,19 @@ class HostKiller:
             time.sleep(0.05)
 
 
+def cut(cluster: NamespaceCluster, name: str) -> None:
+    """Cut host ``name``'s link at the switch, as a pulled cable: it runs on, and nothing reaches it or leaves it.
+
+    Each host's ``eth0`` is one end of a veth pair whose other end, ``veth<i>`` (``i``: its place in the
+    cluster's hosts), sits on the bridge in the switch's namespace (``local/network.py``).
+    """
+    import subprocess
+
+    index = [host.name for host in cluster.hosts].index(name)
+    subprocess.run(["nsenter", f"--net={cluster.bridge_netns}", "ip", "link", "set", f"veth{index}", "down"],
+                   check=True, timeout=10)
+
+
 def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None = None) -> None:
     """Until ``path`` exists (and, with ``at_least``, holds a number at least that)."""
     end = time.monotonic() + timeout_s
@@ -71,16 +84,21 @@ def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None =
 
 
 def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int, *hosts: str,
-              timeout_s: float = 240.0) -> threading.Thread:
+              timeout_s: float = 240.0, cut_only: bool = False) -> threading.Thread:
     """Kill ``hosts`` whole once the number in ``counter`` (a rank's steps, a chief's epochs) is ``at_least``: in a
-    thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed)."""
+    thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed).
+    ``cut_only``: cut their links instead (``cut``): they run on, cut off."""
     errors: list[BaseException] = []
 
     def go() -> None:
         try:
             wait_for(counter, timeout_s=timeout_s, at_least=at_least)
             for host in hosts:
-                killer.kill(host)
+                if cut_only:
+                    assert killer.cluster is not None, "give before_start to run_local"
+                    cut(killer.cluster, host)
+                else:
+                    killer.kill(host)
         except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
             errors.append(exc)
 

@@ -171,6 +171,27 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
 
 
 @pytest.mark.torch
+def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(tmp_path):
+    """The lead's link cut, not the lead killed, with a minimum of one host (it could shrink to itself): it has no
+    majority behind it, so it stops its ranks and ends, named, and runs no attempt beside the others' new one."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "1",
+                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM})
+    killer = HostKiller()
+    cutting = kill_when(killer, shared / "step-0-0", 3, "algo-1", cut_only=True)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    cutting.join(5)
+    assert not cutting.errors, cutting.errors
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert results["algo-1"].exit_code == EXIT_CLUSTER_ERROR, results["algo-1"].failure
+    assert "no majority to lead the job" in results["algo-1"].failure, results["algo-1"].failure
+    later = [info for attempt in (1, 2, 3) for info in seen(shared, attempt).values()]
+    assert later and all(info["host"] != "algo-1" for info in later), later  # no attempt of its own after the cut
+    assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [
+        (0, "algo-2"), (1, "algo-4"), (2, "algo-3")], seen(shared, 1)
+
+
+@pytest.mark.torch
 def test_the_leads_loss_with_two_members_ends_the_job_named_no_majority_without_it(tmp_path):
     """Two hosts and no spare: the survivor alone is no majority (it cannot tell a dead lead from a cut cable)."""
     job, shared = torch_job(tmp_path, ("algo-1", "algo-2"), {"TRAINING_TOOLKIT_MIN_HOSTS": "1",

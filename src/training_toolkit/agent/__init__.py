@@ -4,8 +4,8 @@
 (``events``), the pure ``decisions.step`` says what it means, the shell carries
 out the actions (``actions``).  The rules are split by the part they decide:
 ``state`` (what a host knows), ``failures`` (what failed, and the one
-root-cause rule), ``barrier`` (the first host's barrier), ``lead`` (the first
-host while an attempt runs), ``follow`` (the other hosts), ``verdicts``.
+root-cause rule), ``barrier`` (the lead's barrier), ``lead`` (the first
+host while an attempt runs), ``follow`` (the followers), ``verdicts``.
 ``stall`` and ``progress`` watch for stalls; ``seats``
 is who takes part in each attempt (and the seat of a job of one host);
 ``parts`` stops and watches this host's processes.

@@ -55,7 +55,7 @@ class Stopped(ToolkitError):
 
 
 class Ended(Exception):
-    """The step ended the job during setup (the first host's barrier failed): ``outcome`` is the verdict, told."""
+    """The step ended the job during setup (the lead's barrier failed): ``outcome`` is the verdict, told."""
 
     def __init__(self, outcome: Outcome):
         super().__init__(outcome.reason)

@@ -1,4 +1,4 @@
-"""The first host's barrier, decided: who is ready for an attempt, who is missing at its deadline, and why.
+"""The lead's barrier, decided: who is ready for an attempt, who is missing at its deadline, and why.
 
 The channel's server decides nothing: it posts what it hears (a host joined,
 said it is ready, was lost and why, reported a failure) to the agent's queue.
@@ -11,7 +11,7 @@ on each ``Tick``:
    barrier waits for the hosts alive only): once the root-cause window after
    the first one has passed, the earliest (``failures.root_cause``) ends the job;
 2. every expected host ready (alive only: every one still linked): the barrier
-   passes, with the hosts ready (the first host among them) and why each lost
+   passes, with the hosts ready (the lead among them) and why each lost
    host was lost (for the roster);
 3. the deadline passed: the job ends naming who never joined, who left the job
    and did not join again, and who joined but was never ready.
@@ -33,7 +33,7 @@ from training_toolkit.report import Outcome
 
 @record
 class Heard:
-    """A failure the first host heard of, kept for a barrier: the attempt it is of, when it arrived (monotonic)."""
+    """A failure the lead heard of, kept for a barrier: the attempt it is of, when it arrived (monotonic)."""
 
     failure: Failure
     attempt: int
@@ -43,7 +43,7 @@ class Heard:
 
 @record
 class Roll:
-    """First host: what the channel said of every other host."""
+    """The lead: what the channel said of every other host."""
 
     linked: frozenset[str] = frozenset()  # seated now
     joined: frozenset[str] = frozenset()  # ever seated (lost ones included)
@@ -69,7 +69,7 @@ class Barrier:
 
 @record
 class Passed:
-    ready: frozenset[str]  # the hosts ready, the first host among them
+    ready: frozenset[str]  # the hosts ready, the lead among them
     why: Mapping[str, str]  # why each lost host was lost
 
 

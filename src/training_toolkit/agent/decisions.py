@@ -9,9 +9,9 @@ what happens into events, feeds them to ``step`` and carries out the actions.
 
 This module dispatches and holds the rules every phase shares (signals, the
 start of an attempt, a setup failure, a restart's stop); the rest is split by
-what it decides: ``barrier`` (the first host's barrier), ``lead`` (the first
+what it decides: ``barrier`` (the lead's barrier), ``lead`` (the first
 host's rules while an attempt runs: verdict, stalls, restarts), ``follow`` (the
-other hosts'), ``verdicts``, and
+followers'), ``verdicts``, and
 ``failures`` (what failed, and the one root-cause rule for all of them).  Time
 enters as ``Tick`` events: a deadline is a decision on a Tick.
 """
@@ -35,7 +35,7 @@ from training_toolkit.process import STOPPING_SIGNALS
 from training_toolkit.stopping import STOP_HEARD_S
 from training_toolkit.records import replace
 
-CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the first host's roll keeps, in every phase
+CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the lead's roll keeps, in every phase
 
 
 def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
@@ -134,7 +134,7 @@ def _signal(state: AgentState, signum: int, now: float) -> tuple[AgentState, tup
 
 
 def _barrier_opened(state: AgentState, event: BarrierOpened, now: float) -> tuple[AgentState, tuple[Action, ...]]:
-    """First host: the barrier of this attempt begins (its deadline from now); failures of earlier ones are over."""
+    """The lead: the barrier of this attempt begins (its deadline from now); failures of earlier ones are over."""
     from training_toolkit.agent import barrier
 
     opened = barrier.Barrier(state.attempt, tuple(event.expected), now + event.deadline_s, event.deadline_s,
@@ -167,7 +167,7 @@ def attempt_to_join(job_attempt: int, started: bool) -> int:
 
 def _joined(state: AgentState, event: Joined) -> AgentState:
     if state.is_lead or state.phase != Phase.SETUP:
-        return state  # the first host's welcome is its own; a host joins once
+        return state  # the lead's welcome is its own; a host joins once
     return replace(state, attempt=attempt_to_join(event.job_attempt, event.started))
 
 
@@ -186,7 +186,7 @@ def _started(state: AgentState, event: Started, now: float) -> tuple[AgentState,
 
 
 def _setup_failed(state: AgentState, event: SetupFailed) -> tuple[AgentState, tuple[Action, ...]]:
-    outcome = with_causes(state, event.outcome)  # this host's verdict; its report to the first host is bare
+    outcome = with_causes(state, event.outcome)  # this host's verdict; its report to the lead is bare
     if state.is_lead:
         return announce(state, outcome)
     bare = event.outcome

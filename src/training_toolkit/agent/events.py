@@ -24,7 +24,7 @@ class Phase(str, Enum):
     """Where a host is in the job.  Transitions (``decisions.step``)::
 
         SETUP (join, prepare, barrier 0, start) --Started--> RUNNING
-        SETUP or BARRIER, first host: BarrierOpened --Release (every host ready)--> the shell starts the attempt;
+        SETUP or BARRIER, the lead: BarrierOpened --Release (every host ready)--> the shell starts the attempt;
                                                      --a failure, or the deadline on a Tick--> ENDED
         SETUP --Joined a job already past attempt 0's start (a host that rejoins)--> SETUP at the next attempt
         RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
@@ -35,7 +35,7 @@ class Phase(str, Enum):
         BARRIER (barrier n+1, start) --Started--> RUNNING;  --SetupFailed--> ENDED
         any --a stopping signal--> ends the job (never a restart)
 
-    SETUP and BARRIER are run by the shell in order; the first host's barrier is
+    SETUP and BARRIER are run by the shell in order; the lead's barrier is
     decided here on the channel's events and Ticks; a stopping signal ends them
     (``Interrupt``).
     """
@@ -93,7 +93,7 @@ class Started:
 
 @record
 class Joined:
-    """This host took its seat; the first host's welcome said the job is at ``job_attempt``, started or not.
+    """This host took its seat; the lead's welcome said the job is at ``job_attempt``, started or not.
 
     A host whose ``train`` restarted (Kubernetes restarts a container in its pod) comes into a job
     that went on without it: its loss was a failure, so it takes part in the attempt that follows.
@@ -126,7 +126,7 @@ class Progress:
 
 @record
 class StacksGathered:
-    """First host: every rank's stack it could get, from every host that answered in time."""
+    """The lead: every rank's stack it could get, from every host that answered in time."""
 
     stacks: tuple[RankStack, ...]
     missing: tuple[str, ...] = ()  # hosts that did not answer
@@ -175,14 +175,14 @@ class Interrupt:
 
 @record
 class Announce:
-    """First host: tell every host the job's verdict."""
+    """The lead: tell every host the job's verdict."""
 
     verdict: Verdict
 
 
 @record
 class Report:
-    """Other hosts: tell the first host this host failed, and when."""
+    """Other hosts: tell the lead this host failed, and when."""
 
     reason: str
     exit_code: int
@@ -193,7 +193,7 @@ class Report:
 
 @record
 class ReportDone:
-    """Other hosts: tell the first host this host's part ended well."""
+    """Other hosts: tell the lead this host's part ended well."""
 
     exit_code: int = 0
 
@@ -207,24 +207,24 @@ class Finish:
 
 @record
 class ShareProgress:
-    """Other hosts: tell the first host this host saw progress."""
+    """Other hosts: tell the lead this host saw progress."""
 
     heartbeat: bool = False
 
 
 @record
 class GatherStacks:
-    """First host: read this host's ranks' stacks and ask every host for theirs; then ``StacksGathered``."""
+    """The lead: read this host's ranks' stacks and ask every host for theirs; then ``StacksGathered``."""
 
 
 @record
 class SendStacks:
-    """Other hosts: read this host's ranks' stacks and send them to the first host."""
+    """Other hosts: read this host's ranks' stacks and send them to the lead."""
 
 
 @record
 class AnnounceRestart:
-    """First host: tell every host to stop its part and meet for ``attempt``."""
+    """The lead: tell every host to stop its part and meet for ``attempt``."""
 
     attempt: int
     reason: str
@@ -257,7 +257,7 @@ class Rejoin:
 
 @record
 class Release:
-    """First host: the barrier passed; choose the attempt's active hosts among ``ready`` and send every host the go.
+    """The lead: the barrier passed; choose the attempt's active hosts among ``ready`` and send every host the go.
 
     ``why``: why each host that was lost was lost (its last loss), for the roster's line.
     """

@@ -2,7 +2,7 @@
 
 The root cause is the earliest failure, not the first report to arrive (as
 torch elastic orders failures by timestamp): every failure carries ``at``, the
-wall clock (``time.time()``) where it happened.  The first host, on the first
+wall clock (``time.time()``) where it happened.  The lead, on the first
 failure it hears of, waits ``FAILURE_WINDOW_S`` more for reports of failures
 that happened earlier but arrive later (a worker's report crosses the network
 and waits for the failed process's last stderr lines), then names the earliest.
@@ -37,7 +37,7 @@ def root_cause(failures) -> Failure:
 
 
 def window_ends(first_arrived: float) -> float:
-    """When the first host names the root cause: the window after the first failure it heard of."""
+    """When the lead names the root cause: the window after the first failure it heard of."""
     return first_arrived + FAILURE_WINDOW_S
 
 

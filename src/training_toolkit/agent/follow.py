@@ -49,7 +49,7 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
         return state, (ShareProgress(event.heartbeat),) if state.phase == Phase.RUNNING else ()
     if isinstance(event, Tick):
         if own is not None and state.deadline is not None and now >= state.deadline:
-            return end(state, own)  # the first host never answered this host's report
+            return end(state, own)  # the lead never answered this host's report
         return state, ()
     if isinstance(event, LocalExit) and state.stop_signal is None and event.status.ok and event.name in state.primaries:
         if own is not None:
@@ -60,6 +60,6 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
     if failure is None or own is not None:
         return state, ()
     report = Report(failure.outcome.reason or "", failure.outcome.exit_code, failure.at, state.attempt, failure.stopped)
-    # stopped: the first host's verdict waits for every host's part, so this host waits as long for it
+    # stopped: the lead's verdict waits for every host's part, so this host waits as long for it
     wait = max(REPORT_WAIT_S, state.stop_wait_s) if failure.stopped else REPORT_WAIT_S
     return replace(state, failures=(failure,), deadline=now + wait), (report,)

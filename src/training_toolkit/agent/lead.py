@@ -1,9 +1,9 @@
-"""The first host's rules while an attempt runs: the verdict, the root-cause window, stalls, restarts.
+"""The lead's rules while an attempt runs: the verdict, the root-cause window, stalls, restarts.
 
 Pure (``decisions.step`` dispatches here).  Attempts (docs/resilience.md): a
 failure or a stall, with restarts left and no stopping signal anywhere, is one
 more transition (RUNNING -> STOPPING -> BARRIER -> RUNNING), not a second code
-path.  A stall is the first host's: no progress (an output line of any rank,
+path.  A stall is the lead's: no progress (an output line of any rank,
 or a heartbeat; once a heartbeat came, heartbeats only) within the stall
 timeout, or within the longer startup allowance before an attempt's first
 progress.
@@ -23,7 +23,7 @@ from training_toolkit.report import Outcome
 
 
 def waits_for_parts(state: AgentState) -> bool:
-    """A stopped first host: its verdict waits until every host's part has stopped, each rank with its grace.
+    """A stopped the lead: its verdict waits until every host's part has stopped, each rank with its grace.
 
     The stop is the agent's: whichever rank or host ends its part first, the others keep their
     grace period.  Each host reports its part once all of it has stopped (``PartStopped``), not
@@ -73,7 +73,7 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
         state = replace(led(state, stopped_hosts=lead.stopped_hosts | {host} if part else lead.stopped_hosts),
                         failures=(*state.failures, failure))
         return _all_parts_stopped(state)
-    # the window is for other hosts' reports of earlier failures; a job of one host has none to wait for
+    # the window is for followers' reports of earlier failures; a job of one host has none to wait for
     deadline = state.deadline if state.failures else now + (FAILURE_WINDOW_S if lead.workers else 0.0)
     return replace(state, failures=(*state.failures, failure), deadline=deadline), ()
 

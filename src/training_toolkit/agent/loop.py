@@ -8,7 +8,7 @@ A runner is a value (``runspec.RunnerSpec``), not a subclass.  The order is here
 event means and what every host is told is decided in ``decisions`` (a pure
 step, tested without processes); the loop turns exits, peers' messages (the
 channel's server only posts them), signals and the passing of time (``Tick``)
-into events, and carries out the step's actions (``actions``).  The first host's
+into events, and carries out the step's actions (``actions``).  The lead's
 barrier is one more run of the loop (``meeting.barrier``): the step says when every host is ready (``Release``) or
 why not; a follower whose lead was lost meets the next lead there (``meeting.next_lead``).
 
@@ -87,7 +87,7 @@ class HostAgent:
         self.events: SimpleQueue = SimpleQueue()
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
-        self.in_barrier = False  # the first host's barrier runs the loop: it reads the signal's event there
+        self.in_barrier = False  # the lead's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)

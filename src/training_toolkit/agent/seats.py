@@ -33,10 +33,10 @@ class Seats:
         self.is_lead = self.hosts[0] == self.host
         self.attempt: Attempt = seated(first_attempt, self.hosts)  # before any barrier: every host
         self.attempt_ctx = ctx  # this attempt's view of the job: its active hosts only (``for_attempt``)
-        self.roster: roster.Roster | None = None  # the first host's, from barrier 0 (a job of one host has none)
+        self.roster: roster.Roster | None = None  # the lead's, from barrier 0 (a job of one host has none)
         self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
         self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
-        self._turn: roster.Turn | None = None  # the first host's last choice, for the attempt's line
+        self._turn: roster.Turn | None = None  # the lead's last choice, for the attempt's line
 
     @property
     def active(self) -> tuple[str, ...]:
@@ -55,7 +55,7 @@ class Seats:
 
     def take_limits(self, spec: RunnerSpec) -> None:
         """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
-        host's list, taken already) before anything starts: a ConfigError, exit 78, that the first host announces."""
+        host's list, taken already) before anything starts: a ConfigError, exit 78, that the lead announces."""
         config = self.ctx.settings
         if spec.solo or (config.max_hosts is None and config.min_hosts is None):
             return
@@ -103,11 +103,6 @@ class Seats:
         from training_toolkit import roster
         from training_toolkit.agent.succession import has_majority
 
-        members = self.members
-        if not has_majority(alive, members):
-            raise ClusterError(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
-                               f"{len(members)} members ({', '.join(members)}) answer; this host may be the one cut "
-                               f"off from the others, so it stops")
         last = self.roster or roster.Roster(self.hosts)
         for host in self.hosts:  # a host that left and came back waits as a spare
             if host in alive and host not in (*last.active, *last.spares, *last.retired):
@@ -117,13 +112,19 @@ class Seats:
                                   why=why)
         if isinstance(turn, roster.Shortfall):
             raise ClusterError(turn.reason())
+        members = self.members
+        if not has_majority(alive, members):
+            lost = [host for host in members if host not in alive]
+            raise ClusterError(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
+                               f"{len(members)} members answer ({', '.join(lost)} lost); this host may be the one "
+                               f"cut off from the others, so it stops")
         self.roster, self._turn = turn.roster, turn
         return turn.roster
 
     def first_deadline(self, attempt: int, first_attempt: int) -> float | None:
         """This ``train``'s first barrier's deadline (None: the join deadline).  A host that rejoins waits for the
-        restart its loss caused: the first host stops its part first (grace).  With spares or a minimum it is a spare
-        until a restart seats it: it waits however long the job runs (the first host's loss still ends the wait)."""
+        restart its loss caused: the lead stops its part first (grace).  With spares or a minimum it is a spare
+        until a restart seats it: it waits however long the job runs (the lead's loss still ends the wait)."""
         if attempt <= first_attempt:
             return None
         return float("inf") if self.elastic else self.ctx.settings.join_timeout_s + self.ctx.grace_s

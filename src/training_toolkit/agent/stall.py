@@ -3,7 +3,7 @@
 What the job's processes get while stalls are watched (the heartbeat
 directory and the faulthandler hook, ``process_env``; their output marks
 progress, ``on_output``), and reading this host's ranks' stacks when the first
-host asks (``gather`` on the first host, ``send`` elsewhere; docs/resilience.md).
+host asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).
 Everything here loads the stack readers only when a job is watched.
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from training_toolkit.runspec import Local
     from training_toolkit.stackreport import RankStack
 
-STACKS_REQUEST_S = 4.0  # first host: how long the other hosts may take to send their ranks' stacks
+STACKS_REQUEST_S = 4.0  # the lead: how long the followers may take to send their ranks' stacks
 
 
 class StallWatch:
@@ -97,7 +97,7 @@ class StallWatch:
                 if local.child.poll() is None]
 
     def gather(self, seat: Seat, host: str, hosts: Sequence[str], locals_: Sequence[Local]) -> None:
-        """First host: its ranks' stacks and every other host's (``StacksGathered`` on the queue)."""
+        """The lead: its ranks' stacks and every other host's (``StacksGathered`` on the queue)."""
         from training_toolkit import stacks
         from training_toolkit.stackreport import RankStack
 
@@ -115,7 +115,7 @@ class StallWatch:
         self._events.put(StacksGathered(tuple(found), missing))
 
     def send(self, seat: Seat, host: str, locals_: Sequence[Local]) -> None:
-        """Other hosts: this host's ranks' stacks, to the first host."""
+        """Other hosts: this host's ranks' stacks, to the lead."""
         seat.send_stacks([s.to_wire() for s in self._local(host, locals_)])
 
     def _local(self, host: str, locals_: Sequence[Local]) -> list[RankStack]:

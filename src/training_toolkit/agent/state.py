@@ -1,7 +1,7 @@
 """What one host knows of the job, for the pure step (``decisions``): its state, built once per ``train``.
 
 Split by role: every host's own part (``AgentState``), and what only the lead
-keeps (``LeadState``: the other hosts' parts, the roll, the barrier, stalls).
+keeps (``LeadState``: the followers' parts, the roll, the barrier, stalls).
 
 ``now`` in every rule is the shell's monotonic clock: deadlines here are on it,
 and a ``Tick`` tells the step that time has passed.
@@ -53,7 +53,7 @@ class LeadState:
     stall_deadline: float | None = None  # monotonic: no progress by then is a stall
     heartbeats: bool = False  # a heartbeat came this attempt: from now on only heartbeats are progress
     stopped_hosts: frozenset[str] = frozenset()  # during a stop: hosts whose part has stopped, itself too
-    seated: frozenset[str] | None = None  # the other hosts active this attempt (None: every worker);
+    seated: frozenset[str] | None = None  # the followers active this attempt (None: every worker);
     #                                       the rest are spares: no part, their loss no failure
     roll: Roll | None = None  # what the channel said of every other host (None: nothing yet)
     barrier: Barrier | None = None  # the barrier it runs now (SETUP or BARRIER), None otherwise
@@ -131,7 +131,7 @@ def next_deadline(state: AgentState) -> float | None:
 
 
 def active_workers(state: AgentState) -> frozenset[str]:
-    """The lead: the other hosts with a part in this attempt: the seated ones, else every worker."""
+    """The lead: the followers with a part in this attempt: the seated ones, else every worker."""
     assert state.lead is not None
     return state.lead.workers if state.lead.seated is None else state.lead.seated
 

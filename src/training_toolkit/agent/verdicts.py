@@ -82,7 +82,7 @@ def ended(state: AgentState, outcome: Outcome) -> AgentState:
 
 
 def announce(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:
-    """First host: the verdict, told to every host."""
+    """The lead: the verdict, told to every host."""
     return ended(state, outcome), (Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
 
 

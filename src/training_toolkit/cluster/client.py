@@ -1,4 +1,4 @@
-"""The control channel's other hosts: join the first host, report, hear the verdict."""
+"""The control channel's followers: join the lead, report, hear the verdict."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
 from training_toolkit.errors import ClusterError, JobFailed
 
-# Retries while the first host is not listening yet: a refused connection costs nothing, and every host
+# Retries while the lead is not listening yet: a refused connection costs nothing, and every host
 # waits for the slowest join, so retry often (a doubling 50 ms backoff cost up to 100 ms per job start).
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 0.25
@@ -27,12 +27,12 @@ class Interrupted(ClusterError):
 class ControlClient:
     """Joins the channel of the lead (``lead``) as ``host``, telling it ``introduction``.
 
-    After ``connect``: ``job_id``, the first host's ``introduction``,
+    After ``connect``: ``job_id``, the lead's ``introduction``,
     ``job_attempt`` (the job's attempt, and whether its processes had started:
     a host whose ``train`` restarted comes into a running job) and ``hosts``
-    (the job's hosts in rank order, as the first host knows them) are what its
+    (the job's hosts in rank order, as the lead knows them) are what its
     welcome carried; ``peers``, every seated host's introduction, is what the last go carried.  ``source`` is the local address to join from
-    (None: the one the route picks); the first host admits by address where
+    (None: the one the route picks); the lead admits by address where
     there is no secret, so a host with several addresses joins from the one
     its name resolves to (and a benchmark gives each of its hosts its own).
     """
@@ -64,7 +64,7 @@ class ControlClient:
         self.introduction: dict[str, str] = {}
         self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
         self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
-        self._go = -1  # the last attempt the first host started
+        self._go = -1  # the last attempt the lead started
         self._active: tuple[str, ...] = ()  # its active hosts
         self._spares: tuple[str, ...] = ()  # and its spares (its members: both)
         self.peers: dict[str, dict[str, str]] = {}  # every seated host's introduction, from the last go
@@ -75,7 +75,7 @@ class ControlClient:
         self._joining: socket.socket | None = None  # the socket of a join in progress (``interrupt`` shuts it)
 
     def connect(self, deadline_s: float) -> None:
-        """Join, retrying until the deadline: the first host may start after us."""
+        """Join, retrying until the deadline: the lead may start after us."""
         end = time.monotonic() + deadline_s
         delay = RETRY_FIRST_S
         last = "no attempt"
@@ -125,7 +125,7 @@ class ControlClient:
             hosts = wire.hosts(answer) if welcome else ()
             if not welcome or not wire.verify(keys.auth, answer.get("mac"), *wire.welcome_signed(
                     job_id or "", introduction, {"n": at[0], "go": at[1]}, hosts)):
-                raise Refused("the first host failed authentication (a different job secret?)")
+                raise Refused("the lead failed authentication (a different job secret?)")
         except BaseException:
             link.close()
             raise
@@ -206,11 +206,11 @@ class ControlClient:
         self._send("done", code=exit_code)
 
     def wait_go(self, deadline_s: float, attempt: int = 0) -> tuple[str, ...]:
-        """Wait for the first host to start ``attempt``; its active hosts."""
+        """Wait for the lead to start ``attempt``; its active hosts."""
         return self.wait_seats(deadline_s, attempt)[0]
 
     def wait_seats(self, deadline_s: float, attempt: int = 0) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Wait for the first host to start ``attempt``; its active hosts and its spares, as its go said them."""
+        """Wait for the lead to start ``attempt``; its active hosts and its spares, as its go said them."""
         end = time.monotonic() + deadline_s
         with self._state:
             while self._go < attempt:

@@ -30,14 +30,14 @@ class PeerFailed:
 
 @record
 class PeerJoined:
-    """First host: a host took its seat (welcomed); it is linked until a ``PeerLost``."""
+    """The lead: a host took its seat (welcomed); it is linked until a ``PeerLost``."""
 
     host: str
 
 
 @record
 class PeerReady:
-    """First host: a host said it is ready for ``attempt`` (its part prepared, waiting for the go)."""
+    """The lead: a host said it is ready for ``attempt`` (its part prepared, waiting for the go)."""
 
     host: str
     attempt: int = 0
@@ -53,7 +53,7 @@ class PeerProgress:
 
 @record
 class RestartCalled:
-    """Other hosts: the first host restarts the job; ``attempt`` is the new one."""
+    """Other hosts: the lead restarts the job; ``attempt`` is the new one."""
 
     attempt: int
     reason: str
@@ -61,7 +61,7 @@ class RestartCalled:
 
 @record
 class StacksWanted:
-    """Other hosts: the job stalled; the first host wants this host's ranks' stacks."""
+    """Other hosts: the job stalled; the lead wants this host's ranks' stacks."""
 
 
 @record(uncompared=("at",))
@@ -80,7 +80,7 @@ class PeerLost:
 
 @record
 class Verdict:
-    """The job's end, as decided by the first host."""
+    """The job's end, as decided by the lead."""
 
     exit_code: int
     reason: str | None = None

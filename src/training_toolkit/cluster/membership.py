@@ -1,7 +1,7 @@
-"""This host's seat in the job: the channel's server on the first host, a client elsewhere.
+"""This host's seat in the job: the channel's server on the lead, a client elsewhere.
 
 Runners see one small interface whatever the host's role: open, barrier (the
-first host: release, once the agent decided its barrier passed), report, end.
+the lead: release, once the agent decided its barrier passed), report, end.
 Deadlines and ports are settings (``settings.py``), so a platform can set them
 without flags.  A job of one host has no seat here (``agent.seats.SoloSeat``):
 it imports none of this.
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
 
 VERDICT_LINGER_S = 10.0
 
-#: A host other than the first waits this much longer than the barrier's deadline for the first host's word.
+#: A host other than the first waits this much longer than the barrier's deadline for the lead's word.
 FIRST_HOST_MARGIN_S = 5.0
 
 
 class Seat(Protocol):
     """What an agent needs of its seat: ``Membership``, or a test's fake.
 
-    ``hosts``: after ``open``, the job's hosts in rank order as the first host gave them (its own on the first host).
+    ``hosts``: after ``open``, the job's hosts in rank order as the lead gave them (its own on the lead).
     """
 
     is_lead: bool
@@ -78,11 +78,11 @@ class Membership:
     """This host's seat.  ``secret`` is the platform's job secret, or None (seats admitted by address).
 
     ``introduction`` is what this host tells the others about itself; after
-    ``open``, ``introductions`` holds what the others told (on the first host:
-    every host that joined, by name; elsewhere: the first host's, and from the first go on every
+    ``open``, ``introductions`` holds what the others told (on the lead:
+    every host that joined, by name; elsewhere: the lead's, and from the first go on every
     seated host's, as the go carried them), and
-    ``job_id`` is the first host's random id for this job, the same on every host,
-    and ``hosts`` the job's hosts as the first host's welcome listed them (``job_hosts``).
+    ``job_id`` is the lead's random id for this job, the same on every host,
+    and ``hosts`` the job's hosts as the lead's welcome listed them (``job_hosts``).
     """
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
@@ -141,7 +141,7 @@ class Membership:
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
         assert self._client is not None
         self._client.ready(attempt)
-        # the first host decides the barrier and names who is missing; this host's own deadline, a
+        # the lead decides the barrier and names who is missing; this host's own deadline, a
         # margin later, is for a first host that went silent (its verdict would otherwise race ours)
         active, spares = self._client.wait_seats(deadline_s + FIRST_HOST_MARGIN_S, attempt)
         return Attempt(attempt, active or self.hosts, spares)
@@ -153,22 +153,22 @@ class Membership:
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
-        """Other hosts: tell the first host this one failed, and when (wall clock; None: now)."""
+        """Other hosts: tell the lead this one failed, and when (wall clock; None: now)."""
         if self._client:
             self._client.failed(reason, exit_code, at, attempt, stopped)
 
     def restart(self, attempt: int, reason: str) -> None:
-        """First host: every host stops its part and meets at the barrier of ``attempt``."""
+        """The lead: every host stops its part and meets at the barrier of ``attempt``."""
         if self._server:
             self._server.restart(attempt, reason)
 
     def progress(self, heartbeat: bool) -> None:
-        """Other hosts: tell the first host this host saw progress."""
+        """Other hosts: tell the lead this host saw progress."""
         if self._client:
             self._client.progress(heartbeat)
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
-        """First host: every other host's ranks' stacks, as sent (checked by the caller), within ``timeout_s``."""
+        """The lead: every other host's ranks' stacks, as sent (checked by the caller), within ``timeout_s``."""
         return self._server.request_stacks(timeout_s) if self._server else {}
 
     def send_stacks(self, stacks: list) -> None:
@@ -180,7 +180,7 @@ class Membership:
             self._client.done(exit_code)
 
     def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
-        """This host failed: the first host makes it the job's verdict, the others report it there."""
+        """This host failed: the lead makes it the job's verdict, the others report it there."""
         if self._server:
             self.announce(Verdict(exit_code, reason, self.current))
         else:
@@ -243,15 +243,15 @@ class Membership:
 
 
 def job_hosts(own: Sequence[str], current: str, given: Sequence[str]) -> tuple[str, ...]:
-    """The job's hosts for a host other than the first: the first host's welcome (``given``), never its own view.
+    """The job's hosts for a host other than the first: the lead's welcome (``given``), never its own view.
 
     A host's own view may be partial (an MPIJob worker knows only the launcher and itself) or
-    ordered otherwise; the first host's list is the job's, so every host admits and addresses
+    ordered otherwise; the lead's list is the job's, so every host admits and addresses
     the same peers in the same order.  A welcome that lists no hosts, or not this one, is refused.
     """
     if not given:
-        raise ClusterError(f"the first host {own[0]} named no hosts in its welcome (a host of another toolkit version?)")
+        raise ClusterError(f"the lead {own[0]} named no hosts in its welcome (a host of another toolkit version?)")
     if current not in given:
-        raise ClusterError(f"the first host {given[0]} does not list this host, {current}, among the job's hosts: "
+        raise ClusterError(f"the lead {given[0]} does not list this host, {current}, among the job's hosts: "
                            f"{', '.join(given)}")
     return tuple(given)

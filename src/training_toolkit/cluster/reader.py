@@ -1,9 +1,9 @@
-"""The first host's reader: one thread hears every host, joining or seated, instead of one thread per host.
+"""The lead's reader: one thread hears every host, joining or seated, instead of one thread per host.
 
-A thread per host cost the first host more than the messages themselves
+A thread per host cost the lead more than the messages themselves
 (bench/control_plane.py, docs/scale.md): at 1,000 hosts joining at once, a
 thousand runnable threads each woke every 5 ms to ask for the interpreter's
-lock, the first host spent a whole core in the kernel doing so, joins missed
+lock, the lead spent a whole core in the kernel doing so, joins missed
 their 5 s deadline and the job failed; once joined, each heartbeat woke its
 own thread.  One thread waiting on every socket at once (epoll) wakes once for
 every host that spoke meanwhile, and does each host's little work in turn.

@@ -1,4 +1,4 @@
-"""The control channel's first host: admits the others, hears them, sends the go, restarts and the verdict.
+"""The control channel's the lead: admits the others, hears them, sends the go, restarts and the verdict.
 
 It decides nothing: every join, readiness, loss (with its reason) and failure report is posted to the agent's
 event queue (``cluster.events``); who is missing at a barrier, and which failure is the root cause, is the
@@ -24,7 +24,7 @@ from training_toolkit.log import log as log_line
 
 
 class ControlServer:
-    """Serves the channel on the first host; ``expected`` are the other hosts.
+    """Serves the channel on the lead; ``expected`` are the followers.
 
     ``secret`` is the platform's job secret, or None: then seats are admitted
     by address (``admission``).  ``first_attempt``: the attempt the job starts at

@@ -101,17 +101,34 @@ def read_result(host: str, opt_ml: Path, exit_code: int | None, ended_at: float 
     )
 
 
+def lost_hosts(results: Sequence[HostResult]) -> list[str]:
+    """Hosts whose ``train`` ended without a verdict (no success or failure file): killed whole, as a node dies."""
+    return [r.host for r in results if r.exit_code is not None and not r.success and r.failure is None]
+
+
 def job_exit_code(results: Sequence[HostResult]) -> int:
-    """The job's verdict as one exit code: the hosts' common code, else 1 (some host did not end, or they differ)."""
-    codes = {r.exit_code for r in results}
-    if len(codes) == 1 and None not in codes:
-        return codes.pop()  # type: ignore[return-value]
+    """The job's verdict as one exit code: the code of the hosts that gave a verdict, else 1.
+
+    A lost host (``lost_hosts``) gave none: the job went on without it, and its verdict is the
+    others'.  Hosts whose verdicts differ (a lead cut off from the others ends alone, docs/resilience.md,
+    "When the lead is lost"): the code more than half of them give.  1 when a host did not end (still
+    running at the timeout, or never started), when no host gave a verdict, or when no code has a majority.
+    """
+    if any(r.exit_code is None for r in results):
+        return 1
+    lost = set(lost_hosts(results))
+    codes = [r.exit_code for r in results if r.host not in lost]
+    for code in set(codes):
+        if codes.count(code) * 2 > len(codes):
+            return code  # type: ignore[return-value]
     return 1
 
 
 def summary_lines(results: Sequence[HostResult]) -> list[str]:
     """One line per host: its exit and the first line of its verdict."""
     lines = []
+    if lost := lost_hosts(results):
+        lines.append(f"  lost on the way (no verdict): {', '.join(lost)}")
     for r in results:
         verdict = "success" if r.success else (r.failure or "no verdict").splitlines()[0]
         code = "did not end" if r.exit_code is None else f"exit {r.exit_code}"

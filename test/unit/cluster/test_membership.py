@@ -30,8 +30,8 @@ def test_job_hosts_are_the_first_hosts(own, current, given, hosts):
 
 
 @pytest.mark.parametrize("given, message", [
-    ((), "the first host l named no hosts in its welcome"),
-    (("l", "w0"), "the first host l does not list this host, w1, among the job's hosts: l, w0"),
+    ((), "the lead l named no hosts in its welcome"),
+    (("l", "w0"), "the lead l does not list this host, w1, among the job's hosts: l, w0"),
 ])
 def test_job_hosts_refuses_a_list_without_this_host(given, message):
     with pytest.raises(ClusterError, match=f"^{message}"):

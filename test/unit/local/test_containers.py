@@ -12,7 +12,7 @@ from training_toolkit.local import artifacts
 from training_toolkit.local.containers import (
     CODE_DIR, LABEL_HOST, LABEL_JOB, LABEL_LAUNCHER, ContainerJob, container_job, host_names, new_job_id,
 )
-from training_toolkit.local.job import HostResult, LocalJob, host_tree, job_exit_code, resource_config
+from training_toolkit.local.job import HostResult, LocalJob, host_tree, job_exit_code, lost_hosts, resource_config
 from training_toolkit.local.prefix import LinePrefixer
 
 
@@ -133,10 +133,15 @@ def test_lines_are_prefixed_whole_and_a_last_partial_line_is_ended():
     assert sink.getvalue().endswith(b"[algo-1] part\n")
 
 
-def test_the_job_exit_code_is_the_hosts_common_code_else_1(tmp_path):
-    def r(code):
-        return HostResult("h", code, code == 0, None, tmp_path, None)
+def test_the_job_exit_code_is_the_verdict_of_the_hosts_that_gave_one(tmp_path):
+    def r(code, host="h", verdict=True):
+        return HostResult(host, code, code == 0 and verdict, None if code == 0 or not verdict else "why", tmp_path, None)
     assert job_exit_code([r(0), r(0)]) == 0
     assert job_exit_code([r(7), r(7)]) == 7
-    assert job_exit_code([r(7), r(0)]) == 1
-    assert job_exit_code([r(0), r(None)]) == 1
+    assert job_exit_code([r(7), r(0)]) == 1  # no majority
+    assert job_exit_code([r(0), r(None)]) == 1  # a host did not end
+    killed = r(-9, "algo-1", verdict=False)  # killed whole: no verdict file
+    assert lost_hosts([killed, r(0, "algo-2")]) == ["algo-1"]
+    assert job_exit_code([killed, r(0, "algo-2"), r(0, "algo-3")]) == 0  # the job succeeded without it
+    assert job_exit_code([r(69, "algo-1"), r(0, "algo-2"), r(0, "algo-3")]) == 0  # a cut-off lead ends alone
+    assert job_exit_code([killed]) == 1  # nobody gave a verdict
