@@ -60,11 +60,11 @@ def cut(cluster: NamespaceCluster, name: str) -> None:
     """Cut host ``name``'s link at the switch, as a pulled cable: it runs on, and nothing reaches it or leaves it.
 
     Each host's ``eth0`` is one end of a veth pair whose other end, ``veth<i>`` (``i``: its place in the
-    cluster's hosts), sits on the bridge in the switch's namespace (``local/network.py``).
+    cluster's hosts, from 1), sits on the bridge in the switch's namespace (``local/network.py``, ``wire``).
     """
     import subprocess
 
-    index = [host.name for host in cluster.hosts].index(name)
+    index = [host.name for host in cluster.hosts].index(name) + 1
     subprocess.run(["nsenter", f"--net={cluster.bridge_netns}", "ip", "link", "set", f"veth{index}", "down"],
                    check=True, timeout=10)
 

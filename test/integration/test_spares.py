@@ -171,6 +171,28 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
 
 
 @pytest.mark.torch
+def test_the_lead_then_the_new_lead_killed_in_one_job_each_time_the_next_member_leads(tmp_path):
+    """algo-1, then algo-2 (the lead after it): each attempt's members are the base for the next."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                           **ROOM})
+    killer = HostKiller()
+    first = kill_at(killer, shared, 3, "algo-1")
+    second = kill_when(killer, shared / "step-1-0", 6, "algo-2")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    first.join(5)
+    second.join(5)
+    assert not first.errors and not second.errors, (first.errors, second.errors)
+    for host in ("algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [(0, "algo-2"), (1, "algo-3")]
+    third = seen(shared, 2)
+    assert sorted((i["rank"], i["host"]) for i in third.values()) == [(0, "algo-3"), (1, "algo-4")], third
+    assert {i["start"] for i in third.values()} == {max(i["start"] for i in third.values())} and \
+        third[0]["start"] >= 6, third  # resumed from the checkpoint the second lead wrote
+    assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1"]
+
+
+@pytest.mark.torch
 def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(tmp_path):
     """The lead's link cut, not the lead killed, with a minimum of one host (it could shrink to itself): it has no
     majority behind it, so it stops its ranks and ends, named, and runs no attempt beside the others' new one."""

@@ -96,3 +96,26 @@ def test_without_a_spare_the_ps_job_shrinks_to_the_minimum_with_one_ps_fewer_and
     assert all(t["cluster"] == cluster("algo-1", ["algo-3"], ["algo-1", "algo-3"]) for t in second.values()), second
     assert second["chief-0"]["start"] >= 3  # the variables were on three ps; restored onto two
     finished(shared, 1)
+
+
+def test_the_chiefs_host_killed_whole_fails_over_the_chief_to_the_next_lead(tmp_path, capfd):
+    """The lead runs the chief: killed whole, algo-2 leads attempt 2 and runs the chief there (``TF_CONFIG``'s chief
+    is the attempt's lead), the spare algo-3 takes algo-2's old seat as worker 0, the chief resumes its checkpoint."""
+    job, shared = ps_job(tmp_path, {"TRAINING_TOOLKIT_MAX_HOSTS": "2"})
+    killer = HostKiller()
+    killing = kill_at_epoch(killer, shared, 3, "algo-1")
+    results = {r.host: r for r in run(job, tmp_path, timeout_s=420, before_start=killer.before_start)}
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-2", "algo-3"):  # the new lead and the spare it seated
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)
+    assert sorted(second) == ["chief-0", "worker-0"], second
+    assert second["chief-0"]["host"] == "algo-2" and second["worker-0"]["host"] == "algo-3", second
+    for task in second.values():
+        assert task["cluster"] == cluster("algo-2", ["algo-3"], ["algo-2", "algo-3"]), task
+        assert task["sm_hosts"] == ["algo-2", "algo-3"], task
+    assert second["chief-0"]["start"] >= 3  # resumed from the checkpoint the lost chief wrote
+    assert finished(shared, 1)["start"] == second["chief-0"]["start"]
+    out = capfd.readouterr().out
+    assert "algo-2: leading the job from attempt 2 (algo-1 lost)" in out
