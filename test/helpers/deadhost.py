@@ -83,9 +83,10 @@ def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None =
         time.sleep(0.1)
 
 
-def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int, *hosts: str,
+def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int | None, *hosts: str,
               timeout_s: float = 240.0, cut_only: bool = False) -> threading.Thread:
-    """Kill ``hosts`` whole once the number in ``counter`` (a rank's steps, a chief's epochs) is ``at_least``: in a
+    """Kill ``hosts`` whole once the number in ``counter`` (a rank's steps, a chief's epochs) is ``at_least`` (None:
+    once it exists): in a
     thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed).
     ``cut_only``: cut their links instead (``cut``): they run on, cut off."""
     errors: list[BaseException] = []

@@ -144,6 +144,30 @@ def test_multi_worker_mirrored_a_spare_takes_the_seat_of_a_worker_host_killed_wh
     assert workers[0]["w"] == workers[1]["w"]
 
 
+@pytest.mark.tensorflow
+def test_multi_worker_mirrored_worker_0s_host_killed_whole_fails_over_worker_0_to_the_next_lead(tmp_path):
+    """Worker 0 runs on the lead: killed whole, algo-2 leads attempt 2 as worker 0, the spare is worker 1."""
+    src = source_dir(tmp_path, "mwms_spares.py")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job = LocalJob(hosts=H3, env={**FAST, "SHARED_DIR": str(shared), "TF_CPP_MIN_LOG_LEVEL": "2", "DOOMED_INDEX": "0",
+                                  "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "TRAINING_TOOLKIT_MAX_HOSTS": "2",
+                                  "TRAINING_TOOLKIT_MAX_RESTARTS": "1"},
+                   hyperparameters=hps("mwms_spares.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True))
+    killer = HostKiller()
+    killing = kill_when(killer, shared / "doomed", None, "algo-1")
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    for host in ("algo-2", "algo-3"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    workers = {i: json.loads((shared / f"worker-1-{i}.json").read_text()) for i in (0, 1)}
+    assert [workers[i]["host"] for i in (0, 1)] == ["algo-2", "algo-3"]
+    assert all([w.split(":")[0] for w in worker["workers"]] == ["algo-2", "algo-3"] for worker in workers.values())
+    assert all(w["sm_hosts"] == ["algo-2", "algo-3"] for w in workers.values())
+    assert workers[0]["w"] == workers[1]["w"]
+
+
 @pytest.mark.torch
 def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_path, capfd):
     """The lead (algo-1) killed whole: algo-2, the first member left in the platform's order, leads attempt 2 with
