@@ -51,6 +51,14 @@ class ClusterError(ToolkitError):
     exit_code = EXIT_CLUSTER_ERROR
 
 
+class LeadLost(ClusterError):
+    """A follower lost its lead (its link closed, or it went silent) while it waited for the lead's word."""
+
+    def __init__(self, message: str, lead: str):
+        super().__init__(message)
+        self.lead = lead
+
+
 class JobFailed(ClusterError):
     """The job failed on some host; ``reason`` names it, ``exit_code`` is the job's verdict."""
 

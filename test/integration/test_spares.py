@@ -195,6 +195,46 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
 
 
 @pytest.mark.torch
+def test_the_lead_killed_during_a_restarts_barrier_fails_over_for_that_restart(tmp_path, capfd):
+    """Rank 0 fails, the lead calls a restart and waits at its barrier for algo-3 (whose rank takes the grace to
+    stop); algo-2 and the spare wait for the go.  The lead killed then: they meet algo-2 for that same restart."""
+    hold = tmp_path / "release"
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
+                                           "STEPS": "6", "STEP_S": "0.3", "HOLD_FILE": str(hold), "HOLD_ATTEMPT": "0",
+                                           "HOLD_EXIT": "1", "TERM_MARK": "1", "IGNORE_TERM_ON_HOST": "algo-3",
+                                           "LINGER_S": "120"})
+    killer = HostKiller()
+    errors: list[BaseException] = []
+
+    def fail_then_kill_the_lead() -> None:
+        try:
+            wait_for(shared / "done-0-1")  # algo-2's rank finished its steps: rank 0 holds
+            hold.write_text("")  # rank 0 exits 1: the lead calls the restart and stops its part
+            wait_for(shared / "term-0-1")  # algo-2's rank was stopped: algo-2 goes to the barrier
+            time.sleep(1.0)  # algo-3's rank ignores SIGTERM: the lead waits for it at the barrier
+            killer.kill("algo-1")
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    killing = threading.Thread(target=fail_then_kill_the_lead, daemon=True)
+    killing.start()
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not errors, errors
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)  # the one restart MAX_RESTARTS allows, led by algo-2
+    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-2"), (1, "algo-4"), (2, "algo-3")]
+    assert not list(shared.glob("seen-2-*"))
+    out = capfd.readouterr()
+    text = out.out + out.err
+    # algo-2 heard the restart (its line), then lost the lead at the barrier and led that same attempt
+    said = text.index("algo-2: attempt 2 of 2 starting")
+    assert text.index("algo-2: leading the job from attempt 2 (algo-1 lost)") > said, text[-3000:]
+    assert "algo-4: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
+
+
+@pytest.mark.torch
 def test_the_lead_then_the_new_lead_killed_in_one_job_each_time_the_next_member_leads(tmp_path):
     """algo-1, then algo-2 (the lead after it): each attempt's members are the base for the next."""
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",

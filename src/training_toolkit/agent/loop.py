@@ -34,6 +34,7 @@ from training_toolkit.agent.events import (GotSignal, Joined, LocalExit, Phase, 
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
+from training_toolkit.cluster.events import PeerLost
 from training_toolkit.attempt import Attempt
 from training_toolkit.errors import JobFailed, ToolkitError
 from training_toolkit.log import log
@@ -223,6 +224,8 @@ class HostAgent:
             event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except Empty:
             return Tick()
+        if isinstance(event, PeerLost) and not self.is_lead and event.host != self.seats.attempt.lead:
+            return Tick()  # the loss of a lead this follower no longer follows (it met the next one at a barrier)
         if isinstance(event, LocalExit) and event.attempt == self.attempt:
             local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
             status = self.spec.judge(local, event.status) if self.spec.judge else event.status
@@ -254,7 +257,7 @@ class HostAgent:
         if self.spec.before_restart is not None:
             self.spec.before_restart(self.seating())
         if lost is None:  # a host may still be giving its ranks their grace: that is not a host that did not come back
-            self._seat(self.barrier(self.ctx.settings.join_timeout_s + self.ctx.grace_s, alive_only=self.elastic))
+            self._seat(meeting.restart_barrier(self))
         else:
             self._seat(meeting.next_lead(self, lost))
         if self.is_lead and self.spec.after_restart_barrier is not None:

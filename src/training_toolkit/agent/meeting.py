@@ -22,7 +22,7 @@ from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, Release
 from training_toolkit.agent.state import STOP_MARGIN_S
 from training_toolkit.agent.succession import may_go_on, successors
-from training_toolkit.errors import ClusterError
+from training_toolkit.errors import ClusterError, LeadLost
 from training_toolkit.attempt import seated
 from training_toolkit.log import log
 
@@ -38,6 +38,18 @@ def may_fail_over(agent) -> bool:
     if agent.is_lead or agent.spec.solo or agent.spec.fixed_lead or not agent.elastic:
         return False
     return may_go_on(agent.seats.members, (agent.seats.attempt.lead,))
+
+
+def restart_barrier(agent) -> Attempt:
+    """A restart's barrier (a host may still be giving its ranks their grace: that is not a host that did not come
+    back).  A follower whose lead is lost while it waits for the go meets the next lead instead, for the same
+    attempt, if the job may fail over (``follow._fails_over``'s rule: set at the last attempt's start)."""
+    try:
+        return barrier(agent, agent.ctx.settings.join_timeout_s + agent.ctx.grace_s, alive_only=agent.elastic)
+    except LeadLost as lost:
+        if agent.is_lead or not agent.state.failover or agent.state.stop_signal is not None:
+            raise
+        return next_lead(agent, lost.lead)
 
 
 def next_lead(agent, lost: str) -> Attempt:

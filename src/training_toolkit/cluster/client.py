@@ -12,7 +12,7 @@ from training_toolkit.cluster import wire
 from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
-from training_toolkit.errors import ClusterError, JobFailed
+from training_toolkit.errors import ClusterError, JobFailed, LeadLost
 
 # Retries while the lead is not listening yet: a refused connection costs nothing, and every host
 # waits for the slowest join, so retry often (a doubling 50 ms backoff cost up to 100 ms per job start).
@@ -217,8 +217,8 @@ class ControlClient:
                 if isinstance(self._ended, Verdict):
                     verdict = self._ended
                     raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)
-                if isinstance(self._ended, str):
-                    raise ClusterError(self._ended)
+                if isinstance(self._ended, str):  # the only other ending: the lead's loss
+                    raise LeadLost(self._ended, self.lead)
                 self._check_interrupted()
                 left = end - time.monotonic()
                 if left <= 0:
