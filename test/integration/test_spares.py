@@ -360,3 +360,46 @@ def test_a_host_back_from_its_loss_waits_as_a_spare_past_the_join_deadline_and_t
     third = seen(shared, 2)  # algo-2, back and waiting for longer than the join deadline, in algo-3's seat
     assert sorted((i["rank"], i["host"]) for i in third.values()) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-2")]
     assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1", "done-2-2"]
+
+
+@pytest.mark.torch
+def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_job(tmp_path, capfd):
+    """algo-1, the platform's first host, killed and its train started again (a pod made again): the job runs under
+    algo-2 by then, so algo-1 follows it as a spare (no second channel, no second job), and the next loss seats it."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                           "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "STEPS": "250", "STEP_S": "0.3"})
+    killer = HostKiller()
+    back: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def restart(name: str, code: int) -> float | None:  # the replacement, in the same host, 1 s after its loss
+        if name == "algo-1" and "algo-1" not in back:
+            back[name] = time.monotonic() + 1
+            return 1.0
+        return None
+
+    def go() -> None:
+        try:
+            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+            killer.kill("algo-1")  # algo-2 leads, algo-4 takes its seat; algo-1 comes back and waits
+            wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
+            while "algo-1" not in back or time.monotonic() < back["algo-1"] + 10:
+                time.sleep(0.5)
+            killer.kill("algo-3")
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    killing = threading.Thread(target=go, daemon=True)
+    killing.start()
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    killing.join(5)
+    assert not errors, errors
+    for host in ("algo-1", "algo-2", "algo-4"):  # algo-1's second train too: one verdict, the job's
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [(0, "algo-2"), (1, "algo-4"),
+                                                                                (2, "algo-3")]
+    third = seen(shared, 2)  # algo-1, back as a spare, in algo-3's seat
+    assert sorted((i["rank"], i["host"]) for i in third.values()) == [(0, "algo-2"), (1, "algo-4"), (2, "algo-1")]
+    out = capfd.readouterr()
+    text = out.out + out.err
+    assert "algo-1: the job runs without this host (attempt 2, under another lead): joining it as a spare" in text

@@ -92,7 +92,7 @@ class HostAgent:
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
-        self._watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
+        self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.lead_state(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
@@ -149,6 +149,8 @@ class HostAgent:
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
         """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
         self.membership.open()
+        if self.is_lead and not self.membership.is_lead:  # back after its loss: the job runs under another lead
+            meeting.follow_the_running_job(self)
         self._check_stop()
         self.step_held(Joined(*self.membership.job_attempt))
         if unusable is not None:
@@ -264,16 +266,6 @@ class HostAgent:
             self.spec.after_restart_barrier(self.seating())
         self._check_stop()
         self._start()
-
-    def take_lead(self, lost: str) -> None:
-        """This host leads from the next attempt on, its lead ``lost``: its seat serves the channel, its state keeps
-        what a lead keeps (``decisions.promoted``), its seats the lost lead's seat."""
-        assert self.membership is not None
-        self.membership.take_lead(self.attempt)
-        self.seats.take_lead(lost)
-        self.is_lead = True
-        self.state = decisions.promoted(self.state, [host for host in self.hosts if host != self.host],
-                                        self.spec.wait_for_peers, self._watch)
 
     def _begin(self, steps: Callable[[], None]) -> Outcome | None:
         """Run the steps up to an attempt's start, then the start's own step; the outcome if either ended the job."""

@@ -1,4 +1,5 @@
-"""Meeting at an attempt's barrier, the loop's host's part: the lead's, a follower's, and after a lost lead the next one's.
+"""Meeting the job, the loop's host's part: an attempt's barrier (the lead's, a follower's, after a lost lead the
+next one's), and the roles that change on the way (a follower that takes the lead, a first host back after its loss).
 
 The lead runs the loop's step on the channel's events until every host is
 ready (``Release``), then chooses the attempt (``Seats.choose``) and sends the
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, Release
-from training_toolkit.agent.state import STOP_MARGIN_S
+from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
 from training_toolkit.agent.succession import may_go_on, successors
 from training_toolkit.errors import ClusterError, LeadLost
 from training_toolkit.attempt import seated
@@ -61,7 +62,7 @@ def next_lead(agent, lost: str) -> Attempt:
     for candidate in successors(agent.hosts, members, (lost,)):
         if candidate == agent.host:
             log(f"{agent.host}: leading the job from attempt {attempt + 1} ({lost} lost)")
-            agent.take_lead(lost)
+            take_lead(agent, lost)
             expected = tuple(host for host in members if host not in (lost, agent.host))
             return barrier(agent, wait_s, members=members, expected=expected)
         try:
@@ -104,3 +105,25 @@ def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: 
                                 agent.state.lead.cause_hosts if agent.state.lead else ())
     agent.membership.release(attempt)
     return attempt
+
+
+def take_lead(agent, lost: str) -> None:
+    """The agent's host leads from its (new) attempt on, its lead ``lost``: its seat serves the channel, its state
+    keeps what a lead keeps (``decisions.promoted``), its seats the lost lead's seat (``Seats.take_lead``)."""
+    assert agent.membership is not None
+    agent.membership.take_lead(agent.attempt)
+    agent.seats.take_lead(lost)
+    agent.is_lead = True
+    agent.state = promoted(agent.state, [host for host in agent.hosts if host != agent.host],
+                           agent.spec.wait_for_peers, agent.watch)
+
+
+def follow_the_running_job(agent) -> None:
+    """The platform's first host, back after its loss, found the job running under another lead (its seat follows
+    it, ``Membership._join_a_running_job``): it is a follower, joining at the next restart, a spare until then."""
+    config = agent.ctx.settings
+    agent.is_lead = agent.seats.is_lead = False
+    agent.state = follower_state(agent.host, config.max_restarts, agent.ctx.first_attempt, stop_wait(agent.ctx.grace_s))
+    attempt, _ = agent.membership.job_attempt
+    log(f"{agent.host}: the job runs without this host (attempt {attempt + 1}, under another lead): joining it as a "
+        f"spare")

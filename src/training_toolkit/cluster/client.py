@@ -96,10 +96,20 @@ class ControlClient:
             self._interrupted.wait(delay)
             delay = min(delay * 1.5, RETRY_MAX_S)
 
-    def _join(self, timeout: float) -> None:
+    def try_join(self, timeout: float) -> bool:
+        """One join attempt, at most ``timeout`` to connect (the handshake then has its own): joined, or not (nobody
+        serves there, or it refused this host).  For a first host looking for a job that runs without it."""
+        try:
+            self._join(JOIN_ATTEMPT_S, connect_timeout=timeout)
+        except (Refused, OSError, ValueError, ConnectionError):
+            return False
+        return True
+
+    def _join(self, timeout: float, connect_timeout: float | None = None) -> None:
         deadline = time.monotonic() + timeout
-        sock = socket.create_connection((self.lead, self.port), timeout=timeout,
+        sock = socket.create_connection((self.lead, self.port), timeout=connect_timeout or timeout,
                                         source_address=(self._source, 0) if self._source else None)
+        sock.settimeout(timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         link = Link(sock, self.lead)
         self._joining = sock

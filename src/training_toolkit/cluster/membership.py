@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 VERDICT_LINGER_S = 10.0
 
+#: The platform's first host asks this many of the next hosts whether the job runs under one of them, each at
+#: most this long to connect (``Membership._join_a_running_job``).
+PROBED_SUCCESSORS = 3
+PROBE_S = 0.5
+
 #: A host other than the first waits this much longer than the barrier's deadline for the lead's word.
 FIRST_HOST_MARGIN_S = 5.0
 
@@ -124,9 +129,11 @@ class Membership:
         return self._client.job_attempt if self._client else (0, False)
 
     def open(self) -> None:
-        """Serve, or join within the join deadline."""
+        """Serve (unless the job already runs under another lead: ``_join_a_running_job``), or join within the join
+        deadline."""
         if self._server:
             self._server.start()
+            self._join_a_running_job()
         else:
             assert self._client is not None
             self._client.connect(self.settings.join_timeout_s)
@@ -191,6 +198,28 @@ class Membership:
         if self._server:
             self._server.broadcast(verdict)
             self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
+
+    def _join_a_running_job(self) -> None:
+        """The platform's first host, its channel open: is the job already running under another lead (this host's
+        ``train`` came back after its loss: a pod made again, a node replaced)?  Then it follows that lead, and
+        joins as a spare at the next restart, instead of starting a second job.
+
+        It asks the next hosts in the platform's order (the first members left lead after a loss,
+        ``agent/succession.py``), each once: at a job's start none of them serves, so each answer is a refused
+        connection, at once (``PROBE_S`` bounds one whose address drops it)."""
+        from training_toolkit.cluster.client import ControlClient
+
+        assert self._server is not None
+        for host in self.hosts[1:1 + PROBED_SUCCESSORS]:
+            client = ControlClient(self._secret, self.current, host, self.settings.port, self._events, **self._kw)
+            if not client.try_join(PROBE_S):
+                continue
+            if client.job_attempt[0] > self.settings.first_attempt or client.job_attempt[1]:
+                self._server.close()
+                self._server, self._client, self.is_lead = None, client, False
+                self.hosts = job_hosts(self.hosts, self.current, client.hosts)
+                return
+            client.close()
 
     def take_lead(self, attempt: int) -> None:
         """This host leads from ``attempt`` on (its lead was lost, ``agent/succession.py``): its link to the lost lead
