@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from training_toolkit.names import MPI_BTL_PORT_MIN, MPI_BTL_PORT_RANGE, OPENMPI4, OPENMPI5
+from training_toolkit.runners.mpi_tree import routed_radix
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,12 @@ BLOCK_SIGTERM = ("env", "--block-signal=TERM")
 
 def _sets_mca(options: tuple[str, ...], name: str) -> bool:
     """Whether mpirun options set the MCA parameter ``name`` (``--mca NAME VALUE`` or ``-mca NAME VALUE``)."""
-    return any(word in ("--mca", "-mca") and i + 1 < len(options) and options[i + 1] == name
+    return _sets(options, "--mca", name)
+
+
+def _sets(options: tuple[str, ...], setter: str, name: str) -> bool:
+    """Whether mpirun options set ``name`` with ``setter`` (``--mca``, ``--prtemca``; or its one-dash form)."""
+    return any(word in (setter, setter[1:]) and i + 1 < len(options) and options[i + 1] == name
                for i, word in enumerate(options))
 
 
@@ -91,6 +97,11 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         # tree spawn (Open MPI's default, no {rsh}_no_tree_spawn): every daemon logs in to its children in
         # the routing tree (routed_radix) with the same agent, which finds its own host's config (native/ssh_agent.c)
         cmd += ["--mca", f"{rsh}_agent", " ".join(job.rsh_agent)]
+        # the tree's radix on the line, so that the tree each worker computes to admit its launcher is this one
+        # (runners/mpi_tree.py): the custom options' own, said in this flavour's words, or the default
+        setter = "--mca" if flavor == OPENMPI4 else "--prtemca"
+        if not _sets(job.custom_options, setter, "routed_radix"):
+            cmd += [setter, "routed_radix", str(routed_radix(job.custom_options))]
     cmd += ["--bind-to", "none", "--map-by", "seq" if job.via_slurm else "slot", "--mca", "pml", "ob1"]
     if not _sets_mca(job.custom_options, "btl"):  # the custom options' own BTL list wins (mpirun refuses two)
         cmd += ["--mca", "btl", "self,sm,tcp" if flavor == OPENMPI5 else ("^openib,ofi" if job.via_slurm else "^openib")]

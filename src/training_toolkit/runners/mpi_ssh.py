@@ -6,8 +6,9 @@ but the first its own host key, each from the OS's random generator (or all read
 only public halves travel, in the channel's introductions: each host's in its join, every host's in
 the first host's go.  A worker writes its sshd files and starts sshd once it has joined (spares
 included), admitting nobody yet; after each go it writes its client side (its client key, every
-worker's host key pinned) and then admits every host's client key, each from that host's addresses
-only (the attempt's active hosts: a spare admits nobody).  The first host pins the workers' host keys
+worker's host key pinned) and then admits the client keys of the hosts that launch there (the lead,
+and its parent in the launch tree, ``mpi_tree``), each from that host's addresses only (a spare
+admits nobody).  The first host pins the workers' host keys
 after the barrier and, before mpirun, probes each of the attempt's workers: a login succeeds only once
 that worker has written its files for the attempt, so when the probe is through, every host is ready
 for whichever logins the tree gives it.  Before a restart's barrier a worker admits nobody again; the
@@ -31,6 +32,8 @@ from training_toolkit.cluster.ssh.probe import wait_for_ssh
 from training_toolkit.cluster.ssh.sshd import Sshd
 from training_toolkit.errors import ClusterError
 from training_toolkit.log import log
+from training_toolkit.runners.mpi_launch import mpi_options
+from training_toolkit.runners.mpi_tree import launcher, routed_radix
 from training_toolkit.runspec import Seating
 from training_toolkit.settings import SSH_CONFIG_VAR, Settings
 from training_toolkit.supervise.deadman import Deadman
@@ -94,16 +97,22 @@ class SshPart:
         self.sshd.start()
 
     def trust(self, seat: Seating) -> None:
-        """A worker, after a go: its client side (every worker's host key pinned), then every host's client key admitted.
+        """A worker, after a go: its client side (every worker's host key pinned), then the client keys of the hosts
+        that launch something here admitted: the lead's (its probe, and mpirun's login below ``routed_radix + 2``
+        hosts) and that of the daemon that starts this host's in the launch tree (``mpi_tree.launcher``), each from
+        its own addresses.  No other host's key gets in: an address taken over yields a login only where that
+        host launches (docs/security.md).
 
-        In that order: the first host's probe gets in only once both are written.  Written again only when a
+        In that order: the lead's probe gets in only once both are written.  Written again only when a
         host's keys changed (one that rejoined), or after ``shut`` (a restart).
         """
         assert self.layout is not None and self._client is not None and not self.is_lead
         hosts = seat.ctx.plan.hosts
         introductions = seat.introductions or {}
+        radix = routed_radix(mpi_options(seat.ctx).custom.mpirun_args)
+        launchers = dict.fromkeys((hosts[0], launcher(hosts, self.host, radix)))  # the lead first, once
         clients = tuple((introduced(introductions, host, INTRO_CLIENT_KEY), tuple(self._addresses[host]))
-                        for host in hosts)
+                        for host in launchers)
         pinned = {host: introduced(introductions, host, INTRO_HOST_KEY) for host in hosts[1:]}
         if (clients, pinned) == self._trusted:
             return

@@ -109,10 +109,12 @@ def login(cluster, from_host: str, key: str, to_host: str) -> str:
 
 
 def test_a_hosts_key_opens_nothing_from_another_address_nor_another_jobs_hosts(tmp_path):
-    """Every host holds a client key now (tree spawn): each is admitted from its own host's address only, and
-    only by the job that made it.  A key copied off algo-2 (someone already on it) logs in to algo-3 from algo-2
-    (the control: it is a working key), but not from the outsider's address nor from algo-3's (another job
-    host), and not into the next job on the same hosts, at the same addresses, even from algo-2."""
+    """Every host holds a client key (tree spawn), admitted only where its host launches something (the lead's on
+    every worker, below routed_radix + 2 hosts no other), from its own host's address only, and only by the job
+    that made it.  The lead's key copied off algo-1 (someone already on it) logs in to algo-3 from algo-1 (the
+    control: it is a working key), but not from the outsider's address nor from algo-3's (another job host), and
+    not into the next job on the same hosts, at the same addresses, even from algo-1; algo-2's own key opens
+    nothing on algo-3, even from algo-2 (algo-2 launches nothing there)."""
     src = source_dir(tmp_path, "wait_for_file.py")
     tried: dict[str, str] = {}
 
@@ -127,13 +129,15 @@ def test_a_hosts_key_opens_nothing_from_another_address_nor_another_jobs_hosts(t
             cluster = cluster_of["cluster"]
             try:
                 wait_for_keys(cluster)
-                key = steal_client_key(cluster, "algo-2", tmp_path / f"algo-2-key-{n}")
-                tried[f"{n}: algo-2's key from algo-2"] = login(cluster, "algo-2", key, "algo-3")
+                key = steal_client_key(cluster, "algo-1", tmp_path / f"algo-1-key-{n}")
+                tried[f"{n}: the lead's key from the lead"] = login(cluster, "algo-1", key, "algo-3")
                 if n == 1:
-                    tried["1: algo-2's key from the outsider"] = login(cluster, "stranger", key, "algo-3")
-                    tried["1: algo-2's key from algo-3"] = login(cluster, "algo-3", key, "algo-2")
+                    tried["1: the lead's key from the outsider"] = login(cluster, "stranger", key, "algo-3")
+                    tried["1: the lead's key from algo-3"] = login(cluster, "algo-3", key, "algo-2")
+                    own = steal_client_key(cluster, "algo-2", tmp_path / "algo-2-key")
+                    tried["1: algo-2's key from algo-2"] = login(cluster, "algo-2", own, "algo-3")
                 else:
-                    tried["2: job 1's algo-2 key from algo-2"] = login(cluster, "algo-2", str(tmp_path / "algo-2-key-1"),
+                    tried["2: job 1's lead key from the lead"] = login(cluster, "algo-1", str(tmp_path / "algo-1-key-1"),
                                                                        "algo-3")
             finally:
                 (tmp_path / f"done-{n}").touch()
@@ -144,23 +148,25 @@ def test_a_hosts_key_opens_nothing_from_another_address_nor_another_jobs_hosts(t
         results = run(job(n), tmp_path / f"run-{n}", before_start=lambda c, box=cluster_of: box.update(cluster=c),
                       on_start=attempts(n, cluster_of))
         assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
-    assert tried["1: algo-2's key from algo-2"] == "logged in", tried
-    assert tried["2: algo-2's key from algo-2"] == "logged in", tried
-    assert tried["1: algo-2's key from the outsider"].startswith("refused"), tried
-    assert tried["1: algo-2's key from algo-3"].startswith("refused"), tried
-    assert tried["2: job 1's algo-2 key from algo-2"].startswith("refused"), tried
+    assert tried["1: the lead's key from the lead"] == "logged in", tried
+    assert tried["2: the lead's key from the lead"] == "logged in", tried
+    assert tried["1: the lead's key from the outsider"].startswith("refused"), tried
+    assert tried["1: the lead's key from algo-3"].startswith("refused"), tried
+    assert tried["1: algo-2's key from algo-2"].startswith("refused"), tried
+    assert tried["2: job 1's lead key from the lead"].startswith("refused"), tried
     assert not ours_running()
 
 
 def wait_for_keys(cluster, timeout_s: float = 90) -> None:
-    """Until algo-2 holds its client key and algo-2's and algo-3's sshd admit the job's keys (after the go)."""
+    """Until algo-1 and algo-2 hold their client keys and algo-2's and algo-3's sshd admit the job's keys (after the
+    go)."""
     deadline = time.monotonic() + timeout_s
 
     def written(host: str, name: str) -> bool:
         found = glob.glob(f"/proc/{cluster.host(host).pid}/root/run/training-toolkit-ssh-*/{name}")
         return bool(found) and os.path.getsize(found[0]) > 0
 
-    while not (written("algo-2", "client_key") and written("algo-2", "authorized_keys")
+    while not (written("algo-1", "client_key") and written("algo-2", "client_key") and written("algo-2", "authorized_keys")
                and written("algo-3", "authorized_keys")):
         assert time.monotonic() < deadline, "the workers never admitted the job's keys"
         time.sleep(0.1)

@@ -17,7 +17,7 @@ def test_openmpi4_command_exactly():
     assert mpirun_command(JOB, "openmpi4") == [
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--allow-run-as-root", "--tag-output",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-        "--mca", "plm_rsh_agent", "/opt/tt/native/training-toolkit-ssh",
+        "--mca", "plm_rsh_agent", "/opt/tt/native/training-toolkit-ssh", "--mca", "routed_radix", "64",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "^openib",
         *BTL_PORTS,
         "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
@@ -31,7 +31,7 @@ def test_openmpi5_command_exactly():
     assert mpirun_command(job, "openmpi5", mpirun="/opt/bin/mpirun") == [
         "/opt/bin/mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--output", "tag",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-        "--mca", "plm_ssh_agent", "/opt/tt/native/training-toolkit-ssh",
+        "--mca", "plm_ssh_agent", "/opt/tt/native/training-toolkit-ssh", "--prtemca", "routed_radix", "64",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
         *BTL_PORTS, *RANK,
     ]
