@@ -149,6 +149,10 @@ VARIABLES = (
              "stop, and the script's handler runs once (a small library preloaded into it); the default under Slurm, "
              "which signals every process of the job itself while each host's train passes the stop on as well "
              "(docs/slurm.md; MPI ranks have it everywhere)"),
+    Variable("TRAINING_TOOLKIT_VERDICT_WAIT", "verdict_wait_s", values.seconds, 10.0, "10",
+             "seconds the lead keeps the job's verdict, once the job ended, for hosts that have not joined it yet "
+             "(a lost host's pod made again); on Kubernetes 420: a dead node's pod is made again after about "
+             "340 s, and a PyTorchJob succeeds only when its Master pod exits 0 (docs/kubernetes.md)"),
 )
 
 
@@ -184,6 +188,7 @@ class Settings(NamedTuple):
     netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
     mpi_launcher: str = names.LAUNCH_SSH  # how mpirun starts its daemons: ssh, or srun under Slurm
     one_stop: bool = False  # preload the user's processes so that repeated SIGTERMs are one stop (Slurm)
+    verdict_wait_s: float = 10.0  # the lead keeps the verdict this long for hosts not joined yet (Kubernetes: 420)
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
@@ -204,6 +209,7 @@ class Overrides(NamedTuple):
     num_gpus: int | None = None  # Slurm: the GPUs allocated on this node (SLURM_GPUS_ON_NODE), not all it has
     mpi_launcher: str | None = None  # Slurm: mpirun starts its daemons with srun, not over ssh
     one_stop: bool | None = None  # Slurm: every process gets the platform's SIGTERM and its host's train's
+    verdict_wait_s: float | None = None  # Kubernetes: a lost host's pod made again minutes later hears the verdict
 
 
 NO_OVERRIDES = Overrides()

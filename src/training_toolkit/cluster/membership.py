@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from training_toolkit.cluster.client import ControlClient
     from training_toolkit.cluster.server import ControlServer
 
-VERDICT_LINGER_S = 10.0
 
 #: The platform's first host asks this many of the next hosts whether the job runs under one of them, each at
 #: most this long to connect (``Membership._join_a_running_job``).
@@ -197,7 +196,7 @@ class Membership:
         """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""
         if self._server:
             self._server.broadcast(verdict)
-            self._server.linger(min(self.settings.join_timeout_s, VERDICT_LINGER_S))
+            self._server.linger(self.settings.verdict_wait_s)
 
     def _join_a_running_job(self) -> None:
         """The platform's first host, its channel open: is the job already running under another lead (this host's

@@ -30,8 +30,9 @@ class ChannelSettings:
     heartbeat_s: float
     peer_timeout_s: float
     first_attempt: int = 0  # the attempt the job starts at (the platform restarted it: JobSet's restart-attempt)
+    verdict_wait_s: float = 10.0  # the lead keeps the verdict this long for hosts not joined yet
 
     @classmethod
     def from_settings(cls, settings: Settings, first_attempt: int = 0) -> ChannelSettings:
         return cls(settings.control_port, settings.join_timeout_s, settings.heartbeat_s, settings.peer_timeout_s,
-                   first_attempt)
+                   first_attempt, settings.verdict_wait_s)

@@ -33,6 +33,10 @@ from training_toolkit.settings import Overrides, Settings
 
 INTERFACE = "eth0"
 GRACE_S = 25.0  # terminationGracePeriodSeconds defaults to 30: 5 s left for the toolkit's own ending
+# A dead node's pods: NotReady after about 40 s, evicted after the default 300 s toleration, then made again (a
+# replica's missing pod): the lead keeps the verdict that long and a little more for a lost first host made again
+# after the job's work is done, so that it exits with the job's verdict (a PyTorchJob succeeds on its Master's exit)
+VERDICT_WAIT_S = 420.0
 TERMINATION_LIMIT = 4096  # bytes of the termination message the kubelet keeps
 RUNS_FILE = ".training-toolkit-runs"  # in /opt/ml: one line per run of train in this pod
 HOSTS_FILE = "/etc/hosts"
@@ -132,7 +136,7 @@ class PodPlatform:
                        self.overrides(facts), attempt, container_restarts=restarts, notes=tuple(notes))
 
     def overrides(self, facts: Facts) -> Overrides:
-        return Overrides(grace_s=GRACE_S)
+        return Overrides(grace_s=GRACE_S, verdict_wait_s=VERDICT_WAIT_S)
 
     def wait(self, view: JobView, settings: Settings) -> None:
         _record_run(settings.base_dir, view.restart_attempt)

@@ -1,7 +1,8 @@
 """Spares on the simulated Kubernetes operators: replicas = hosts + spares, a pod lost and made again under its name.
 
 A PyTorchJob's pods (helpers/kubernetes.py: what training-operator gives each) run the real ``train``;
-``restartPolicy: Never`` (our manifests).  A worker pod's node is lost: everything in the pod is
+``restartPolicy: ExitCode`` (our manifests: the operator gives the pod ``Never``, and makes a pod whose node died
+again).  A worker pod's node is lost: everything in the pod is
 killed at once (``helpers/deadhost.py``), and the operator makes the pod again under its name (a
 replica's missing pod): a new address, its DNS record moved there, a fresh emptyDir ``/opt/ml``
 (``Simulation.replace``).  The made-again pod's ``train`` joins the job that went on without it (the
@@ -49,7 +50,8 @@ class Node:
         self.dead = threading.Event()  # everything in the lost pod was killed
 
     def kubelet(self, pod: str, exit_code: int) -> float | None:
-        """restartPolicy Never (our manifests); a dead node's pod is looked at once nothing runs in it."""
+        """The pod's restartPolicy Never (our manifests' ExitCode); a dead node's pod is looked at once nothing runs in
+        it."""
         if pod == self.lost and not self.replaced:
             assert self.dead.wait(60), f"{pod}: its node never died"
         return self._never(pod, exit_code)
@@ -173,3 +175,56 @@ def test_a_tfjob_parameter_server_job_seats_its_spare_worker_in_a_lost_workers_p
     done = json.loads((node.shared / "done-1.json").read_text())
     assert abs(done["w"] - 3.0) < 0.3 and abs(done["b"] + 1.0) < 0.3, done
     assert not list(node.shared.glob("seen-2-*"))
+
+
+@pytest.mark.torch
+def test_the_master_pods_node_lost_the_job_fails_over_and_the_master_made_again_joins_as_a_spare(tmp_path, capfd):
+    """The PyTorchJob's Master pod (the lead) lost with its node: ptj-worker-0 leads attempt 2 with rank 0, the spare
+    takes its old seat; the Master pod made again (a new address) finds the job running and joins as a spare, hears
+    the verdict and exits 0, which is what makes the PyTorchJob Succeeded (docs/kubernetes.md)."""
+    src = source_dir(tmp_path, "torch_spares.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
+    node = Node(tmp_path, seated=3, first="ptj-worker-0", lost=MASTER)
+    results = {r.host: r for r in k8s.run(
+        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), timeout_s=420,
+        kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
+    assert not node.errors, node.errors
+    assert node.replaced == [-9] and node.rejoined_at is not None
+    for pod in ("ptj-worker-0", "ptj-worker-1", "ptj-worker-2", MASTER):  # the Master made again: the job's verdict
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    assert seen(node.shared, 0) == [(0, MASTER), (1, "ptj-worker-0"), (2, "ptj-worker-1")]
+    assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-2"), (2, "ptj-worker-1")]
+    assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
+    assert not list(node.shared.glob("seen-2-*")), "no restart was made for the Master that came back"
+    assert k8s.termination_log(tmp_path / "cluster", MASTER) == "training completed (exit code 0)\n"
+    out = capfd.readouterr().out
+    assert "ptj-worker-0: leading the job from attempt 2" in out, out[-3000:]
+    assert f"{MASTER}: the job runs without this host" in out, out[-3000:]
+
+
+@pytest.mark.torch
+def test_a_master_pod_made_again_after_the_work_is_done_hears_the_verdict_and_never_starts_the_work_again(tmp_path):
+    """The Master's node lost mid-run; the operator makes the pod again only once the job's work is done (its node
+    took minutes to be declared gone).  The lead keeps the verdict for it (TRAINING_TOOLKIT_VERDICT_WAIT, 420 s on
+    Kubernetes): the pod made again exits 0 and runs no attempt of its own, so the PyTorchJob succeeds."""
+    src = source_dir(tmp_path, "torch_spares.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=2, nproc=1)  # 3 replicas, no spare: the job may shrink to 2
+    node = Node(tmp_path, seated=2, first="ptj-worker-0", lost=MASTER)
+
+    def operator(pod: str, exit_code: int) -> float | None:
+        if pod != MASTER or node.replaced:
+            return None
+        node.replaced.append(exit_code)
+        wait_for(node.shared / "done-1-1", timeout_s=240)  # the work is done: both ranks of attempt 2 finished
+        (node.shared / "release").write_text("")
+        return 0.0
+
+    results = {r.host: r for r in k8s.run(
+        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MIN_HOSTS="2", HOLD_ATTEMPT="9"),
+        timeout_s=420, kubelet=node.kubelet, operator=operator, before_start=node.start)}
+    for pod in (MASTER, "ptj-worker-0", "ptj-worker-1"):  # the Master made again: the job's verdict, 0
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    assert node.replaced == [-9]
+    assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-1")]  # shrunk to 2 under the new lead
+    assert not list(node.shared.glob("seen-2-*")), "the Master made again started no work"
+    assert k8s.termination_log(tmp_path / "cluster", MASTER) == "training completed (exit code 0)\n"
