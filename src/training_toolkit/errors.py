@@ -51,6 +51,10 @@ class ClusterError(ToolkitError):
     exit_code = EXIT_CLUSTER_ERROR
 
 
+class Interrupted(ClusterError):
+    """The agent stopped a join or a wait for the go (a stopping signal during setup): not the channel's failure."""
+
+
 class LeadLost(ClusterError):
     """A follower lost its lead (its link closed, or it went silent) while it waited for the lead's word."""
 

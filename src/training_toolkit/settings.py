@@ -150,9 +150,9 @@ VARIABLES = (
              "which signals every process of the job itself while each host's train passes the stop on as well "
              "(docs/slurm.md; MPI ranks have it everywhere)"),
     Variable("TRAINING_TOOLKIT_VERDICT_WAIT", "verdict_wait_s", values.seconds, 10.0, "10",
-             "seconds the lead keeps the job's verdict, once the job ended, for hosts that have not joined it yet "
-             "(a lost host's pod made again); on Kubernetes 420: a dead node's pod is made again after about "
-             "340 s, and a PyTorchJob succeeds only when its Master pod exits 0 (docs/kubernetes.md)"),
+             "seconds a lead that took over from a lost one keeps the job's verdict, once the job ended, for hosts "
+             "that have not joined it (the lost lead's pod made again); on Kubernetes 420: a dead node's pod is made "
+             "again after about 340 s, and a PyTorchJob succeeds only when its Master pod exits 0 (docs/kubernetes.md)"),
 )
 
 
@@ -188,7 +188,7 @@ class Settings(NamedTuple):
     netshim: bool = True  # preload the accept() shim into Open MPI's runtime and ranks
     mpi_launcher: str = names.LAUNCH_SSH  # how mpirun starts its daemons: ssh, or srun under Slurm
     one_stop: bool = False  # preload the user's processes so that repeated SIGTERMs are one stop (Slurm)
-    verdict_wait_s: float = 10.0  # the lead keeps the verdict this long for hosts not joined yet (Kubernetes: 420)
+    verdict_wait_s: float = 10.0  # a lead that took over keeps the verdict this long for the lost one (Kubernetes: 420)
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback

@@ -120,3 +120,42 @@ def test_a_new_lead_without_a_majority_at_its_deadline_ends_the_job_named():
     outcome = new_lead_barrier(("algo-3",), now=13.0)  # itself and algo-3: 2 of the 4 members, half is not more
     assert isinstance(outcome, Failed) and outcome.outcome.exit_code == 69
     assert outcome.outcome.reason.startswith("algo-2: no majority to lead the job: 2 of its 4 members")
+
+
+def seats_of(hosts, env, fixed_lead=False, active=None):
+    """A lead's ``Seats`` for ``hosts`` with the settings ``env``, its last attempt on ``active`` (None: every host)."""
+    from pathlib import Path
+
+    from training_toolkit import settings
+    from training_toolkit.agent.seats import Seats
+    from training_toolkit.attempt import seated
+    from training_toolkit.hardware import Hardware
+    from training_toolkit.job import build_job
+    from training_toolkit.paths import Paths
+    from training_toolkit.plan import LaunchPlan
+    from training_toolkit.runspec import RunContext, RunnerSpec
+
+    job = build_job(Paths(Path("/nonexistent")), {}, {"current_host": hosts[0], "hosts": list(hosts)}, {}, {},
+                    Hardware(1, 0, 0))
+    ctx = RunContext(job, LaunchPlan("torch_distributed", tuple(hosts), hosts[0]), settings.parse(env), {}, {}, (),
+                     Path("/nonexistent"), "python")
+    seats = Seats(ctx, hosts)
+    seats.take_limits(RunnerSpec(lambda seat: [], fixed_lead=fixed_lead))
+    seats.attempt = seated(0, hosts, active)
+    return seats
+
+
+def test_a_lead_without_a_majority_stops_only_where_a_follower_could_lead():
+    from training_toolkit.errors import ClusterError
+
+    cut_off = frozenset({"algo-1"})  # the lead alone: cut off, or the others dead
+    with pytest.raises(ClusterError, match="no majority to lead the job: 1 of its 3 members answer"):
+        seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(cut_off, {}, ())
+    # MPI (its lead fixed): no follower can lead, so no second job can exist: the minimum alone decides
+    assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}, fixed_lead=True).next_choice(cut_off, {}, ()) == \
+        Roster(("algo-1",))
+    # two hosts: the survivor alone would be no majority, so no follower leads; the lead shrinks as before
+    assert seats_of(H4[:2], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(cut_off, {}, ()) == Roster(("algo-1",))
+    # a majority behind it: it goes on
+    assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(
+        frozenset({"algo-1", "algo-3"}), {}, ()) == Roster(("algo-1", "algo-3"))

@@ -151,7 +151,7 @@ class HostAgent:
         self.membership.open()
         if self.is_lead and not self.membership.is_lead:  # back after its loss: the job runs under another lead
             meeting.follow_the_running_job(self)
-        self._check_stop()
+        self.check_stop()
         self.step_held(Joined(*self.membership.job_attempt))
         if unusable is not None:
             raise unusable
@@ -162,7 +162,7 @@ class HostAgent:
             job.enter_context(self.spec.hold(self.seating()))
         if self.spec.prepare is not None:
             self.spec.prepare(self.seating())
-        self._check_stop()
+        self.check_stop()
         self._seat(self.barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
         if self.is_lead and self.spec.after_barrier is not None:
             self.spec.after_barrier(self.seating())
@@ -176,7 +176,7 @@ class HostAgent:
         job.callback(lambda: self._attempt.close())  # whichever attempt is the last
         if self.host in self.active:  # a spare said it waits
             self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
-        self._check_stop()
+        self.check_stop()
         self._start()
 
     def _start(self) -> None:
@@ -264,7 +264,7 @@ class HostAgent:
             self._seat(meeting.next_lead(self, lost))
         if self.is_lead and self.spec.after_restart_barrier is not None:
             self.spec.after_restart_barrier(self.seating())
-        self._check_stop()
+        self.check_stop()
         self._start()
 
     def _begin(self, steps: Callable[[], None]) -> Outcome | None:
@@ -290,7 +290,7 @@ class HostAgent:
             if self.membership is not None:
                 self.membership.interrupt()
 
-    def _check_stop(self) -> None:
+    def check_stop(self) -> None:
         """Between setup's steps: a stopping signal that came is stepped now (``Interrupt`` raises ``Stopped``)."""
         if self._stop_signum is not None:
             carry.carry_out(self, self.step_held(GotSignal(self._stop_signum)))
@@ -300,7 +300,7 @@ class HostAgent:
             return Outcome(0)
         if self._stop_signum is not None and not isinstance(exc, Stopped):  # a wait the stop ended (Interrupted)
             try:
-                self._check_stop()
+                self.check_stop()
             except Stopped as stopped:
                 exc = stopped
         reason = carry.setup_failure(self.host, self.spec.solo, exc)

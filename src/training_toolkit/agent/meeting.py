@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
-from training_toolkit.agent.succession import may_go_on, successors
-from training_toolkit.errors import ClusterError, LeadLost
+from training_toolkit.agent.succession import successors
+from training_toolkit.errors import ClusterError, Interrupted, LeadLost
 from training_toolkit.attempt import seated
 from training_toolkit.log import log
 
@@ -36,9 +36,7 @@ if TYPE_CHECKING:
 def may_fail_over(agent) -> bool:
     """Should this attempt's lead be lost, may the job go on under a new one?  Only if it may go on with fewer
     hosts (spares, or a minimum), its runner can lead from any host, and the members left are a majority."""
-    if agent.is_lead or agent.spec.solo or agent.spec.fixed_lead or not agent.elastic:
-        return False
-    return may_go_on(agent.seats.members, (agent.seats.attempt.lead,))
+    return not agent.is_lead and agent.seats.followers_may_lead()
 
 
 def restart_barrier(agent) -> Attempt:
@@ -48,6 +46,7 @@ def restart_barrier(agent) -> Attempt:
     try:
         return barrier(agent, agent.ctx.settings.join_timeout_s + agent.ctx.grace_s, alive_only=agent.elastic)
     except LeadLost as lost:
+        agent.check_stop()  # a stop that came meanwhile (it ended the wait): stopped, never a failover
         if agent.is_lead or not agent.state.failover or agent.state.stop_signal is not None:
             raise
         return next_lead(agent, lost.lead)
@@ -60,6 +59,7 @@ def next_lead(agent, lost: str) -> Attempt:
     members = agent.seats.members
     attempt = agent.attempt
     for candidate in successors(agent.hosts, members, (lost,)):
+        agent.check_stop()  # a stop between candidates ends the search (``Stopped``)
         if candidate == agent.host:
             log(f"{agent.host}: leading the job from attempt {attempt + 1} ({lost} lost)")
             take_lead(agent, lost)
@@ -67,6 +67,9 @@ def next_lead(agent, lost: str) -> Attempt:
             return barrier(agent, wait_s, members=members, expected=expected)
         try:
             agent.membership.follow(candidate, attempt, wait_s)
+        except Interrupted:
+            agent.check_stop()  # the stop that ended the join
+            raise
         except ClusterError as exc:
             log(f"{agent.host}: {candidate} does not lead the job: {exc}")
             continue

@@ -12,16 +12,12 @@ from training_toolkit.cluster import wire
 from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
-from training_toolkit.errors import ClusterError, JobFailed, LeadLost
+from training_toolkit.errors import ClusterError, Interrupted, JobFailed, LeadLost
 
 # Retries while the lead is not listening yet: a refused connection costs nothing, and every host
 # waits for the slowest join, so retry often (a doubling 50 ms backoff cost up to 100 ms per job start).
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 0.25
-
-
-class Interrupted(ClusterError):
-    """The agent stopped a join or a wait for the go (a stopping signal during setup): not the channel's failure."""
 
 
 class ControlClient:
@@ -161,9 +157,9 @@ class ControlClient:
                         self._go, self._active, self._spares, self.peers = go, active, spares, intros
                         self._state.notify_all()
                 elif kind == "restart":
-                    self._events.put(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
+                    self._post(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
                 elif kind == "stacks?":
-                    self._events.put(StacksWanted())
+                    self._post(StacksWanted())
                 elif kind == "verdict":
                     verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
                                       wire.text(message, "host", limit=255, optional=True))
@@ -180,7 +176,12 @@ class ControlClient:
                 return
             self._ended = ending
             self._state.notify_all()
-        self._events.put(ending if isinstance(ending, Verdict) else PeerLost(self.lead, ending, time.time()))
+        self._post(ending if isinstance(ending, Verdict) else PeerLost(self.lead, ending, time.time()))
+
+    def _post(self, event) -> None:
+        """An event for the agent, unless this link was closed (a lead not followed, a probe's, a lost one's)."""
+        if not self._closed.is_set():
+            self._events.put(event)
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self._heartbeat_s):

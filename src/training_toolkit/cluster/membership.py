@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from training_toolkit.cluster.server import ControlServer
 
 
+VERDICT_LINGER_S = 10.0
+
 #: The platform's first host asks this many of the next hosts whether the job runs under one of them, each at
 #: most this long to connect (``Membership._join_a_running_job``).
 PROBED_SUCCESSORS = 3
@@ -102,6 +104,7 @@ class Membership:
         self.is_lead = current == self.hosts[0]
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
         self._secret, self._events, self._kw = secret, events, kw  # for a new lead's channel (``take_lead``, ``follow``)
+        self._took_over = False  # this host took the lead from a lost one (``take_lead``)
         if self.is_lead:
             self._server: ControlServer | None = ControlServer(secret, self.hosts[1:], settings.port, events,
                                                                job_id=secrets.token_hex(8), hosts=self.hosts,
@@ -196,7 +199,10 @@ class Membership:
         """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""
         if self._server:
             self._server.broadcast(verdict)
-            self._server.linger(self.settings.verdict_wait_s)
+            # a lead that took over keeps it for the lost lead made again (TRAINING_TOOLKIT_VERDICT_WAIT); any other
+            # lead for the hosts still on their way, the join deadline and at most VERDICT_LINGER_S
+            self._server.linger(self.settings.verdict_wait_s if self._took_over
+                                else min(self.settings.join_timeout_s, VERDICT_LINGER_S))
 
     def _join_a_running_job(self) -> None:
         """The platform's first host, its channel open: is the job already running under another lead (this host's
@@ -233,7 +239,7 @@ class Membership:
         server = ControlServer(self._secret, others, self.settings.port, self._events, job_id=job_id,
                                hosts=self.hosts, first_attempt=attempt, **self._kw)
         server.start()
-        self._server, self.is_lead = server, True
+        self._server, self.is_lead, self._took_over = server, True, True
 
     def follow(self, lead: str, attempt: int, deadline_s: float) -> None:
         """Join ``lead``'s channel, the next lead after this host's was lost, for ``attempt``: the same job (its id),
