@@ -140,17 +140,15 @@ class RunnerSpec:
     hold: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining (every host): what the runner
     #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
     prepare: Callable[[Seating], None] | None = None  # then, before barrier 0 (every host): e.g. a port free, sshd started
-    after_barrier: Callable[[Seating], None] | None = None  # the lead: after barrier 0, before anything starts
     before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
-    after_restart_barrier: Callable[[Seating], None] | None = None  # the lead: after a restart's barrier
     judge: Callable[[Local, ExitStatus], ExitStatus] | None = None  # how an exit counts (default: its status)
     failure: Callable[[Local, ExitStatus], Blamed] | None = None  # a failed exit, told (default: ``failure_of``, here)
     stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace
     #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
     stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
     watched: Callable[[Sequence[Local]], list] | None = None  # processes a stall report shows (default: the locals)
-    fixed_lead: bool = False  # the job cannot go on under another lead (MPI, for now: its sshd admit the first
-    #   host's client key only): the lead's loss ends the job, named, as before failover (docs/resilience.md)
+    fixed_lead: bool = False  # the job cannot go on under another lead (MPI through Slurm: mpirun's srun needs the
+    #   batch host, whose loss ends the allocation): the lead's loss ends the job, named (docs/resilience.md)
 
 
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:

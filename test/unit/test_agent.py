@@ -274,11 +274,10 @@ def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_se
         order.append(("let go", [local.child.poll() is not None for local in agent.locals], list(seats[0].told)))
 
     agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), hold=hold,
-                         prepare=lambda seat: order.append("prepared"),
-                         after_barrier=lambda seat: order.append(("after barrier", seats[0].told[-1])))
+                         prepare=lambda seat: order.append("prepared"))
     assert agent.run() == Outcome(0)
     verdict = ("verdict", Verdict(0, None, "algo-1"))
-    assert order == [("held", "fake-job", True, seated(0, HOSTS)), "prepared", ("after barrier", "barrier"),
+    assert order == [("held", "fake-job", True, seated(0, HOSTS)), "prepared",
                      ("let go", [True], ["open", "barrier", verdict])]
     assert seats[0].told[-1] == "close"
 

@@ -164,8 +164,6 @@ class HostAgent:
             self.spec.prepare(self.seating())
         self.check_stop()
         self._seat(self.barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
-        if self.is_lead and self.spec.after_barrier is not None:
-            self.spec.after_barrier(self.seating())
         guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
         if guarded is not None:  # imported only here: a job of one seat never loads it
             from training_toolkit.cluster.guard import start_guard
@@ -262,8 +260,6 @@ class HostAgent:
             self._seat(meeting.restart_barrier(self))
         else:
             self._seat(meeting.next_lead(self, lost))
-        if self.is_lead and self.spec.after_restart_barrier is not None:
-            self.spec.after_restart_barrier(self.seating())
         self.check_stop()
         self._start()
 

@@ -1,9 +1,11 @@
-"""MPI: passwordless SSH between the hosts, ``mpirun`` from the first host (Horovod, mpi4py).
+"""MPI: passwordless SSH between the hosts, ``mpirun`` from the attempt's lead (Horovod, mpi4py).
 
-Every host joins the channel, fetches the code, writes the job's ssh directory and starts
-its own sshd (``mpi_ssh``), spares included; the first host waits until all are ready, checks it
+Every host joins the channel, fetches the code, writes the job's ssh directory and, unless it leads,
+starts its own sshd (``mpi_ssh``), spares included; the lead waits until all are ready, checks it
 can log in to each of the attempt's active hosts (each admits the job's keys once the go brought them
-all), and runs mpirun over them (``mpi_launch``), whose daemons start one another over ssh (tree spawn).  mpirun's
+all), and runs mpirun over them (``mpi_launch``), whose daemons start one another over ssh (tree spawn).
+Any member may lead an attempt: after the lead's loss the next lead runs mpirun, rank 0 on its host
+(``agent/succession.py``); a host that led before and follows now starts its sshd then.  mpirun's
 end is the job's end: its verdict goes to every host at once.  Every host writes its own ranks' command and
 environment to a file (``rank_env``), rewritten for each attempt once its hosts are known: each
 rank sees its own host's contract, and mpirun carries nothing of the job across the network.
@@ -57,9 +59,9 @@ def spec(ctx: RunContext) -> RunnerSpec:
     roots = host.daemons if host.via_slurm else None
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
-                      after_barrier=host.after_barrier, before_restart=host.prepare_attempt,
-                      after_restart_barrier=host.after_restart_barrier, judge=judged, failure=host.failure_of,
-                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched, fixed_lead=True)
+                      before_restart=host.prepare_attempt, judge=judged, failure=host.failure_of,
+                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched,
+                      fixed_lead=host.via_slurm)
 
 
 class MpiHost:
@@ -77,13 +79,13 @@ class MpiHost:
     """
 
     def __init__(self, ctx: RunContext):
-        self.ctx = ctx  # the job's hosts the first host's from ``prepare`` on (``Seating.ctx``)
+        self.ctx = ctx  # the job's hosts the lead's from ``prepare`` on (``Seating.ctx``)
         self.host = ctx.plan.current_host
-        self.is_lead = ctx.plan.hosts[0] == self.host
-        self.rank_tag = ""  # the job's id, from the first host: the same on every host
+        self.leads = ctx.plan.hosts[0] == self.host  # this host leads the last attempt (``start``)
+        self.rank_tag = ""  # the job's id, from the lead: the same on every host
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
         self._slurm_order = ctx.plan.hosts  # the platform's: under Slurm, the step's nodes in Slurm's order
-        self.ssh = None if self.via_slurm else SshPart(self.host, self.is_lead, ctx.settings, ctx.environ)
+        self.ssh = None if self.via_slurm else SshPart(self.host, ctx.settings, ctx.environ)
         self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
         self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
@@ -102,36 +104,25 @@ class MpiHost:
             self.cleanup()
 
     def prepare(self, seat: Seating) -> None:
-        """Every host, spares included (a spare may be seated later): the rank file's place, and sshd elsewhere than
-        on the first host, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
+        """Every host, spares included (a spare may be seated later): the rank file's place, and sshd on a host that
+        does not lead, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
         self.ctx = self._attempt = seat.ctx
         self.rank_tag = seat.job_id
         self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
         # the daemons' shim (sshd's sessions) and sshd's from= (each host's own, for its key) resolved once
-        by_host = None if self.is_lead else host_addresses(self.ctx.plan.hosts)
-        addresses = None if by_host is None else tuple(joined(by_host))
-        self._shim = netshim(self.ctx, addresses)
+        by_host = host_addresses(self.ctx.plan.hosts) if self.ssh is not None and not seat.leads else None
+        self._shim = netshim(self.ctx, None if by_host is None else tuple(joined(by_host)))
         self._write_rank_file(seat)
-        if self.is_lead or self.ssh is None:
+        if self.ssh is None:
             return
-        assert by_host is not None and self._rank_file is not None
+        assert self._rank_file is not None
         shim = self._shim
         # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
         # this host (sshd's sessions get nothing else)
         session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
                        PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
                        **(shim.environment() if shim else {}), **runtime_flags(self._stop_flag())}
-        self.ssh.serve(seat, by_host, session_env)
-
-    def after_barrier(self, seat: Seating) -> None:
-        """The first host: its client side, every worker's host key pinned (each active one is probed at ``start``)."""
-        if self.ssh is not None:
-            self.ssh.connect(seat)
-
-    def after_restart_barrier(self, seat: Seating) -> None:
-        """A host whose ``train`` restarted in its pod rejoined with a new sshd and keys: pin them anew."""
-        if self.ssh is not None:
-            self.ssh.repin(seat)
+        self.ssh.prepare(seat, session_env, by_host)
 
     def _write_rank_file(self, seat: Seating) -> None:
         """This host's ranks' file, at a path of its own: of no attempt yet, so no rank starts from it (``start``)."""
@@ -155,7 +146,7 @@ class MpiHost:
 
         The rank file is rewritten once the attempt's hosts are known (``start``); a rank of the new attempt that
         starts before then waits for it (``training-toolkit-rank --attempt``, native/rank_exec.c).  sshd admits
-        nobody until then either (``start``: the go's keys), so the first host's probe finds every host ready.
+        nobody until then either (``start``: the go's keys), so the lead's probe finds every host ready.
         """
         if self.ssh is not None:
             self.ssh.shut()
@@ -174,7 +165,7 @@ class MpiHost:
         self._attempt = seat.ctx
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
-        if self.ssh is not None and not self.is_lead:
+        if self.ssh is not None and not seat.leads:
             self.ssh.trust(seat)
         rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt.number))
         return shim
@@ -198,20 +189,21 @@ class MpiHost:
             self._stop_flag().touch(mode=0o600, exist_ok=True)
 
     def start(self, seat: Seating) -> list[Proc]:
-        """The attempt's processes (an active host only): mpirun on the first host, over the attempt's hosts."""
+        """The attempt's processes (an active host only): mpirun on the lead, over the attempt's hosts."""
         shim = self._seat_attempt(seat)
-        if not self.is_lead:
+        self.leads = seat.leads
+        if not seat.leads:
             return []
         ctx = seat.ctx
-        assert (self.ssh is None or self.ssh.layout is not None) and self._rank_file is not None
-        if self.ssh is not None:  # every active worker answers, with this attempt's keys written
-            self.ssh.probe(seat, ctx.plan.hosts[1:])
+        assert self._rank_file is not None
+        if self.ssh is not None:  # every other active host answers, with this attempt's keys written
+            self.ssh.lead(seat)
         flavor = mpi_flavor(ctx.settings.mpi_flavor, ctx.environ)
         command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt.number)
         if flavor == OPENMPI4:
             command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(ctx, shim)
-        preload.append(stophold_library())  # mpirun is the first host's daemon: it kills its own ranks
+        preload.append(stophold_library())  # mpirun is the lead's daemon: it kills its own ranks
         extra.update(runtime_flags(self._stop_flag()))
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         if self.ssh is not None:
@@ -254,7 +246,7 @@ class MpiHost:
     def _ranks(self, locals_: Sequence[Local]) -> list[int]:
         mpirun = frozenset(local.child.pid for local in locals_)
         marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
-        if self.via_slurm and not self.is_lead:  # under Slurm's step daemon, in this host's PID namespace
+        if self.via_slurm and not self.leads:  # under Slurm's step daemon, in this host's PID namespace
             return procfs.marked(marker, mpirun)
         return procfs.marked_descendants(os.getpid(), marker, mpirun)
 
@@ -263,7 +255,7 @@ class MpiHost:
         if self._rank_file is None:
             return []
         flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
-        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.is_lead else []
+        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.leads else []
 
     def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
         """mpirun's failed end, blamed on the failing rank's host (None: mpirun's own end, this host's)."""
@@ -283,7 +275,7 @@ class MpiHost:
 
 
 def describe(ctx: RunContext) -> dict:
-    """The mpirun line the first host would run (for ``training-toolkit plan``); writes nothing, runs nothing.
+    """The mpirun line the lead would run (for ``training-toolkit plan``); writes nothing, runs nothing.
 
     Without the flavour setting, ``mpirun --version`` decides at run time: the line shown is Open MPI 4's.
     """

@@ -1,19 +1,22 @@
-"""This host's ssh for an MPI job: its keys, its sshd (every host but the first), its client side (every host).
+"""This host's ssh for an MPI job: its keys, its sshd (every host that does not lead), its client side (every host).
 
 Open MPI launches its daemons as a tree (tree spawn): mpirun logs in to its children, each daemon to
-its own, so every host logs in to others.  Keys: every host makes its own client key, and every host
-but the first its own host key, each from the OS's random generator (or all read from mounted keys);
-only public halves travel, in the channel's introductions: each host's in its join, every host's in
-the first host's go.  A worker writes its sshd files and starts sshd once it has joined (spares
-included), admitting nobody yet; after each go it writes its client side (its client key, every
-worker's host key pinned) and then admits the client keys of the hosts that launch there (the lead,
-and its parent in the launch tree, ``mpi_tree``), each from that host's addresses only (a spare
-admits nobody).  The first host pins the workers' host keys
-after the barrier and, before mpirun, probes each of the attempt's workers: a login succeeds only once
-that worker has written its files for the attempt, so when the probe is through, every host is ready
-for whichever logins the tree gives it.  Before a restart's barrier a worker admits nobody again; the
-first host ends its shared connections then, and probes again (a host whose ``train`` restarted
-rejoined with new keys, pinned anew).  Not used through Slurm (no ssh at all).
+its own, so every host logs in to others.  Keys: every host makes its own client key and its own host
+key, each from the OS's random generator (or all read from mounted keys); only public halves travel,
+in the channel's introductions: each host's in its join, every host's in the lead's go.  The roles
+are the attempt's (any member may lead after a failover, ``agent/succession.py``):
+
+- a host that does not lead an attempt runs sshd (started at its first such attempt, or when it
+  prepares; a spare's too, admitting nobody), and after each go writes its client side (every other
+  active host's host key pinned) and then admits the client keys of the hosts that launch there (the
+  lead, and its parent in the launch tree, ``mpi_tree``), each from that host's addresses only;
+- the lead admits nobody, writes its client side (every other active host's host key pinned, with
+  shared connections for mpirun's logins) and, before mpirun, probes each of the attempt's other
+  hosts: a login succeeds only once that host has written its files for the attempt, so when the
+  probe is through, every host is ready for whichever logins the tree gives it.
+
+Before a restart's barrier every host admits nobody until the next go's keys are written; a lead ends
+its shared connections and pins anew the keys of a host that rejoined.  Not used through Slurm (no ssh).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from training_toolkit import rundir
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.ssh.keys import KeyPair, check_public_line, generate_keypair, load_keys
-from training_toolkit.cluster.ssh.layout import (SshLayout, admit, end_connections, new_ssh_dir, repin_host_keys,
+from training_toolkit.cluster.ssh.layout import (SshLayout, admit, end_connections, new_ssh_dir,
                                                   write_client_side, write_server_side)
 from training_toolkit.cluster.ssh.probe import wait_for_ssh
 from training_toolkit.cluster.ssh.sshd import Sshd
@@ -39,39 +42,41 @@ from training_toolkit.settings import SSH_CONFIG_VAR, Settings
 from training_toolkit.supervise.deadman import Deadman
 
 INTRO_CLIENT_KEY = "ssh_client_key"  # what every host introduces: the public half of its own client key
-INTRO_HOST_KEY = "ssh_host_key"  # what every host but the first introduces: the public half of its own host key
+INTRO_HOST_KEY = "ssh_host_key"  # what every host introduces: the public half of its own host key (for its sshd)
 
 
 class SshPart:
     """What this host holds of the job's ssh; ``close`` ends sshd and removes the directory."""
 
-    def __init__(self, host: str, is_lead: bool, settings: Settings, environ: Mapping[str, str]):
+    def __init__(self, host: str, settings: Settings, environ: Mapping[str, str]):
         self.host = host
         self.environ = environ  # the toolkit's, as read at its start: where the directory goes, what ssh runs with
-        self.is_lead = is_lead
         self.settings = settings
         self.port = settings.ssh_port
         self.layout: SshLayout | None = None
         self.sshd: Sshd | None = None
         self._client: KeyPair | None = None  # this host's client key
-        self._host_key: KeyPair | None = None  # a worker: its host key
-        self._addresses: Mapping[str, Sequence[str]] = {}  # a worker: each job host's addresses (its key's from=)
-        self._trusted: tuple = ()  # a worker: the keys its files were last written for
+        self._host_key: KeyPair | None = None  # this host's host key (its sshd's, should it not lead)
+        self._addresses: Mapping[str, Sequence[str]] = {}  # each job host's addresses (its key's from=)
+        self._hosts: Sequence[str] = ()  # every host of the job (``prepare``)
+        self._interface = ""  # the job's network interface: where sshd listens
+        self._session_env: Mapping[str, str] = {}  # what sshd gives its sessions (the daemons mpirun starts here)
+        self._written: tuple = ()  # the client side and admitted keys last written (a lead's, a follower's)
         self._ssh_dir: Path | None = None  # removed with everything in it when the job ends
-        self._pinned: dict[str, str] = {}  # the first host: each worker's ssh host key, as pinned
         self._tripwire: Deadman | None = None  # removes it, and ends sshd and its sessions, should train be killed
 
-    def _new_ssh_dir(self) -> Path:
-        self._ssh_dir = new_ssh_dir(rundir.parent(self.environ))
-        self._tripwire = Deadman(directories=[self._ssh_dir])  # sshd and ssh's shared connections: watch_for, environment_for
+    def _directory(self) -> Path:
+        if self._ssh_dir is None:
+            self._ssh_dir = new_ssh_dir(rundir.parent(self.environ))
+            # sshd and ssh's shared connections: watch_for, environment_for
+            self._tripwire = Deadman(directories=[self._ssh_dir])
+            self.layout = SshLayout(self._ssh_dir, self.port)
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
         keys_dir = self.settings.ssh_keys
         mounted = load_keys(keys_dir) if keys_dir else None
         self._client = mounted.client if mounted else generate_keypair(f"training-toolkit-client@{self.host}")
-        if self.is_lead:
-            return {INTRO_CLIENT_KEY: self._client.public}
         self._host_key = mounted.host if mounted else generate_keypair(f"training-toolkit-host@{self.host}")
         return {INTRO_CLIENT_KEY: self._client.public, INTRO_HOST_KEY: self._host_key.public}
 
@@ -80,82 +85,105 @@ class SshPart:
         assert self.layout is not None
         return {SSH_CONFIG_VAR: str(self.layout.ssh_config)}
 
-    def serve(self, seat: Seating, addresses: Mapping[str, Sequence[str]], session_env: Mapping[str, str]) -> None:
-        """A worker: write the server side, admitting nobody yet (``trust``, after the go), and start sshd.
+    def prepare(self, seat: Seating, session_env: Mapping[str, str],
+                addresses: Mapping[str, Sequence[str]] | None) -> None:
+        """What sshd needs, kept; sshd started now unless this host leads (``serve``).
 
-        ``addresses``: each job host's addresses, from which its client key alone is admitted.
+        ``addresses``: each job host's addresses, from which its client key alone is admitted (None: resolved when
+        sshd starts).
         """
-        assert self._host_key is not None and not self.is_lead
-        self._addresses = dict(addresses)
-        directory = self._new_ssh_dir()
-        layout = SshLayout(directory, self.port)  # the sessions' variable names the client side written later
+        self._hosts = seat.ctx.plan.hosts
+        self._interface = seat.ctx.job.resource.network_interface_name
+        self._addresses = dict(addresses or {})
+        self._session_env = dict(session_env)
+        if not seat.leads:
+            self.serve()
+
+    def serve(self) -> None:
+        """Write the server side, admitting nobody yet (``trust``, after a go), and start sshd; once."""
+        assert self._host_key is not None
+        if self.sshd is not None:
+            return
+        if not self._addresses:
+            self._addresses = netaddr.host_addresses(self._hosts)
+        directory = self._directory()
+        assert self.layout is not None
         self.layout = write_server_side(
             directory, host_key=self._host_key, authorized=(), port=self.port, user=_user(),
-            listen_addresses=listen_addresses(seat.ctx.job.resource.network_interface_name, self.host),
-            session_env={**session_env, SSH_CONFIG_VAR: str(layout.ssh_config)})
+            listen_addresses=listen_addresses(self._interface, self.host),
+            # the sessions' variable names the client side written later
+            session_env={**self._session_env, SSH_CONFIG_VAR: str(self.layout.ssh_config)})
         self.sshd = Sshd(self.layout, sshd_path=self.settings.sshd)
         self.sshd.start()
 
     def trust(self, seat: Seating) -> None:
-        """A worker, after a go: its client side (every worker's host key pinned), then the client keys of the hosts
-        that launch something here admitted: the lead's (its probe, and mpirun's login below ``routed_radix + 2``
-        hosts) and that of the daemon that starts this host's in the launch tree (``mpi_tree.launcher``), each from
-        its own addresses.  No other host's key gets in: an address taken over yields a login only where that
-        host launches (docs/security.md).
+        """A host the attempt's lead is not, after a go: its sshd started (a host that led before starts it now), its
+        client side (every other active host's host key pinned), then the client keys of the hosts that launch
+        something here admitted: the lead's (its probe, and mpirun's login below ``routed_radix + 2`` hosts) and
+        that of the daemon that starts this host's in the launch tree (``mpi_tree.launcher``), each from its own
+        addresses.  No other host's key gets in: an address taken over yields a login only where that host
+        launches (docs/security.md).
 
         In that order: the lead's probe gets in only once both are written.  Written again only when a
         host's keys changed (one that rejoined), or after ``shut`` (a restart).
         """
-        assert self.layout is not None and self._client is not None and not self.is_lead
+        assert self._client is not None and not seat.leads
+        self.serve()
+        assert self.layout is not None
         hosts = seat.ctx.plan.hosts
         introductions = seat.introductions or {}
         radix = routed_radix(mpi_options(seat.ctx).custom.mpirun_args)
         launchers = dict.fromkeys((hosts[0], launcher(hosts, self.host, radix)))  # the lead first, once
         clients = tuple((introduced(introductions, host, INTRO_CLIENT_KEY), tuple(self._addresses[host]))
                         for host in launchers)
-        pinned = {host: introduced(introductions, host, INTRO_HOST_KEY) for host in hosts[1:]}
-        if (clients, pinned) == self._trusted:
+        pinned = self._peer_keys(seat)
+        if ("follow", clients, pinned) == self._written:
             return
         write_client_side(self.layout.directory, client_key=self._client, host_keys=pinned, port=self.port,
                           shared_connections=False)
         admit(self.layout, clients)
-        self._trusted = (clients, pinned)
+        self._written = ("follow", clients, pinned)
+
+    def lead(self, seat: Seating) -> None:
+        """The attempt's lead, before mpirun: nobody admitted here; its client side with every other active host's
+        host key pinned (a host that rejoined with new keys, pinned anew); then each of them probed: it lets the
+        lead in only once it has written the go's keys (``trust``), so then every host is ready for whichever
+        logins the tree gives it.  Shared connections of an earlier attempt are ended first: every other host
+        admitted nobody from before this attempt's barrier until it had the go's keys (``shut``), and a shared
+        connection would skip that in the probe."""
+        assert self._client is not None and seat.leads
+        directory = self._directory()
+        assert self.layout is not None
+        pinned = self._peer_keys(seat)
+        if self._written:
+            end_connections(self.layout)
+        if self._written[:2] != ("lead", pinned):
+            before = self._written[1] if self._written[:1] == ("lead",) else {}
+            changed = sorted(host for host in pinned if host in before and pinned[host] != before[host])
+            if changed:
+                log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
+            if self.sshd is not None:
+                admit(self.layout, ())
+            self.layout = write_client_side(directory, client_key=self._client, host_keys=pinned, port=self.port)
+            self._written = ("lead", pinned)
+        workers = [host for host in seat.ctx.plan.hosts if host != self.host]
+        wait_for_ssh(self.layout, workers, deadline_s=min(60.0, seat.join_timeout_s), environ=self.environ)
+
+    def _peer_keys(self, seat: Seating) -> dict[str, str]:
+        """Every other active host's introduced host key (``seat.ctx``: the attempt's)."""
+        introductions = seat.introductions or {}
+        return {host: introduced(introductions, host, INTRO_HOST_KEY) for host in seat.ctx.plan.hosts
+                if host != self.host}
 
     def shut(self) -> None:
-        """A worker, before a restart's barrier: admit nobody until the next go's keys are written (``trust``)."""
-        if self.layout is not None and not self.is_lead:
+        """Before a restart's barrier: admit nobody until the next go's keys are written (``trust``)."""
+        if self.sshd is not None and self.layout is not None:
             admit(self.layout, ())
-            self._trusted = ()
-
-    def connect(self, seat: Seating) -> None:
-        """The first host, after barrier 0: its client side with every worker's host key pinned (spares included)."""
-        assert self._client is not None and self.is_lead
-        self._pinned = host_keys(seat)
-        self.layout = write_client_side(self._new_ssh_dir(), client_key=self._client, host_keys=self._pinned,
-                                        port=self.port)
-
-    def probe(self, seat: Seating, workers: Sequence[str]) -> None:
-        """The first host, before mpirun: each of the attempt's ``workers`` lets it in, which it does only once it has
-        written the go's keys (``trust``): then every host is ready for whichever logins the tree gives it."""
-        assert self.layout is not None and self.is_lead
-        wait_for_ssh(self.layout, list(workers), deadline_s=min(60.0, seat.join_timeout_s),
-                     environ=self.environ)
-
-    def repin(self, seat: Seating) -> None:
-        """The first host, after a restart's barrier: new keys of a host that rejoined pinned; its connections ended."""
-        assert self.layout is not None and self._client is not None
-        keys = host_keys(seat)
-        if keys != self._pinned:
-            changed = sorted(host for host in keys if keys[host] != self._pinned.get(host))
-            log(f"{self.host}: new ssh host key(s) of {', '.join(changed)}, which joined again: pinned")
-            self._pinned = keys
-            repin_host_keys(self.layout, keys, port=self.port)
-        # every worker admits nobody from before this barrier until it has the go's keys: a shared connection
-        # would skip that in the probe (and one to an sshd that is gone is of no use)
-        end_connections(self.layout)
+            if self._written and self._written[0] == "follow":
+                self._written = ()
 
     def close(self) -> None:
-        if self.layout is not None and self.is_lead:
+        if self.layout is not None and self._written and self._written[0] == "lead":
             end_connections(self.layout)
         if self.sshd is not None:
             self.sshd.stop()
@@ -163,12 +191,6 @@ class SshPart:
             shutil.rmtree(self._ssh_dir, ignore_errors=True)
         if self._tripwire is not None:
             self._tripwire.disarm()
-
-
-def host_keys(seat: Seating) -> dict[str, str]:
-    """Every worker's introduced host key (the job's every host but the first: spares included)."""
-    introductions = seat.introductions or {}
-    return {host: introduced(introductions, host, INTRO_HOST_KEY) for host in seat.ctx.plan.hosts[1:]}
 
 
 def introduced(introductions, host: str, key: str) -> str:

@@ -150,12 +150,6 @@ def admit(layout: SshLayout, authorized: Sequence[tuple[str, Sequence[str]]]) ->
     _write_file(layout.authorized_keys, render_authorized(authorized).encode(), 0o600)
 
 
-def repin_host_keys(layout: SshLayout, host_keys: Mapping[str, str], *, port: int,
-                    aliases: Mapping[str, Sequence[str]] | None = None) -> None:
-    """Replace the pinned host keys of a client side (a peer joined again with a new key), whole."""
-    _write_file(layout.known_hosts, render_known_hosts(host_keys, port=port, aliases=aliases).encode(), 0o600)
-
-
 def end_connections(layout: SshLayout, grace_s: float = 1.0) -> list[int]:
     """End the shared connections (``ControlMaster``) this host opened to its peers; their pids.
 
