@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.jobs import clean_env, train_cmd, write_job
+from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_lines
 from helpers.recorder import Recorder
 from helpers.multihost import hps, rank_files, run, source_dir
 from helpers.paths import REPO
@@ -106,6 +107,19 @@ def test_a_single_host_restart_resumes_and_the_script_sees_its_attempt(tmp_path)
     assert (base / "model" / "attempt-1").read_text() == "unset"  # torch's name is for torch's runner
     assert b"algo-1: attempt 2 of 2 starting (train.py exited with code 3)" in done.stderr
     assert (base / "output" / "success").exists()
+    # the job's record: the failure, the restart, both attempts, the verdict; its cost; one summary line
+    entries = record_at(base, "algo-1")
+    assert [item["kind"] for item in entries] == ["job", "attempt", "started", "fault", "restart", "attempt",
+                                                  "started", "verdict"], entries
+    (failed,) = of_kind(entries, "fault")
+    assert (failed["attempt"], failed["fault"], failed["reason"]) == (0, "failure", "train.py exited with code 3")
+    assert of_kind(entries, "restart")[0]["attempt"] == 1 and of_kind(entries, "verdict")[0]["exit_code"] == 0
+    cost = cost_at(base, "algo-1")
+    assert cost["basis"] == "started" and [f["next_attempt"] for f in cost["faults"]] == [1]
+    assert 0 <= cost["faults"][0]["lost_s"] <= cost["wall_s"] < 60
+    (line,) = summary_lines(done.stderr.decode())
+    assert metrics(line)["toolkit:attempts"] == "2" and metrics(line)["toolkit:faults"] == "1", line
+    assert 0 < float(metrics(line)["toolkit:running_fraction"]) <= 1, line
 
 
 def test_without_restarts_left_the_verdict_lists_every_attempts_cause(tmp_path):
@@ -129,9 +143,16 @@ def test_sigterm_is_a_stop_never_a_restart(tmp_path):
     while not started.exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    signalled = time.time()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    assert b"attempt 2" not in proc.stderr.read()
+    stderr = proc.stderr.read().decode()
+    assert "attempt 2" not in stderr
+    stop = of_kind(record_at(base, "algo-1"), "fault")[0]  # the stop, when train saw it (then the script's end)
+    assert (stop["fault"], stop["reason"]) == ("stop", "SIGTERM on algo-1") and signalled <= stop["t"] < signalled + 5
+    assert of_kind(record_at(base, "algo-1"), "verdict")[0]["exit_code"] == 143
+    (line,) = summary_lines(stderr)
+    assert metrics(line)["toolkit:faults"] == "1", line
 
 
 @pytest.mark.root
@@ -146,6 +167,13 @@ def test_mpi_a_hang_then_a_stall_restart_resumes_from_the_checkpoint(tmp_path):
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]
     assert all(info["attempt"] == 1 and info["start"] == 2 for info in ranks.values()), ranks  # resumed at step 2
+    lead = next(r for r in results if r.host == "algo-1")
+    entries = record_at(lead.opt_ml, "algo-1")  # the stall, after the stall timeout without progress; its cost
+    (stall,) = [item for item in of_kind(entries, "fault") if item["fault"] == "stall"]
+    progress = [item["t"] for item in of_kind(entries, "progress") if item["attempt"] == 0]
+    assert stall["attempt"] == 0 and progress and stall["t"] >= progress[0] + 4, entries
+    cost = cost_at(lead.opt_ml, "algo-1")
+    assert cost["basis"] == "progress" and cost["faults"][0]["fault"] == "stall" and cost["faults"][0]["lost_s"] > 0
 
 
 @pytest.mark.root

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.deadhost import HostKiller, kill_when, wait_for
+from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_lines, wall
 from helpers.multihost import hps, run, source_dir
 from training_toolkit.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.local.launcher import LocalJob
@@ -192,6 +193,21 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     text = out.out + out.err
     assert "algo-2: leading the job from attempt 2 (algo-1 lost)" in text, text[-3000:]
     assert "algo-3: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
+    # the new lead's record: the lead's loss when it was seen (after the kill, within the peer timeout and its
+    # margin), the failover, each attempt with its lead; the one summary line on both hosts' logs
+    entries = record_at(results["algo-2"].opt_ml, "algo-2")
+    seats = [(i["attempt"], i["lead"], i["active"], i["spares"]) for i in of_kind(entries, "attempt")]
+    assert seats == [(0, "algo-1", ["algo-1", "algo-2"], ["algo-3"]), (1, "algo-2", ["algo-2", "algo-3"], [])]
+    lost = of_kind(entries, "fault")[0]
+    killed = wall(killer.killed["algo-1"])
+    assert (lost["attempt"], lost["fault"], lost["host"]) == (0, "host_lost", "algo-1"), entries
+    assert killed - 1 < lost["t"] < killed + 15, (killed, lost)
+    assert [(i["attempt"], i["lost"]) for i in of_kind(entries, "restart")] == [(1, "algo-1")]
+    cost = cost_at(results["algo-2"].opt_ml, "algo-2")
+    assert cost["faults"][0]["next_attempt"] == 1 and 0 < cost["faults"][0]["lost_s"] < 60, cost
+    lines = summary_lines(text)
+    assert len(lines) == 2 and len(set(lines)) == 1, lines  # the new lead's and the spare's: the lead's line
+    assert metrics(lines[0])["toolkit:attempts"] == "2", lines
 
 
 @pytest.mark.torch

@@ -17,6 +17,7 @@ from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, Fa
 from training_toolkit.agent.parts import in_thread
 from training_toolkit.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.log import log
+from training_toolkit.records import replace
 from training_toolkit.report import Outcome
 
 if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
 
         def fail_over(self, attempt: int, reason: str, lost: str) -> Outcome | None: ...
 
+        def summary_line(self) -> str: ...
+
 
 class Stopped(ToolkitError):
     """A stopping signal arrived before the job started."""
@@ -69,8 +72,8 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
     for action in actions:
         if isinstance(action, Forward):
             agent.part.signal(action.signum)
-        elif isinstance(action, Announce):
-            seat.announce(action.verdict)
+        elif isinstance(action, Announce):  # with the job's cost, which every host's log says (``record``)
+            seat.announce(replace(action.verdict, summary=agent.summary_line()))
         elif isinstance(action, Report):
             seat.report_failure(action.reason, action.exit_code, action.at, action.attempt, action.stopped)
         elif isinstance(action, ShareProgress):

@@ -32,6 +32,7 @@ from training_toolkit.agent.actions import Ended, Stopped
 from training_toolkit.agent.events import (GotSignal, Joined, LocalExit, Phase, SetupFailed,
                                            Started, Tick)
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
+from training_toolkit.agent.recording import Recorder
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
 from training_toolkit.cluster.events import PeerLost
@@ -92,6 +93,7 @@ class HostAgent:
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
+        self.recorder = Recorder(ctx.job.paths.output_data_dir, host)  # the job's record, this host's part
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
@@ -140,11 +142,17 @@ class HostAgent:
             job.callback(self.stall.close)
             job.callback(end_leftovers)
             job.callback(membership.close)
+            job.callback(self.recorder.close)
             with SignalForwarder(self._on_signal):
                 outcome = self._begin(lambda: self._set_up(job, unusable))
                 while outcome is None:
                     outcome = carry.carry_out(self, self._step(self.next_event()))
+        self.recorder.end(outcome, quiet=self.spec.solo)
         return outcome
+
+    def summary_line(self) -> str:
+        """The job's cost in one line (``record.summary``), from this host's record as it stands."""
+        return self.recorder.summary_line()
 
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
         """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
@@ -153,6 +161,7 @@ class HostAgent:
             meeting.follow_the_running_job(self)
         self.check_stop()
         self.step_held(Joined(*self.membership.job_attempt))
+        self.recorder.joined(self.membership.hosts)
         if unusable is not None:
             raise unusable
         self.seats.take_hosts(self.membership.hosts)
@@ -202,6 +211,7 @@ class HostAgent:
 
     def _seat(self, attempt: Attempt) -> None:
         self.seats.seat(attempt, self._attempts())
+        self.recorder.seated(attempt)
 
     def _say_attempt(self, reason: str) -> None:
         self.seats.say_attempt(self.attempt, self._attempts(), reason)
@@ -211,7 +221,9 @@ class HostAgent:
     # The shell --------------------------------------------------------------------------------
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
+        attempt = self.state.attempt
         self.state, actions = decisions.step(self.state, event, time.monotonic())
+        self.recorder.step(event, actions, attempt)
         return actions
 
     def step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:

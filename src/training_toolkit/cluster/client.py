@@ -162,7 +162,8 @@ class ControlClient:
                     self._post(StacksWanted())
                 elif kind == "verdict":
                     verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
-                                      wire.text(message, "host", limit=255, optional=True))
+                                      wire.text(message, "host", limit=255, optional=True),
+                                      wire.text(message, "summary", optional=True))
                     self._end(verdict)
                     return
         except (OSError, ValueError, ConnectionError) as exc:

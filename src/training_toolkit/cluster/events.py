@@ -78,13 +78,14 @@ class PeerLost:
     at: float | None = None
 
 
-@record
+@record(uncompared=("summary",))
 class Verdict:
-    """The job's end, as decided by the lead."""
+    """The job's end, as decided by the lead (its summary line is what it says, not what it is: uncompared)."""
 
     exit_code: int
     reason: str | None = None
     host: str | None = None
+    summary: str | None = None  # the lead's summary line of the job's cost (``record.summary``), for every host's log
 
 
 def reported_time(value: object, received: float) -> float:

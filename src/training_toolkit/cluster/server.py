@@ -199,7 +199,8 @@ class ControlServer:
         if over:
             raise Refused("the job is over")
         if verdict is not None:  # a late joiner learns at once that the job is over
-            link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+            link.send("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host,
+                      summary=verdict.summary)
         with self._state:  # counted as joined only now, so `linger` never closes before the verdict is out
             self._joined.add(host)
             self._state.notify_all()
@@ -280,7 +281,8 @@ class ControlServer:
     def broadcast(self, verdict: Verdict) -> None:
         with self._state:
             self._verdict = verdict
-        self._send_all("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host)
+        self._send_all("verdict", code=verdict.exit_code, reason=verdict.reason, host=verdict.host,
+                       summary=verdict.summary)
 
     def linger(self, timeout_s: float) -> None:
         """After the verdict: give hosts that have not joined yet up to ``timeout_s`` to come and hear it."""

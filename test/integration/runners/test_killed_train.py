@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.jobrecord import record_at, wall
 from helpers.jobs import clean_env, train_cmd, write_job
 from helpers.multihost import hps
 from training_toolkit import procfs
@@ -163,6 +164,11 @@ def test_a_killed_train_ends_mpi_and_sshd_removes_its_keys_and_the_job_fails_nam
     (other,) = [r for r in results if r.host != victim]
     assert other.exit_code not in (0, None) and victim in (other.failure or ""), (other.exit_code, other.failure)
     assert other.ended_at is not None and other.ended_at - seen["killed"] < 30  # type: ignore[operator]
+    # the killed train's record stands up to its kill: its seat, the attempt, its start; no verdict
+    (killed,) = [r for r in results if r.host == victim]
+    entries = record_at(killed.opt_ml, victim)
+    assert [item["kind"] for item in entries] == ["job", "attempt", "started"], entries
+    assert entries[-1]["t"] < wall(seen["killed"])  # type: ignore[arg-type]
 
 
 def ssh_dirs(train: int, init: int) -> list[str]:

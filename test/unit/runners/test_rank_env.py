@@ -116,9 +116,9 @@ def test_the_rank_program_of_an_attempt_waits_for_its_hosts_file_of_that_attempt
 
     program = str(native.path_of(native.RANK_PROGRAM))
     write(None, "before any attempt")
+    started = time.monotonic()  # before the timer: the file of attempt 2 is written 0.5 s after this at the earliest
     later = threading.Timer(0.5, write, (2, "attempt two's"))
     later.start()
-    started = time.monotonic()
     proc = subprocess.run([program, rank_env.ATTEMPT_FLAG, "2"], env={rank_env.RANK_FILE_VAR: str(path)},
                           capture_output=True, timeout=30)
     later.join()

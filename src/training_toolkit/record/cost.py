@@ -1,0 +1,73 @@
+"""What a job's faults cost, from its record (pure: entries in, one document out).
+
+Times are this host's wall clock (``t``): ``at``, when a reported fault happened by its own host's clock,
+only splits detection from the rest, bounded by its ``t``.  An attempt runs from its barrier (its
+``attempt`` entry) to the next attempt's barrier or the verdict; its ranks run from its first progress
+(or, without progress in the record, from this host's start of its processes: ``basis``).  Each restart
+is charged to the first fault of the attempt it ended (the cause), and costs the time from that fault's
+detection to the next attempt's first progress, split into detection (the fault to its detection),
+barrier (detection to the next attempt's barrier) and start (that barrier to its first progress).
+Work lost since the last checkpoint is not known here: ``lost_work_included`` is false.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+COST_VERSION = 1
+
+
+def cost(entries: Sequence[dict]) -> dict:
+    """The cost document of one host's record (docs/resilience.md, "What faults cost")."""
+    if not entries:
+        return {"v": COST_VERSION, "wall_s": 0.0, "attempts": [], "faults": [], "downtime_s": 0.0,
+                "running_fraction": None, "basis": "none", "lost_work_included": False, "verdict": None}
+    begin = entries[0]["t"]
+    verdict = next((e for e in entries if e["kind"] == "verdict"), None)
+    end = verdict["t"] if verdict else entries[-1]["t"]
+    basis = "progress" if any(e["kind"] == "progress" for e in entries) else "started"
+    seats = _first_each(entries, "attempt")
+    ran = _first_each(entries, basis)
+    numbers = sorted(seats)
+    attempts = []
+    for i, number in enumerate(numbers):
+        start = seats[number]["t"]
+        stop = seats[numbers[i + 1]]["t"] if i + 1 < len(numbers) else end
+        first = ran.get(number, {}).get("t")
+        attempts.append({"attempt": number, "lead": seats[number]["lead"], "active": seats[number]["active"],
+                         "spares": seats[number]["spares"], "barrier_t": start,
+                         "to_progress_s": _span(start, first), "running_s": _span(first, stop)})
+    faults = []
+    for i, number in enumerate(numbers):
+        cause = next((e for e in entries if e["kind"] == "fault" and e["attempt"] == number), None)
+        if cause is None:
+            continue
+        detected = cause["t"]
+        happened = min(cause["at"], detected) if isinstance(cause["at"], (int, float)) else detected
+        after = numbers[i + 1] if i + 1 < len(numbers) else None
+        barrier = seats[after]["t"] if after is not None else None
+        progressed = ran.get(after, {}).get("t") if after is not None else None
+        faults.append({"attempt": number, "fault": cause["fault"], "host": cause["host"], "reason": cause["reason"],
+                       "detected_t": detected, "detection_s": round(detected - happened, 3),
+                       "barrier_s": _span(detected, barrier), "start_s": _span(barrier, progressed),
+                       "lost_s": _span(happened, progressed) if after is not None else None,
+                       "next_attempt": after})
+    wall = round(end - begin, 3)
+    running = sum(a["running_s"] or 0.0 for a in attempts)
+    return {"v": COST_VERSION, "wall_s": wall, "attempts": attempts, "faults": faults,
+            "downtime_s": round(sum(f["lost_s"] or 0.0 for f in faults), 3),
+            "running_fraction": round(running / wall, 4) if wall > 0 else None, "basis": basis,
+            "lost_work_included": False,
+            "verdict": None if verdict is None else {"exit_code": verdict["exit_code"], "reason": verdict["reason"]}}
+
+
+def _first_each(entries: Sequence[dict], kind: str) -> dict[int, dict]:
+    found: dict[int, dict] = {}
+    for item in entries:
+        if item["kind"] == kind:
+            found.setdefault(item["attempt"], item)
+    return found
+
+
+def _span(start: float | None, stop: float | None) -> float | None:
+    return None if start is None or stop is None else round(max(0.0, stop - start), 3)

@@ -1,0 +1,97 @@
+"""What faults cost, from a record: exact figures from hand-made entries (record/cost.py)."""
+
+from __future__ import annotations
+
+import re
+
+from training_toolkit.record import cost, schema, summary
+
+
+def e(kind: str, t: float, **fields) -> dict:
+    return schema.entry(kind, "algo-1", t, **fields)
+
+
+def attempt(t, n, active, spares=(), lead=None):
+    return e("attempt", t, attempt=n, lead=lead or active[0], active=list(active), spares=list(spares))
+
+
+def fault(t, n, kind, host, reason, at=None):
+    return e("fault", t, attempt=n, fault=kind, host=host, reason=reason, at=at)
+
+
+# a job of 3 hosts and a spare: algo-2 lost at 110 (its loss detected at 111), the spare seated at 115,
+# its first progress at 118; algo-1 lost later is the lead's loss seen by a follower: not here
+LOST_HOST = [
+    e("job", 100.0, hosts=["algo-1", "algo-2", "algo-3", "algo-4"]),
+    attempt(101.0, 0, ["algo-1", "algo-2", "algo-3"], ["algo-4"]),
+    e("started", 101.5, attempt=0),
+    e("progress", 103.0, attempt=0, heartbeat=False),
+    fault(111.0, 0, "host_lost", "algo-2", "algo-2 lost: connection closed", at=110.0),
+    fault(111.2, 0, "failure", "algo-3", "algo-3: rank 2 exited 1", at=111.1),  # a consequence, not the cause
+    e("restart", 111.3, attempt=1, reason="algo-2 lost: connection closed", lost=None),
+    attempt(115.0, 1, ["algo-1", "algo-4", "algo-3"]),
+    e("started", 115.2, attempt=1),
+    e("progress", 118.0, attempt=1, heartbeat=False),
+    e("verdict", 130.0, exit_code=0, reason=None),
+]
+
+
+def test_a_lost_host_costs_from_its_loss_to_the_next_attempts_first_progress_split_three_ways():
+    doc = cost.cost(LOST_HOST)
+    assert doc["wall_s"] == 30.0 and doc["basis"] == "progress" and doc["lost_work_included"] is False
+    assert [(a["attempt"], a["to_progress_s"], a["running_s"]) for a in doc["attempts"]] == [(0, 2.0, 12.0),
+                                                                                           (1, 3.0, 12.0)]
+    assert doc["faults"] == [{"attempt": 0, "fault": "host_lost", "host": "algo-2",
+                              "reason": "algo-2 lost: connection closed", "detected_t": 111.0, "detection_s": 1.0,
+                              "barrier_s": 4.0, "start_s": 3.0, "lost_s": 8.0, "next_attempt": 1}]
+    assert doc["downtime_s"] == 8.0
+    assert doc["running_fraction"] == 0.8  # (12 + 12) / 30
+    assert doc["verdict"] == {"exit_code": 0, "reason": None}
+
+
+def test_without_progress_the_processes_start_is_the_basis_and_the_last_fault_ends_the_job():
+    entries = [e("job", 0.0, hosts=["algo-1"]), attempt(0.0, 0, ["algo-1"]), e("started", 1.0, attempt=0),
+               fault(9.0, 0, "failure", "algo-1", "algo-1: exited 1", at=8.5),
+               e("verdict", 10.0, exit_code=1, reason="algo-1: exited 1")]
+    doc = cost.cost(entries)
+    assert doc["basis"] == "started"
+    assert doc["attempts"][0]["to_progress_s"] == 1.0 and doc["attempts"][0]["running_s"] == 9.0
+    (only,) = doc["faults"]
+    assert (only["lost_s"], only["next_attempt"], only["detection_s"]) == (None, None, 0.5)
+    assert doc["downtime_s"] == 0.0 and doc["running_fraction"] == 0.9
+
+
+def test_a_fault_times_own_clock_after_its_detection_counts_as_detected_then():
+    entries = [attempt(0.0, 0, ["algo-1", "algo-2"]), e("started", 0.0, attempt=0),
+               fault(5.0, 0, "failure", "algo-2", "x", at=7.0), e("restart", 5.0, attempt=1, reason="x", lost=None),
+               attempt(6.0, 1, ["algo-1", "algo-2"]), e("started", 6.5, attempt=1), e("verdict", 9.0, exit_code=0,
+                                                                                     reason=None)]
+    (only,) = cost.cost(entries)["faults"]
+    assert (only["detection_s"], only["barrier_s"], only["start_s"], only["lost_s"]) == (0.0, 1.0, 0.5, 1.5)
+
+
+def test_an_empty_record_costs_nothing_and_says_so():
+    doc = cost.cost([])
+    assert (doc["wall_s"], doc["attempts"], doc["faults"], doc["running_fraction"], doc["basis"]) == \
+        (0.0, [], [], None, "none")
+
+
+def test_the_summary_line_reads_with_every_documented_regex():
+    text = "training-toolkit: " + summary.line(cost.cost(LOST_HOST))
+    assert text.startswith("training-toolkit: summary: attempts=2 faults=1 downtime_s=8.000 "
+                           "running_fraction=0.8000 wall_s=30.000 basis=progress; attempt 1: host_lost")
+    read = {name: re.search(regex, text).group(1) for name, regex in summary.METRICS.items()}
+    assert read == {"toolkit:attempts": "2", "toolkit:faults": "1", "toolkit:downtime_s": "8.000",
+                    "toolkit:running_fraction": "0.8000", "toolkit:wall_s": "30.000"}
+    assert "lost 8.000 s (detection 1.000, barrier 4.000, start 3.000)" in text
+
+
+def test_the_summary_line_stays_under_the_channels_text_limit_however_many_faults():
+    entries = [e("job", 0.0, hosts=["algo-1"])]
+    for n in range(40):
+        entries += [attempt(n * 10.0, n, ["algo-1", "algo-2"]), e("started", n * 10 + 1.0, attempt=n),
+                    fault(n * 10 + 5.0, n, "failure", "algo-2", "q'\";" * 100, at=None),
+                    e("restart", n * 10 + 5.0, attempt=n + 1, reason="r", lost=None)]
+    entries.append(e("verdict", 500.0, exit_code=1, reason="r"))
+    line = summary.line(cost.cost(entries))
+    assert len(line) < 4096 and line.endswith("30 more in the cost document")

@@ -1,0 +1,71 @@
+"""Which steps make which entries (agent/recording.observed: pure), and a recorder's end."""
+
+from __future__ import annotations
+
+import signal
+
+from training_toolkit.agent.events import (AnnounceRestart, FailOver, Finish, GatherStacks, GotSignal, LocalExit,
+                                           Progress, Say, Started)
+from training_toolkit.agent.recording import Recorder, observed
+from training_toolkit.attempt import Attempt
+from training_toolkit.cluster.events import PeerFailed, PeerLost, PeerProgress, Verdict
+from training_toolkit.process import ExitStatus
+from training_toolkit.record import schema
+from training_toolkit.report import Outcome
+
+ACTIVE = ("algo-1", "algo-2", "algo-3")
+
+
+def see(event, actions=(), attempt=1):
+    return observed(event, actions, attempt, ACTIVE, "algo-1")
+
+
+def test_faults_are_failures_of_the_attempt_losses_of_active_hosts_stalls_and_stops():
+    failed = LocalExit("rank", ExitStatus(1), 5.0, Outcome(1, "algo-1: rank 0 exited 1"), attempt=1)
+    assert see(failed) == [("fault", {"attempt": 1, "fault": "failure", "host": "algo-1",
+                                      "reason": "algo-1: rank 0 exited 1", "at": 5.0})]
+    assert see(LocalExit("rank", ExitStatus(1), 5.0, Outcome(1, "x"), attempt=0)) == []  # an earlier attempt's
+    assert see(PeerFailed("algo-2", "algo-2: rank 1 exited 3", 3, 4.0, attempt=1))[0][1]["fault"] == "failure"
+    assert see(PeerFailed("algo-2", "stopped", 143, 4.0, attempt=1, stopped=True))[0][1]["fault"] == "stop"
+    assert see(PeerLost("algo-3", "connection closed", 7.0)) == [
+        ("fault", {"attempt": 1, "fault": "host_lost", "host": "algo-3", "reason": "algo-3 lost: connection closed",
+                   "at": 7.0})]
+    assert see(PeerLost("algo-4", "connection closed"), (Say("a spare lost"),)) == []  # a spare's loss: said only
+    assert see(GotSignal(signal.SIGTERM))[0][1] == {"attempt": 1, "fault": "stop", "host": "algo-1",
+                                                    "reason": "SIGTERM on algo-1", "at": None}
+    assert see(GotSignal(signal.SIGUSR1)) == []
+    assert see(None, (GatherStacks(),))[0][1]["fault"] == "stall"
+
+
+def test_progress_starts_restarts_and_the_verdict():
+    assert see(Progress(heartbeat=True, attempt=1)) == [("progress", {"attempt": 1, "heartbeat": True})]
+    assert see(PeerProgress("algo-2")) == [("progress", {"attempt": 1, "heartbeat": False})]
+    assert see(Started(("rank",))) == [("started", {"attempt": 1})]
+    assert see(None, (AnnounceRestart(2, "algo-2 failed"),)) == [
+        ("restart", {"attempt": 2, "reason": "algo-2 failed", "lost": None})]
+    assert see(None, (FailOver(2, "lost the lead algo-1", "algo-1"),)) == [
+        ("restart", {"attempt": 2, "reason": "lost the lead algo-1", "lost": "algo-1"})]
+    assert see(None, (Finish(Outcome(0)),)) == [("verdict", {"exit_code": 0, "reason": None})]
+
+
+def test_a_recorder_writes_the_first_progress_of_each_attempt_only_and_ends_with_its_cost(tmp_path, capfd):
+    clock = iter(float(t) for t in range(100, 200))
+    recorder = Recorder(tmp_path, "algo-2", clock=lambda: next(clock))
+    recorder.joined(ACTIVE)
+    recorder.seated(Attempt(0, ACTIVE))
+    for _ in range(3):
+        recorder.step(Progress(attempt=0), (), 0)
+    recorder.step(Verdict(0, None, "algo-1", summary="summary: the lead's line"), (Finish(Outcome(0)),), 0)
+    recorder.end(Outcome(0), quiet=False)
+    kinds = [item["kind"] for item in schema.read(recorder.path)]
+    assert kinds == ["job", "attempt", "progress", "verdict"]
+    assert (tmp_path / schema.DIR_NAME / "cost-algo-2.json").exists()
+    assert "training-toolkit: summary: the lead's line" in capfd.readouterr().err  # a follower says its lead's
+
+
+def test_a_job_of_one_seat_that_ran_once_without_a_fault_says_no_line_but_keeps_its_record(tmp_path, capfd):
+    recorder = Recorder(tmp_path, "algo-1")
+    recorder.seated(Attempt(0, ("algo-1",)))
+    recorder.end(Outcome(0), quiet=True)
+    assert capfd.readouterr().err == ""
+    assert [item["kind"] for item in schema.read(recorder.path)] == ["attempt", "verdict"]
