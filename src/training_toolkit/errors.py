@@ -64,8 +64,10 @@ class LeadLost(ClusterError):
 
 
 class JobFailed(ClusterError):
-    """The job failed on some host; ``reason`` names it, ``exit_code`` is the job's verdict."""
+    """The job failed on some host; ``reason`` names it, ``exit_code`` is the job's verdict (``summary``: the lead's
+    summary line of the job's cost, which its verdict carried)."""
 
-    def __init__(self, reason: str, exit_code: int):
+    def __init__(self, reason: str, exit_code: int, summary: str | None = None):
         self.exit_code = exit_code
+        self.summary = summary
         super().__init__(reason)

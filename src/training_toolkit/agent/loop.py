@@ -304,8 +304,10 @@ class HostAgent:
             carry.carry_out(self, self.step_held(GotSignal(self._stop_signum)))
 
     def _failed_before_start(self, exc: ToolkitError) -> Outcome:
-        if isinstance(exc, JobFailed) and exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
-            return Outcome(0)
+        if isinstance(exc, JobFailed):  # the verdict came while this host waited: it says the lead's summary
+            self.recorder.lead_summary = exc.summary
+            if exc.exit_code == 0:  # a spare waiting at a barrier heard the job succeed
+                return Outcome(0)
         if self._stop_signum is not None and not isinstance(exc, Stopped):  # a wait the stop ended (Interrupted)
             try:
                 self.check_stop()

@@ -126,12 +126,13 @@ class Recorder:
             self._write([("verdict", {"exit_code": outcome.exit_code, "reason": outcome.reason})])
         self._writer.close()
         document = cost.cost(self.entries)
+        document["summary"] = line = self.lead_summary or summary.line(document)  # what this host says, and reports
         try:
             schema.write_json(self.cost_path, document)
         except OSError as exc:
             log(f"cannot write {self.cost_path}: {exc.strerror or exc}")
         if not (quiet and not document["faults"] and len(document["attempts"]) <= 1):
-            log(self.lead_summary or summary.line(document))
+            log(line)
 
     def close(self) -> None:
         self._writer.close()

@@ -228,7 +228,8 @@ class ControlClient:
             while self._go < attempt:
                 if isinstance(self._ended, Verdict):
                     verdict = self._ended
-                    raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code)
+                    raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code,
+                                    verdict.summary)
                 if isinstance(self._ended, str):  # the only other ending: the lead's loss
                     raise LeadLost(self._ended, self.lead)
                 self._check_interrupted()

@@ -26,9 +26,10 @@ from typing import Any, NamedTuple
 from training_toolkit import names
 from training_toolkit.errors import ClusterError
 from training_toolkit.job import parse_json_object
-from training_toolkit.log import log
+from training_toolkit.log import PREFIX, log
 from training_toolkit.platforms.opt_ml import FILE_CHANNEL
 from training_toolkit.platforms.view import IN_A_POD, Facts, JobView
+from training_toolkit.record.schema import said_summary
 from training_toolkit.settings import Overrides, Settings
 
 INTERFACE = "eth0"
@@ -106,10 +107,13 @@ def channels(facts: Facts) -> dict[str, dict[str, str]]:
     return found
 
 
-def termination_message(exit_code: int, reason: str | None, restarts: int) -> str:
-    """One line first (what ``kubectl get pods`` users read), cut to what the kubelet keeps."""
+def termination_message(exit_code: int, reason: str | None, restarts: int, summary: str | None = None) -> str:
+    """The verdict's line first (what ``kubectl get pods`` users read), then the job's summary line (``record``), cut
+    to what the kubelet keeps."""
     head = f"container restart {restarts}: " if restarts else ""
     text = f"{head}{reason}" if reason else f"{head}training completed (exit code {exit_code})"
+    if summary:
+        text = f"{text}\n{PREFIX}{summary}"
     return text.encode("utf-8")[:TERMINATION_LIMIT - 1].decode("utf-8", "ignore")
 
 
@@ -147,7 +151,8 @@ class PodPlatform:
         try:
             with open(path, "w", encoding="utf-8") as f:
                 restarts = view.container_restarts if view is not None else previous_runs(facts)  # not yet recorded
-                f.write(termination_message(exit_code, reason, restarts) + "\n")
+                summary = None if view is None else said_summary(facts.paths.output_data_dir, view.current_host)
+                f.write(termination_message(exit_code, reason, restarts, summary) + "\n")
         except OSError as exc:
             log(f"warning: cannot write the termination log {path}: {exc.strerror or exc}")
 

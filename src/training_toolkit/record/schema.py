@@ -97,6 +97,15 @@ def read(path: Path) -> list[dict]:
     return entries
 
 
+def said_summary(directory: Path, host: str) -> str | None:
+    """The summary line ``host`` said at its end (its cost document's), for a platform's own report; None if none."""
+    try:
+        found = json.loads(cost_path(directory, host).read_text(encoding="utf-8")).get("summary")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
 def write_json(path: Path, document: dict) -> None:
     """A whole document (the cost), replaced atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,11 @@ def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits
     assert seen(node.shared, 1) == [(0, MASTER), (1, "ptj-worker-2"), (2, "ptj-worker-1")]  # the spare in its seat
     assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
     assert not list(node.shared.glob("seen-2-*")), "no restart was made for the pod that came back"
-    assert k8s.termination_log(tmp_path / "cluster", LOST) == "training completed (exit code 0)\n"  # a new pod's
+    # a new pod's verdict, with the job's summary line after it: the lead's, the same in every pod's message
+    message = k8s.termination_log(tmp_path / "cluster", LOST)
+    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
+        message
+    assert message == k8s.termination_log(tmp_path / "cluster", MASTER)
     out = capfd.readouterr().out
     assert f"{LOST} lost" in out and "ptj-worker-2 takes its place" in out, out[-3000:]
 
@@ -196,7 +200,10 @@ def test_the_master_pods_node_lost_the_job_fails_over_and_the_master_made_again_
     assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-2"), (2, "ptj-worker-1")]
     assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
     assert not list(node.shared.glob("seen-2-*")), "no restart was made for the Master that came back"
-    assert k8s.termination_log(tmp_path / "cluster", MASTER) == "training completed (exit code 0)\n"
+    message = k8s.termination_log(tmp_path / "cluster", MASTER)  # the job's verdict, and its new lead's summary
+    assert message == k8s.termination_log(tmp_path / "cluster", "ptj-worker-0"), message
+    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
+        message
     out = capfd.readouterr().out
     assert "ptj-worker-0: leading the job from attempt 2" in out, out[-3000:]
     assert f"{MASTER}: the job runs without this host" in out, out[-3000:]
@@ -227,4 +234,7 @@ def test_a_master_pod_made_again_after_the_work_is_done_hears_the_verdict_and_ne
     assert node.replaced == [-9]
     assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-1")]  # shrunk to 2 under the new lead
     assert not list(node.shared.glob("seen-2-*")), "the Master made again started no work"
-    assert k8s.termination_log(tmp_path / "cluster", MASTER) == "training completed (exit code 0)\n"
+    message = k8s.termination_log(tmp_path / "cluster", MASTER)  # the verdict it heard late, with the lead's summary
+    assert message == k8s.termination_log(tmp_path / "cluster", "ptj-worker-0"), message
+    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
+        message

@@ -223,6 +223,8 @@ def test_termination_message_is_one_line_first_and_fits_the_kubelets_limit():
     assert kubernetes.termination_message(1, "rank 3 on h2 exited with code 1", 2) == \
         "container restart 2: rank 3 on h2 exited with code 1"
     assert len(kubernetes.termination_message(1, "é" * 5000, 0).encode() + b"\n") <= 4096
+    assert kubernetes.termination_message(0, None, 0, "summary: attempts=2 faults=1") == \
+        "training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1"  # the verdict's line first
 
 
 def test_the_dns_wait_ends_at_once_naming_a_peer_whose_record_vanished():
