@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
     from typing import Protocol
 
     from training_toolkit.agent.parts import Part
+    from training_toolkit.agent.recording import Recorder
     from training_toolkit.agent.stall import StallWatch
     from training_toolkit.cluster.membership import Seat
     from training_toolkit.runspec import Local
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
         membership: Seat | None
         part: Part
         stall: StallWatch
+        recorder: Recorder
         host: str
 
         @property
@@ -45,8 +47,6 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
         def rejoin(self, attempt: int, reason: str) -> Outcome | None: ...
 
         def fail_over(self, attempt: int, reason: str, lost: str) -> Outcome | None: ...
-
-        def summary_line(self) -> str: ...
 
 
 class Stopped(ToolkitError):
@@ -73,7 +73,7 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
         if isinstance(action, Forward):
             agent.part.signal(action.signum)
         elif isinstance(action, Announce):  # with the job's cost, which every host's log says (``record``)
-            seat.announce(replace(action.verdict, summary=agent.summary_line()))
+            seat.announce(replace(action.verdict, summary=agent.recorder.summary_line()))
         elif isinstance(action, Report):
             seat.report_failure(action.reason, action.exit_code, action.at, action.attempt, action.stopped)
         elif isinstance(action, ShareProgress):

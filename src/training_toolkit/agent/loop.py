@@ -150,10 +150,6 @@ class HostAgent:
         self.recorder.end(outcome, quiet=self.spec.solo)
         return outcome
 
-    def summary_line(self) -> str:
-        """The job's cost in one line (``record.summary``), from this host's record as it stands."""
-        return self.recorder.summary_line()
-
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
         """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
         self.membership.open()
