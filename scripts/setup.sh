@@ -77,7 +77,7 @@ quiet() {
 pip() { quiet .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 venv .venv keep
-pip install -e '.[test,containers,stacks]' mpi4py
+pip install -e '.[test,containers,stacks,timeline]' mpi4py
 if [[ -z ${SETUP_MINIMAL:-} ]]; then
     .venv/bin/python -c 'import tensorflow' 2>/dev/null || pip install tensorflow-cpu
     quiet scripts/build-horovod.sh .venv/bin/python

@@ -52,6 +52,8 @@ def _add_grace_flag(parser) -> None:
 def build_parser():
     import argparse  # deferred, like every import `train` does not need on its launch path
 
+    import pathlib
+
     from training_toolkit.settings_help import environment_help
 
     parser = argparse.ArgumentParser(
@@ -70,6 +72,11 @@ def build_parser():
     _add_job_flags(plan)
     _add_platform_flag(plan)
     plan.add_argument("--json", action="store_true", help="print JSON")
+    timeline = sub.add_parser("timeline", help="draw a recorded job: hosts, roles, faults, the time they cost",
+                              description="Draw the job whose records are under DIR (a job directory, or local's "
+                                          "--workdir): needs the optional extra: pip install 'training-toolkit[timeline]'.")
+    timeline.add_argument("directory", metavar="DIR", type=pathlib.Path)
+    timeline.add_argument("--output", "-o", type=pathlib.Path, help="the picture (.png, .svg, .pdf; default: DIR/timeline.png)")
     sub.add_parser("local", help="run a job on N local hosts (network namespaces, needs root; or containers with --image); see `local --help`")
     return parser
 
@@ -92,6 +99,10 @@ def _main(argv: list[str]) -> int:
         return run(args.base_dir, args.grace_period, dict(os.environ), args.platform)
     if args.command == "plan":
         return show_plan(args.base_dir, args.json, dict(os.environ), args.platform)
+    if args.command == "timeline":
+        from training_toolkit.record import timeline
+
+        return timeline.main(args.directory, args.output)
     build_parser().print_help(sys.stderr)
     return errors.EXIT_USAGE
 

@@ -31,10 +31,14 @@ if TYPE_CHECKING:
 Observed = tuple[str, dict]  # kind, fields
 
 
-def observed(event, actions: Sequence, attempt: int, active: Sequence[str], host: str) -> list[Observed]:
-    """The entries one step makes: ``event`` and its ``actions``, in ``attempt`` with its ``active`` hosts, on ``host``."""
+def observed(event, actions: Sequence, attempt: int, active: Sequence[str], host: str,
+             stopping: bool = False) -> list[Observed]:
+    """The entries one step makes: ``event`` and its ``actions``, in ``attempt`` with its ``active`` hosts, on ``host``.
+    ``stopping``: the attempt is being stopped for a restart (its processes' ends are that stop's, no faults)."""
     found: list[Observed] = []
-    if isinstance(event, LocalExit) and event.failure is not None and event.attempt == attempt:
+    if isinstance(event, LocalExit | PeerFailed) and stopping:
+        pass
+    elif isinstance(event, LocalExit) and event.failure is not None and event.attempt == attempt:
         found.append(_fault(attempt, "failure", event.host or host, event.failure.reason, event.at))
     elif isinstance(event, PeerFailed) and event.attempt == attempt:
         found.append(_fault(attempt, "stop" if event.stopped else "failure", event.host, event.reason, event.at))
@@ -67,8 +71,9 @@ def _fault(attempt: int, kind: str, host: str | None, reason: str | None, at: fl
 class Recorder:
     """This host's record, written as the agent steps (``step``) and seats (``seated``); never raises."""
 
-    def __init__(self, output_data_dir: Path, host: str, clock=time.time):
+    def __init__(self, output_data_dir: Path, host: str, stall_s: float | None = None, clock=time.time):
         self.host = host
+        self.stall_s = stall_s  # a stall began this long before it was seen (the stall timeout)
         self.path = schema.record_path(output_data_dir, host)
         self.cost_path = schema.cost_path(output_data_dir, host)
         self._writer = schema.Writer(self.path)
@@ -86,10 +91,11 @@ class Recorder:
         self._write([("attempt", {"attempt": attempt.number, "lead": attempt.lead, "active": list(attempt.active),
                                   "spares": list(attempt.spares)})])
 
-    def step(self, event, actions: Sequence, attempt: int) -> None:
+    def step(self, event, actions: Sequence, attempt: int, stopping: bool = False) -> None:
         if isinstance(event, Verdict) and event.summary:
             self.lead_summary = event.summary
-        found = [item for item in observed(event, actions, attempt, self._active, self.host) if self._new(item)]
+        found = [item for item in observed(event, actions, attempt, self._active, self.host, stopping)
+                 if self._new(item)]
         if found:
             self._write(found)
 
@@ -106,6 +112,9 @@ class Recorder:
 
     def _write(self, found: list[Observed]) -> None:
         now = self._clock()
+        for kind, fields in found:
+            if kind == "fault" and fields["fault"] == "stall" and self.stall_s:  # no progress since then
+                fields["at"] = round(now - self.stall_s, 3)
         entries = [schema.entry(kind, self.host, now, **fields) for kind, fields in found]
         self.entries.extend(entries)
         self._writer.write(entries)

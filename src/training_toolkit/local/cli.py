@@ -195,7 +195,16 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     print(f"\nhosts' /opt/ml trees are under {workdir}", file=sys.stderr)
     for line in summary_lines(results):
         print(line, file=sys.stderr)
+    if _had_a_fault(workdir):
+        print(f"the job drawn, its faults and what they cost: training-toolkit timeline {workdir}", file=sys.stderr)
     return job_exit_code(results)
+
+
+def _had_a_fault(workdir: Path) -> bool:
+    """Any host's record under ``workdir`` names a fault (record/timeline.py)."""
+    from training_toolkit.record.timeline import find_records
+
+    return any(item["kind"] == "fault" for entries in find_records(workdir).values() for item in entries)
 
 
 def _run_in_containers(job, workdir: Path, args: argparse.Namespace, source: Path, environ: Mapping[str, str]) -> list:

@@ -35,6 +35,15 @@ def test_faults_are_failures_of_the_attempt_losses_of_active_hosts_stalls_and_st
                                                     "reason": "SIGTERM on algo-1", "at": None}
     assert see(GotSignal(signal.SIGUSR1)) == []
     assert see(None, (GatherStacks(),))[0][1]["fault"] == "stall"
+    stopped = LocalExit("rank", ExitStatus(-15), 5.0, Outcome(143, "algo-1: rank 0 terminated by SIGTERM"), attempt=1)
+    assert observed(stopped, (), 1, ACTIVE, "algo-1", stopping=True) == []  # a restart's stop: its doing, no fault
+    assert observed(PeerLost("algo-3", "connection closed"), (), 1, ACTIVE, "algo-1", stopping=True) != []
+
+
+def test_a_stall_began_the_stall_timeout_before_it_was_seen(tmp_path):
+    recorder = Recorder(tmp_path, "algo-1", stall_s=5.0, clock=lambda: 100.0)
+    recorder.step(None, (GatherStacks(),), 0)
+    assert (recorder.entries[0]["fault"], recorder.entries[0]["at"]) == ("stall", 95.0)
 
 
 def test_progress_starts_restarts_and_the_verdict():
