@@ -6,6 +6,7 @@ Timed waits are generous and nothing asserts a duration: the machine runs other 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -73,6 +74,25 @@ def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tm
     assert len(starts) == 1 and starts.pop() >= 3, second  # every rank resumed from the one checkpoint
     assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]
     assert not list(shared.glob("seen-2-*")), "one restart was enough"
+    # the lead's record: algo-2's loss, seen after its kill; the spare seated in the next attempt
+    entries = record_at(results["algo-1"].opt_ml, "algo-1")
+    lost = of_kind(entries, "fault")[0]
+    killed = wall(killer.killed["algo-2"])
+    assert (lost["attempt"], lost["fault"], lost["host"]) == (0, "host_lost", "algo-2") and \
+        killed - 1 < lost["t"] < killed + 15, (killed, entries)
+    assert [(i["active"], i["spares"]) for i in of_kind(entries, "attempt")] == [
+        (["algo-1", "algo-2", "algo-3"], ["algo-4"]), (["algo-1", "algo-4", "algo-3"], [])]
+    # the picture of the job, from every host's record under local's work directory: every host, the fault
+    from training_toolkit.record import timeline
+
+    picture = timeline.layout(timeline.find_records(tmp_path / "cluster"))
+    assert picture.hosts == H4 and [(m.fault, m.host) for m in picture.marks] == [("host_lost", "algo-2")]
+    assert {(s.host, s.role) for s in picture.segments if s.attempt == 1} == {
+        ("algo-1", "lead"), ("algo-4", "active"), ("algo-3", "active"), ("algo-2", "lost")}
+    if importlib.util.find_spec("matplotlib"):
+        svg = tmp_path / "job.svg"
+        timeline.draw(picture, svg)
+        assert all(host in svg.read_text() for host in H4) and "host_lost: algo-2 lost" in svg.read_text()
 
 
 @pytest.mark.torch
