@@ -409,8 +409,11 @@ def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_
     errors: list[BaseException] = []
 
     def restart(name: str, code: int) -> float | None:  # the replacement, in the same host, 1 s after its loss
-        if name == "algo-1" and "algo-1" not in back:
+        if name in ("algo-1", "algo-3") and name not in back:
             back[name] = time.monotonic() + 1
+            # as a pod made again: the platform's hosts, algo-1 first, not the order the last attempt left there
+            config = tmp_path / "cluster" / name / "opt" / "ml" / "input" / "config" / "resourceconfig.json"
+            config.write_text(json.dumps({**json.loads(config.read_text()), "hosts": list(H4)}))
             return 1.0
         return None
 
@@ -430,7 +433,8 @@ def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
     killing.join(5)
     assert not errors, errors
-    for host in ("algo-1", "algo-2", "algo-4"):  # algo-1's second train too: one verdict, the job's
+    # algo-1's second train too, and algo-3's, which found its first host no lead and the job under algo-2
+    for host in ("algo-1", "algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
     assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [(0, "algo-2"), (1, "algo-4"),
                                                                                 (2, "algo-3")]
@@ -439,3 +443,4 @@ def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_
     out = capfd.readouterr()
     text = out.out + out.err
     assert "algo-1: the job runs without this host (attempt 2, under another lead): joining it as a spare" in text
+    assert "algo-3: algo-1 does not answer; the job runs under algo-2: joining it" in text

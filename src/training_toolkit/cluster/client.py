@@ -20,6 +20,14 @@ RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 0.25
 
 
+class Unreachable(ClusterError):
+    """Nobody answered on the lead's channel within the deadline (not a refusal: nobody refused)."""
+
+    def __init__(self, lead: str, port: int, deadline_s: float, last: str):
+        super().__init__(f"could not reach the control channel on {lead}:{port} within {deadline_s:g} s: {last}")
+        self.last = last
+
+
 class ControlClient:
     """Joins the channel of the lead (``lead``) as ``host``, telling it ``introduction``.
 
@@ -86,9 +94,7 @@ class ControlClient:
                 last = str(exc) or type(exc).__name__
             self._check_interrupted()
             if time.monotonic() + delay >= end:
-                raise ClusterError(
-                    f"could not reach the control channel on {self.lead}:{self.port} within {deadline_s:g} s: {last}"
-                )
+                raise Unreachable(self.lead, self.port, deadline_s, last)
             self._interrupted.wait(delay)
             delay = min(delay * 1.5, RETRY_MAX_S)
 

@@ -14,9 +14,11 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Protocol
 
 from training_toolkit.attempt import Attempt
+from training_toolkit.cluster import elsewhere
 from training_toolkit.cluster.events import Verdict
 from training_toolkit.cluster.timing import ChannelSettings
 from training_toolkit.errors import ClusterError
+from training_toolkit.log import log
 
 if TYPE_CHECKING:
     from training_toolkit.cluster.client import ControlClient
@@ -25,10 +27,6 @@ if TYPE_CHECKING:
 
 VERDICT_LINGER_S = 10.0
 
-#: The platform's first host asks this many of the next hosts whether the job runs under one of them, each at
-#: most this long to connect (``Membership._join_a_running_job``).
-PROBED_SUCCESSORS = 3
-PROBE_S = 0.5
 
 #: A host other than the first waits this much longer than the barrier's deadline for the lead's word.
 FIRST_HOST_MARGIN_S = 5.0
@@ -137,9 +135,34 @@ class Membership:
             self._server.start()
             self._join_a_running_job()
         else:
-            assert self._client is not None
-            self._client.connect(self.settings.join_timeout_s)
+            self._join_the_lead()
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
+
+    def _join_the_lead(self) -> None:
+        """Join the platform's first host within the join deadline; should it not answer for ``LOOK_S`` at a time (it
+        may be lost, and the job running under another lead: this host's ``train`` came back after its own loss), ask
+        the next hosts whether one of them leads the running job, and follow it if so (``elsewhere.running_job``).
+        A join that is refused is refused at once, as before."""
+        import time
+
+        from training_toolkit.cluster.client import Unreachable
+
+        assert self._client is not None
+        deadline_s = self.settings.join_timeout_s
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                self._client.connect(max(0.5, min(elsewhere.LOOK_S, end - time.monotonic())))
+                return
+            except Unreachable as exc:
+                if time.monotonic() >= end - 0.5:
+                    raise Unreachable(self._client.lead, self.settings.port, deadline_s, exc.last) from None
+            found = self._running_job_elsewhere([host for host in self.hosts[1:] if host != self.current])
+            if found is not None:
+                log(f"{self.current}: {self._client.lead} does not answer; the job runs under {found.lead}: joining it")
+                self._client.close()
+                self._client = found
+                return
 
     def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt:
         """A host other than the lead: say it is ready for ``attempt``, and wait for the lead's go.
@@ -211,20 +234,20 @@ class Membership:
 
         It asks the next hosts in the platform's order (the first members left lead after a loss,
         ``agent/succession.py``), each once: at a job's start none of them serves, so each answer is a refused
-        connection, at once (``PROBE_S`` bounds one whose address drops it)."""
+        connection, at once (``elsewhere.PROBE_S`` bounds one whose address drops it)."""
+        assert self._server is not None
+        client = self._running_job_elsewhere(self.hosts[1:])
+        if client is not None:
+            self._server.close()
+            self._server, self._client, self.is_lead = None, client, False
+            self.hosts = job_hosts(self.hosts, self.current, client.hosts)
+
+    def _running_job_elsewhere(self, hosts: Sequence[str]) -> ControlClient | None:
         from training_toolkit.cluster.client import ControlClient
 
-        assert self._server is not None
-        for host in self.hosts[1:1 + PROBED_SUCCESSORS]:
-            client = ControlClient(self._secret, self.current, host, self.settings.port, self._events, **self._kw)
-            if not client.try_join(PROBE_S):
-                continue
-            if client.job_attempt[0] > self.settings.first_attempt or client.job_attempt[1]:
-                self._server.close()
-                self._server, self._client, self.is_lead = None, client, False
-                self.hosts = job_hosts(self.hosts, self.current, client.hosts)
-                return
-            client.close()
+        return elsewhere.running_job(lambda host: ControlClient(self._secret, self.current, host, self.settings.port,
+                                                                self._events, **self._kw),
+                                     hosts, self.settings.first_attempt)
 
     def take_lead(self, attempt: int) -> None:
         """This host leads from ``attempt`` on (its lead was lost, ``agent/succession.py``): its link to the lost lead
