@@ -7,7 +7,9 @@ only splits detection from the rest, bounded by its ``t``.  An attempt runs from
 is charged to the first fault of the attempt it ended (the cause), and costs the time from that fault's
 detection to the next attempt's first progress, split into detection (the fault to its detection),
 barrier (detection to the next attempt's barrier) and start (that barrier to its first progress).
-Work lost since the last checkpoint is not known here: ``lost_work_included`` is false.
+A restart whose fault this host did not see (a follower hears the lead's call only) is charged as
+a fault of kind ``restart`` with the call's reason, from when the call came.  Work lost since the
+last checkpoint is not known here: ``lost_work_included`` is false.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def cost(entries: Sequence[dict]) -> dict:
                          "to_progress_s": _span(start, first), "running_s": _span(first, stop)})
     faults = []
     for i, number in enumerate(numbers):
-        cause = next((e for e in entries if e["kind"] == "fault" and e["attempt"] == number), None)
+        cause = next((e for e in entries if e["kind"] == "fault" and e["attempt"] == number), None) or \
+            _told(entries, number)
         if cause is None:
             continue
         detected = cause["t"]
@@ -59,6 +62,15 @@ def cost(entries: Sequence[dict]) -> dict:
             "running_fraction": round(running / wall, 4) if wall > 0 else None, "basis": basis,
             "lost_work_included": False,
             "verdict": None if verdict is None else {"exit_code": verdict["exit_code"], "reason": verdict["reason"]}}
+
+
+def _told(entries: Sequence[dict], number: int) -> dict | None:
+    """A restart after ``number`` whose fault this host did not see itself (a follower hears only the lead's call):
+    the fault as the restart told it, seen when the restart was."""
+    restart = next((e for e in entries if e["kind"] == "restart" and e["attempt"] == number + 1), None)
+    if restart is None:
+        return None
+    return {"t": restart["t"], "fault": "restart", "host": None, "reason": restart["reason"], "at": None}
 
 
 def _first_each(entries: Sequence[dict], kind: str) -> dict[int, dict]:

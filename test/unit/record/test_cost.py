@@ -95,3 +95,13 @@ def test_the_summary_line_stays_under_the_channels_text_limit_however_many_fault
     entries.append(e("verdict", 500.0, exit_code=1, reason="r"))
     line = summary.line(cost.cost(entries))
     assert len(line) < 4096 and line.endswith("30 more in the cost document")
+
+
+def test_a_restart_a_follower_only_heard_of_is_charged_from_the_call_with_its_reason():
+    entries = [attempt(0.0, 0, ["algo-1", "algo-2"]), e("started", 0.5, attempt=0),
+               e("restart", 4.0, attempt=1, reason="algo-1: rank 0 exited 1", lost=None),
+               attempt(5.0, 1, ["algo-1", "algo-2"]), e("started", 6.0, attempt=1),
+               e("verdict", 10.0, exit_code=0, reason=None)]
+    (only,) = cost.cost(entries)["faults"]
+    assert (only["fault"], only["reason"], only["detection_s"], only["barrier_s"], only["start_s"], only["lost_s"]) == \
+        ("restart", "algo-1: rank 0 exited 1", 0.0, 1.0, 1.0, 2.0)
