@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from common import PYTHON, REPO
 from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, StampedLog, decisions, job_env, running
-from goodput_plan import recoveries, row, schedule, work_s
+from goodput_plan import record_splits, recoveries, row, schedule, work_s
 
 sys.path.insert(0, str(REPO / "test"))
 from helpers.deadhost import HostKiller  # noqa: E402
@@ -91,7 +92,8 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
 
     log = StampedLog(tmp / "ours.log")
     try:
-        results = run_local(LocalJob(hosts=hosts, env=env, hyperparameters=hps), tmp / "cluster", timeout_s=600 + 4 * args.steps * args.step_s,
+        results = run_local(LocalJob(hosts=hosts, env=env, hyperparameters=hps), tmp / "cluster", environ=os.environ,
+                            timeout_s=600 + 4 * args.steps * args.step_s,
                             out=log, before_start=killer.before_start, on_start=on_start, restart=restart)
     finally:
         log.close()
@@ -104,6 +106,12 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     to_choice = [min((t for t in said if t > at), default=None) for _, at in faults.kills]
     outcome = Outcome(label, head.ended_at - first["t0"], "", faults.kills, recoveries(faults.kills, started(shared)))
     outcome.to_choice = [c - at for c, (_, at) in zip(to_choice, faults.kills) if c is not None]
+    # each kill's split as the job's record has it (the lead's: the first host's), beside the outside timing
+    wall_now, mono_now = time.time(), time.monotonic()
+    kills_wall = [(host, wall_now - (mono_now - at)) for host, at in faults.kills]
+    lead = head.host
+    cost_file = head.opt_ml / "output" / "data" / "training-toolkit" / f"cost-{lead}.json"
+    outcome.splits = record_splits(kills_wall, json.loads(cost_file.read_text())["faults"]) if cost_file.exists() else []
     return outcome
 
 
@@ -208,6 +216,12 @@ def main() -> None:
             print(f"  {o.label}: kill to every rank of the next attempt running: "
                   f"median {statistics.median(got):.2f} s (min {min(got):.2f}, max {max(got):.2f}; "
                   f"{len(got)} of {len(o.recover)} kills)")
+        for kill, split, outside in zip(o.kills, getattr(o, "splits", []), o.recover):
+            if split is not None:  # the record's split, and its sum against the ranks' own stamps from outside
+                print(f"  {o.label}: {kill[0]} killed: the record: seen {split['outside_detection_s']:.2f} s after the "
+                      f"kill (detection {split['detection_s']:.2f}), barrier {split['barrier_s']:.2f}, ranks' start "
+                      f"{split['start_s']:.2f}: first progress {split['to_progress_s']:.2f} s after the kill"
+                      + (f"; every rank running {outside:.2f} s after it (outside)" if outside is not None else ""))
         if getattr(o, "to_choice", None):
             print(f"  {o.label}: kill to the first host's choice of the next attempt's hosts: "
                   f"median {statistics.median(o.to_choice):.2f} s (min {min(o.to_choice):.2f}, max {max(o.to_choice):.2f})")

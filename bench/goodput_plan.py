@@ -93,3 +93,20 @@ def row(label: str, work: float, wall: float | None, note: str = "") -> str:
     if wall is None:
         return f"  {label:44s} {'—':>8s} {'—':>8s}  {note}"
     return f"  {label:44s} {wall:7.1f}s {goodput(work, wall):8.3f}  {note}"
+
+
+def record_splits(kills: Sequence[tuple[str, float]], faults: Sequence[Mapping]) -> list[dict | None]:
+    """For each kill (host, wall time): what the job's record says it cost (``record/cost.py``'s fault of that host's
+    loss, seen at or after the kill), with the detection timed from outside (the kill to the record's detection).
+    None: the record has no such fault (the kill came between attempts, say)."""
+    out: list[dict | None] = []
+    for host, at in kills:
+        found = next((f for f in faults if f["fault"] == "host_lost" and f["host"] == host
+                      and f["detected_t"] >= at - 0.5 and f["lost_s"] is not None), None)
+        if found is None:
+            out.append(None)
+            continue
+        out.append({"host": host, "outside_detection_s": round(found["detected_t"] - at, 3),
+                    "detection_s": found["detection_s"], "barrier_s": found["barrier_s"], "start_s": found["start_s"],
+                    "to_progress_s": round(found["detected_t"] - at + found["barrier_s"] + found["start_s"], 3)})
+    return out

@@ -74,3 +74,13 @@ def test_each_kill_is_timed_to_the_last_rank_of_the_first_attempt_that_started_a
 def test_a_row_says_wall_and_goodput_or_why_there_is_none():
     assert "0.750" in plan.row("ours", 150.0, 200.0) and "200.0s" in plan.row("ours", 150.0, 200.0)
     assert "failed: exit 1" in plan.row("torchrun", 150.0, None, "failed: exit 1")
+
+
+def test_each_kill_is_matched_to_the_records_loss_of_that_host_seen_after_it():
+    faults = [{"fault": "host_lost", "host": "algo-2", "detected_t": 100.4, "detection_s": 0.1, "barrier_s": 1.0,
+               "start_s": 2.0, "lost_s": 3.1},
+              {"fault": "failure", "host": "algo-3", "detected_t": 130.0, "detection_s": 0.0, "barrier_s": 1.0,
+               "start_s": 1.0, "lost_s": 2.0}]
+    assert plan.record_splits([("algo-2", 100.0), ("algo-3", 129.0), ("algo-2", 200.0)], faults) == [
+        {"host": "algo-2", "outside_detection_s": 0.4, "detection_s": 0.1, "barrier_s": 1.0, "start_s": 2.0,
+         "to_progress_s": 3.4}, None, None]
