@@ -93,7 +93,7 @@ class HostAgent:
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
-        self.recorder = Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s)  # the job's record
+        self.recorder = Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s, config.stall_startup_s)
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)

@@ -71,9 +71,11 @@ def _fault(attempt: int, kind: str, host: str | None, reason: str | None, at: fl
 class Recorder:
     """This host's record, written as the agent steps (``step``) and seats (``seated``); never raises."""
 
-    def __init__(self, output_data_dir: Path, host: str, stall_s: float | None = None, clock=time.time):
+    def __init__(self, output_data_dir: Path, host: str, stall_s: float | None = None, startup_s: float | None = None,
+                 clock=time.time):
         self.host = host
-        self.stall_s = stall_s  # a stall began this long before it was seen (the stall timeout)
+        self.stall_s, self.startup_s = stall_s, startup_s  # a stall began this long before it was seen (the stall
+        #   timeout; before the attempt's first progress, the startup's)
         self.path = schema.record_path(output_data_dir, host)
         self.cost_path = schema.cost_path(output_data_dir, host)
         self._writer = schema.Writer(self.path)
@@ -113,8 +115,9 @@ class Recorder:
     def _write(self, found: list[Observed]) -> None:
         now = self._clock()
         for kind, fields in found:
-            if kind == "fault" and fields["fault"] == "stall" and self.stall_s:  # no progress since then
-                fields["at"] = round(now - self.stall_s, 3)
+            if kind == "fault" and fields["fault"] == "stall":  # no progress since then
+                span = self.stall_s if ("progress", fields["attempt"]) in self._once else self.startup_s
+                fields["at"] = round(now - span, 3) if span else None
         entries = [schema.entry(kind, self.host, now, **fields) for kind, fields in found]
         self.entries.extend(entries)
         self._writer.write(entries)

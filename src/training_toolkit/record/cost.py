@@ -50,7 +50,9 @@ def cost(entries: Sequence[dict]) -> dict:
         after = numbers[i + 1] if i + 1 < len(numbers) else None
         barrier = seats[after]["t"] if after is not None else None
         progressed = ran.get(after, {}).get("t") if after is not None else None
-        faults.append({"attempt": number, "fault": cause["fault"], "host": cause["host"], "reason": cause["reason"],
+        told = _told(entries, number)  # a stall's restart names the stuck rank, once the stacks were read
+        reason = told["reason"] if cause["fault"] == "stall" and told is not None else cause["reason"]
+        faults.append({"attempt": number, "fault": cause["fault"], "host": cause["host"], "reason": reason,
                        "detected_t": detected, "detection_s": round(detected - happened, 3),
                        "barrier_s": _span(detected, barrier), "start_s": _span(barrier, progressed),
                        "lost_s": _span(happened, progressed) if after is not None else None,

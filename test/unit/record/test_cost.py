@@ -105,3 +105,13 @@ def test_a_restart_a_follower_only_heard_of_is_charged_from_the_call_with_its_re
     (only,) = cost.cost(entries)["faults"]
     assert (only["fault"], only["reason"], only["detection_s"], only["barrier_s"], only["start_s"], only["lost_s"]) == \
         ("restart", "algo-1: rank 0 exited 1", 0.0, 1.0, 1.0, 2.0)
+
+
+def test_a_stalls_cause_is_the_restarts_reason_which_names_the_stuck_rank():
+    entries = [attempt(0.0, 0, ["algo-1"]), e("progress", 1.0, attempt=0, heartbeat=False),
+               fault(10.0, 0, "stall", None, "no progress within the stall timeout", at=5.0),
+               e("restart", 12.0, attempt=1, reason="stalled: rank 3 on algo-2 in allreduce", lost=None),
+               attempt(13.0, 1, ["algo-1"]), e("progress", 14.0, attempt=1, heartbeat=False),
+               e("verdict", 20.0, exit_code=0, reason=None)]
+    (only,) = cost.cost(entries)["faults"]
+    assert (only["reason"], only["detection_s"], only["lost_s"]) == ("stalled: rank 3 on algo-2 in allreduce", 5.0, 9.0)

@@ -40,10 +40,13 @@ def test_faults_are_failures_of_the_attempt_losses_of_active_hosts_stalls_and_st
     assert observed(PeerLost("algo-3", "connection closed"), (), 1, ACTIVE, "algo-1", stopping=True) != []
 
 
-def test_a_stall_began_the_stall_timeout_before_it_was_seen(tmp_path):
-    recorder = Recorder(tmp_path, "algo-1", stall_s=5.0, clock=lambda: 100.0)
+def test_a_stall_began_the_stall_timeout_before_it_was_seen_or_the_startups_before_any_progress(tmp_path):
+    recorder = Recorder(tmp_path, "algo-1", stall_s=5.0, startup_s=30.0, clock=lambda: 100.0)
     recorder.step(None, (GatherStacks(),), 0)
-    assert (recorder.entries[0]["fault"], recorder.entries[0]["at"]) == ("stall", 95.0)
+    recorder.step(Progress(attempt=1), (), 1)
+    recorder.step(None, (GatherStacks(),), 1)
+    stalls = [(item["attempt"], item["at"]) for item in recorder.entries if item["kind"] == "fault"]
+    assert stalls == [(0, 70.0), (1, 95.0)]
 
 
 def test_progress_starts_restarts_and_the_verdict():
