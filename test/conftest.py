@@ -1,4 +1,5 @@
-"""Set-up for every test: the markers and their skip rules (helpers.skips), and shared fixtures.
+"""Set-up for every test: the markers and their skip rules (helpers.skips), each test's tier (helpers.tiers), and
+shared fixtures.
 
 Helpers live in the ``helpers`` package (``from helpers.jobs import write_job``).
 """
@@ -7,14 +8,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+import subprocess
+from collections.abc import Iterator
+
 import pytest
 
-from helpers import skips
+from helpers import skips, tiers
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for requirement in skips.REQUIREMENTS.values():
         config.addinivalue_line("markers", f"{requirement.marker}: {requirement.description}")
+    for name, description in tiers.TIERS.items():
+        config.addinivalue_line("markers", f"{name}: tier: {description}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's tier as its marker (and its xdist group where its tier runs one test after another); tests in
+    the order of ``tiers.ORDER``, the file's own order kept within a tier."""
+    found = {}
+    for item in items:
+        path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+        found[item.nodeid] = name = tiers.tier(path, (mark.name for mark in item.iter_markers()))
+        item.add_marker(name)
+        if name in tiers.ONE_AFTER_ANOTHER:
+            item.add_marker(pytest.mark.xdist_group(name))
+    items.sort(key=lambda item: tiers.ORDER.index(found[item.nodeid]))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -24,6 +46,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = skips.why_not(name)
         if reason:
             pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def pure_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test of tier ``pure`` that starts a process fails, naming what to do (helpers.tiers)."""
+    if request.node.get_closest_marker("pure") is not None:
+        def refused(*args, **kwargs):
+            raise AssertionError("a test of tier pure started a process: give its module "
+                                 "`pytestmark = pytest.mark.process` (test/helpers/tiers.py)")
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refused)
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve"):
+            if hasattr(os, name):
+                monkeypatch.setattr(os, name, refused)
+    yield
 
 
 @pytest.fixture

@@ -86,6 +86,18 @@ def termination_log(workdir: Path, pod: str) -> str:
     return (k8s_dir(workdir, pod) / "termination-log").read_text()
 
 
+SUMMARY = "training-toolkit: summary: "
+
+
+def termination_verdict(workdir: Path, pod: str) -> str:
+    """The termination message without the job's summary line after the verdict (every pod that wrote a verdict has
+    one: asserted here, so a test of the verdict's words also sees that the summary followed it)."""
+    message = termination_log(workdir, pod)
+    head, found, summary = message.partition("\n" + SUMMARY)
+    assert found and summary.endswith("\n") and "\n" not in summary[:-1], message
+    return head + "\n"
+
+
 def kubelet_hosts(pod: Pod, address: str) -> str:
     """``managedHostsFileContent``: localhost lines, then this pod's own line."""
     own = f"{address}\t{pod.name}.{pod.subdomain}.{pod.namespace}.svc.{CLUSTER_DOMAIN}\t{pod.name}" if pod.subdomain \

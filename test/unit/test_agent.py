@@ -25,6 +25,8 @@ from training_toolkit.report import Outcome
 from training_toolkit.attempt import seated
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 HOSTS = ("algo-1", "algo-2", "algo-3")
 
 

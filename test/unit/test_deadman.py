@@ -15,6 +15,8 @@ import pytest
 from training_toolkit import procfs
 from training_toolkit.supervise import deadman
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 #: Seconds after the owner's SIGKILL by which what it watched must be gone.
 BOUND_S = 5
 

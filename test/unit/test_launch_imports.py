@@ -9,12 +9,15 @@ rules and the progress watch only where a job has peers, several hosts or a stal
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 NOT_FOR_ONE_HOST = {"training_toolkit.cluster.guard", "training_toolkit.cluster.listeners",
                     "training_toolkit.cluster.sockfilter", "training_toolkit.cluster.server",

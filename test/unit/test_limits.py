@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import resource
 import subprocess
 import sys
@@ -27,6 +28,7 @@ print(*raise_open_files(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 
 
+@pytest.mark.process
 def test_a_process_with_a_low_soft_limit_raises_it():
     soft, hard, now = map(int, subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                                               check=True, timeout=60).stdout.split())

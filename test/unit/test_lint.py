@@ -6,6 +6,8 @@ import pytest
 
 from helpers.paths import REPO, ruff
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 
 @pytest.mark.ruff
 def test_ruff_finds_nothing():

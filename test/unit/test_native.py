@@ -15,6 +15,8 @@ import pytest
 
 from training_toolkit import native
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(native.HERE.glob("*.c"))
 COMPILER = shutil.which("cc") or shutil.which("gcc")

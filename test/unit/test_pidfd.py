@@ -11,6 +11,8 @@ from training_toolkit import procfs
 from training_toolkit.stopping import stop_processes
 from training_toolkit.supervise import pidfd
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 
 def test_same_process_is_the_start_time_seen():
     now = procfs.Proc(pid=42, ppid=1, pgid=42, zombie=False, start=1000)

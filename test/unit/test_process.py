@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from training_toolkit import procfs
 from training_toolkit.process import Supervised, end_descendants
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 
 def ready(child: Supervised) -> None:

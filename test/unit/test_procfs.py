@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import subprocess
 import time
 
 from training_toolkit import procfs
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 
 def test_a_process_tree_its_group_and_its_environment():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import os
 import subprocess
 from pathlib import Path
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 SETUP = Path(__file__).resolve().parents[2] / "scripts" / "setup.sh"
 TEST_ONLY = {"slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server", "cmake", "g++", "make"}

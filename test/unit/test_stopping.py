@@ -14,6 +14,8 @@ import pytest
 from training_toolkit import procfs
 from training_toolkit.stopping import stop_processes
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 # `trap "" TERM` makes the shell and everything it starts afterwards ignore SIGTERM.
 IGNORES_TERM = 'trap "" TERM; echo ready; exec sleep 100'
 

@@ -30,6 +30,10 @@ def log(tmp_path, pod):
     return k8s.termination_log(tmp_path / "cluster", pod.name)
 
 
+def verdict(tmp_path, pod):
+    return k8s.termination_verdict(tmp_path / "cluster", pod.name)
+
+
 SINGLE = {
     "tfjob": (lambda: k8s.tfjob("tfj", "ns1", {"Worker": 1}), "tfj-worker-0"),  # one replica: no TF_CONFIG
     "pytorchjob": (lambda: k8s.pytorchjob("ptj", "ns1", workers=0, nproc=1), "ptj-master-0"),
@@ -53,7 +57,7 @@ def test_a_single_process_job_sees_the_view_the_platform_built(operator, tmp_pat
     assert (info["current_host"], info["hosts"]) == (expected_host, [expected_host])
     assert info["args"] == ["--epochs", "3"] and info["hps"] == {"epochs": 3}
     assert info["channel"] == ["part-0.csv"] and info["checkpoints"]
-    assert log(tmp_path, pods[0]) == "training completed (exit code 0)\n"
+    assert verdict(tmp_path, pods[0]) == "training completed (exit code 0)\n"
 
 
 def test_a_tfjob_whose_container_is_not_named_tensorflow_is_refused_by_name(tmp_path):
@@ -95,7 +99,7 @@ def test_mpijob_horovod_runs_from_the_launcher_and_the_worker_has_only_its_role(
     assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
     worker_view = json.loads((results[1].opt_ml / "input/config/resourceconfig.json").read_text())
     assert worker_view["hosts"] == ["mpj-launcher.mpj.ns1.svc", "mpj-worker-0.mpj.ns1.svc"]
-    assert all(log(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
+    assert all(verdict(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
 
 
 @pytest.mark.torch
@@ -127,7 +131,7 @@ def test_mpijob_with_two_workers_runs_every_rank_with_the_launchers_membership(t
     for result, host in zip(results, hosts):
         resource = json.loads((result.opt_ml / "input/config/resourceconfig.json").read_text())
         assert resource["hosts"] == hosts and resource["current_host"] == host
-    assert all(log(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
+    assert all(verdict(tmp_path, p) == "training completed (exit code 0)\n" for p in pods)
 
 
 @pytest.mark.parametrize("etc_mode", ["overlay", "copy"])
@@ -263,5 +267,5 @@ def test_sigterm_gives_the_script_its_grace_within_the_pods_termination_grace_pe
     assert max(r.ended_at for r in results) - ended["sent"] < 30  # terminationGracePeriodSeconds' default
     for r, pod in zip(results, pods):
         assert json.loads((r.opt_ml / "checkpoints/saved.json").read_text())["signal"] == signal.SIGTERM
-        assert log(tmp_path, pod) == "k8s_view.py exited with code 143\n"
+        assert verdict(tmp_path, pod) == "k8s_view.py exited with code 143\n"
 

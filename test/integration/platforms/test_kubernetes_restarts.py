@@ -27,6 +27,10 @@ def log(tmp_path, pod: str) -> str:
     return k8s.termination_log(tmp_path / "cluster", pod)
 
 
+def verdict(tmp_path, pod: str) -> str:
+    return k8s.termination_verdict(tmp_path / "cluster", pod)
+
+
 def kill_train_mid_job(tmp_path, pod: str, seen: dict, victim: str | None = None):
     """An ``on_start`` that SIGKILLs ``victim``'s train (its container's first process; default ``pod``'s) once
     ``pod``'s rank is at step 2."""
@@ -60,8 +64,8 @@ def test_a_worker_pods_container_restarted_in_place_rejoins_and_the_job_resumes(
     assert sorted(ranks) == [0, 1]
     assert all(info["attempt"] == 1 and info["start"] >= 2 for info in ranks.values()), ranks  # resumed
     assert len({info["start"] for info in ranks.values()}) == 1
-    assert log(tmp_path, "ptj-master-0") == "training completed (exit code 0)\n"
-    assert log(tmp_path, WORKER) == "container restart 1: training completed (exit code 0)\n"
+    assert verdict(tmp_path, "ptj-master-0") == "training completed (exit code 0)\n"
+    assert verdict(tmp_path, WORKER) == "container restart 1: training completed (exit code 0)\n"
     runs = (results[1].opt_ml / ".training-toolkit-runs").read_text().splitlines()
     assert len(runs) == 2  # the emptyDir kept the first run's record
 
@@ -106,7 +110,7 @@ def test_a_jobset_restart_starts_the_job_at_its_restart_attempt_with_its_own_res
     assert all(info["attempt"] == 2 and info["start"] == 2 for info in ranks.values()), ranks
     runs = (results[0].opt_ml / ".training-toolkit-runs").read_text().splitlines()
     assert len(runs) == 1 and runs[0].endswith("attempt=1")
-    assert all(log(tmp_path, p.name) == "training completed (exit code 0)\n" for p in pods)
+    assert all(verdict(tmp_path, p.name) == "training completed (exit code 0)\n" for p in pods)
 
 
 @pytest.mark.torch
@@ -132,7 +136,7 @@ def test_a_first_host_restarted_in_place_ends_the_job_named_and_the_restarted_po
     assert f"[{WORKER}] training-toolkit: failed: {WORKER}: lost the lead {master}" in out, out[-3000:]
     ranks = rank_files(results)
     assert all(info["attempt"] == 0 and info["start"] >= 2 for info in ranks.values()), ranks  # started over, resumed
-    assert all(log(tmp_path, p.name) == "container restart 1: training completed (exit code 0)\n" for p in pods)
+    assert all(verdict(tmp_path, p.name) == "container restart 1: training completed (exit code 0)\n" for p in pods)
 
 
 MPI_RESUME = """import json, os, time
@@ -172,4 +176,4 @@ def test_an_mpijob_workers_container_restarted_in_place_rejoins_with_its_new_ssh
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1]
     assert all(info["attempt"] == 1 and info["start"] >= 2 for info in ranks.values()), ranks
-    assert log(tmp_path, worker) == "container restart 1: training completed (exit code 0)\n"
+    assert verdict(tmp_path, worker) == "container restart 1: training completed (exit code 0)\n"

@@ -1,5 +1,6 @@
 """The namespace's TCP sockets as the kernel gives them (sock_diag), and the guard's decision over them (pure, exact)."""
 
+import pytest
 import os
 import socket
 import struct
@@ -83,6 +84,7 @@ def test_a_rank_has_only_its_listeners_in_the_given_ports_guarded():
     assert sweep_actions(42, SOCKETS, FDS, set(), ALLOWED, ports=range(0)) == []
 
 
+@pytest.mark.process
 def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch):
     import errno
     import subprocess
@@ -114,6 +116,7 @@ def test_where_the_kernel_refuses_the_guard_says_why_once_and_stops(monkeypatch)
         child.wait()
 
 
+@pytest.mark.process
 def test_where_a_filter_may_not_be_attached_the_guard_says_why_once_and_only_cuts(monkeypatch):
     """As in a container without CAP_NET_ADMIN (measured under podman's defaults on Linux 6.18)."""
     import errno

@@ -52,6 +52,7 @@ def test_generated_keys_are_new_every_time_and_match_their_public_halves():
     assert a.public.startswith("ssh-ed25519 AAAA") and a.public.endswith(" c")
 
 
+@pytest.mark.process
 @pytest.mark.openssh
 def test_ssh_keygen_reads_generated_keys(tmp_path):
     pair = generate_keypair("job")

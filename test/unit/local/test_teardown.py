@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 import time
 
 from training_toolkit import procfs
 from training_toolkit.local import teardown
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 
 def test_a_process_started_after_the_teardown_ended_is_not_a_leftover():

@@ -127,6 +127,7 @@ def test_gpus_on_node():
     assert view.overrides.num_gpus == 2 and Slurm().view(facts(TASK)).overrides.num_gpus is None
 
 
+@pytest.mark.process
 def test_the_plan_under_slurm_counts_the_allocated_gpus(tmp_path):
     """``training-toolkit plan`` in a Slurm task: the script's SM_NUM_GPUS is the allocation's, not the probe's."""
     import json
@@ -158,6 +159,7 @@ def test_the_interface_is_the_most_specific_route_to_the_launch_node():
     assert interface_towards(ROUTES, "fe80::1") is None
 
 
+@pytest.mark.process
 def test_the_plan_of_an_mpi_job_under_slurm_launches_through_slurm(tmp_path):
     """``training-toolkit plan`` in a Slurm task: mpirun's daemons start with srun, never ssh; ssh can be asked for."""
     import json

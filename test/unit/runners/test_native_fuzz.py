@@ -24,6 +24,8 @@ from training_toolkit import native
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.netshim import shim_parses
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 PRINTF = "/usr/bin/printf"
 ENV = "/usr/bin/env"
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

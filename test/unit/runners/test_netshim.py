@@ -12,6 +12,8 @@ from training_toolkit.cluster.ssh.config import render_sshd_config
 from training_toolkit.cluster.ssh.errors import SshLayoutError
 from training_toolkit.runners.netshim import Shim, preload_list
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 JOB = "10.0.0.2,10.0.0.3,2001:db8::5"
 
 

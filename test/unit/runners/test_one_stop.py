@@ -3,6 +3,7 @@ signals every process (Slurm), its SIGTERMs within the window are one stop, and 
 
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ import time
 from training_toolkit import native
 from training_toolkit.runners.one_stop import one_stop_environment
 from training_toolkit.settings import RANK_PID_VAR, RANK_STOP_WAIT_VAR
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 SCRIPT = r"""
 import os, signal, subprocess, sys, time

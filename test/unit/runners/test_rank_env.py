@@ -13,6 +13,8 @@ from training_toolkit.errors import ClusterError
 from training_toolkit.mpi_options import CustomMpiOptions
 from training_toolkit.runners import rank_env
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 SCRIPT_ENV = {"PATH": "/usr/bin:/bin", "SM_CURRENT_HOST": "algo-2", "SM_HP_LEARNING-RATE": "0.1"}
 
 

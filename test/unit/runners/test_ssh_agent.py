@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import subprocess
 
 from training_toolkit import native
 from training_toolkit.settings import SSH_CONFIG_VAR
+
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
 AGENT = str(native.path_of(native.SSH_AGENT_PROGRAM))
 

@@ -16,6 +16,8 @@ import pytest
 from training_toolkit import native
 from training_toolkit.settings import RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR, STOP_FLAG_VAR
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 # a "runtime": starts a child, then signals and waits for it with the flag there, then without
 RUNTIME = r"""
 import os, signal, subprocess, sys, time

@@ -21,6 +21,8 @@ from training_toolkit import native
 from training_toolkit.runners import rank_env
 from training_toolkit.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR
 
+pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
+
 FLAG_AFTER_S = 0.6  # the host's train makes its flag this long after the signal
 WAIT_MS = 4000  # the bound, well above FLAG_AFTER_S: an end at FLAG_AFTER_S waited for the flag, not the bound
 
