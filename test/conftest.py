@@ -26,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: tier: {description}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test's tier as its marker (and its xdist group where its tier runs one test after another); tests in
     the order of ``tiers.ORDER``, the file's own order kept within a tier."""
@@ -37,6 +38,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if name in tiers.ONE_AFTER_ANOTHER:
             item.add_marker(pytest.mark.xdist_group(name))
     items.sort(key=lambda item: tiers.ORDER.index(found[item.nodeid]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker with ``--dist loadgroup``: refuse the run if the groups did not take (the test id carries
+    its group after an ``@``), rather than run the tiers that share the machine side by side."""
+    if session.config.getoption("loadgroup", default=False):
+        lost = [item.nodeid for item in session.items
+                if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist's groups did not take (pytest {pytest.__version__}; setup.cfg "
+                                    f"says which pytest works): {lost[0]} ...")
 
 
 @pytest.hookimpl(tryfirst=True)
