@@ -24,6 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{requirement.marker}: {requirement.description}")
     for name, description in tiers.TIERS.items():
         config.addinivalue_line("markers", f"{name}: tier: {description}")
+    config.addinivalue_line("markers", f"{tiers.WHOLE_MACHINE}: reads what the whole machine holds (helpers.tiers)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group markers
@@ -33,10 +34,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     found = {}
     for item in items:
         path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
-        found[item.nodeid] = name = tiers.tier(path, (mark.name for mark in item.iter_markers()))
+        markers = [mark.name for mark in item.iter_markers()]
+        found[item.nodeid] = name = tiers.tier(path, markers)
         item.add_marker(name)
-        if name in tiers.ONE_AFTER_ANOTHER:
-            item.add_marker(pytest.mark.xdist_group(name))
+        if (group := tiers.group(name, markers)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: tiers.ORDER.index(found[item.nodeid]))
 
 

@@ -18,15 +18,20 @@ TIERS = {
     "process": "starts processes in this machine's own namespaces (train on one host, sshd, mpirun, a compiler); "
                "they may share ports and names, so these run one after another",
     "cluster": "local clusters, each in network namespaces of its own (marker root): side by side",
-    "slurm": "a Slurm cluster on namespace hosts (munge, slurmctld, slurmd): one after another",
+    "slurm": "a Slurm cluster on namespace hosts (munge, slurmctld, slurmd; each with its own /run, key and files): "
+             "side by side",
     "containers": "the container engine, whose container names are global: one after another",
 }
 
 #: Tiers whose tests share something of this machine: each runs on one worker, one test after another.
-ONE_AFTER_ANOTHER = ("containers", "slurm", "process")
+ONE_AFTER_ANOTHER = ("containers", "process")
+
+#: A marker for a test that reads what the whole machine holds (the links of its own network namespace, to see that
+#: a job left nothing there): it runs in the containers' group, since the container engine adds links there.
+WHOLE_MACHINE = "whole_machine"
 
 #: The order tests start in (the long tiers that run one after another first, so they do not end last).
-ORDER = (*ONE_AFTER_ANOTHER, "cluster", "pure")
+ORDER = (*ONE_AFTER_ANOTHER, "slurm", "cluster", "pure")
 
 
 def tier(path: str, markers: Iterable[str]) -> str:
@@ -43,3 +48,10 @@ def tier(path: str, markers: Iterable[str]) -> str:
     if "root" in names:
         return "cluster"
     return "process" if path.startswith("test/integration/") else "pure"
+
+
+def group(name: str, markers: Iterable[str]) -> str | None:
+    """The xdist group of a test of tier ``name``: the tests of one group run one after another on one worker."""
+    if WHOLE_MACHINE in set(markers):
+        return "containers"
+    return name if name in ONE_AFTER_ANOTHER else None

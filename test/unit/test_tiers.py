@@ -23,6 +23,15 @@ def test_every_test_gets_the_tier_of_the_rule(path, markers, expected):
     assert tiers.tier(path, markers) == expected
 
 
+@pytest.mark.parametrize(("tier", "markers", "expected"), [
+    ("pure", [], None), ("cluster", ["root"], None), ("process", [], "process"), ("slurm", ["root", "slurm"], None),
+    ("containers", ["containers"], "containers"),
+    ("cluster", ["root", "whole_machine"], "containers"),  # reads the root namespace's links, which the engine changes
+])
+def test_the_tests_that_share_something_of_the_machine_get_one_group(tier, markers, expected):
+    assert tiers.group(tier, markers) == expected
+
+
 def test_two_tiers_for_one_test_is_an_error_that_names_them():
     with pytest.raises(ValueError, match=r"test/unit/x.py: more than one tier: \['process', 'pure'\]"):
         tiers.tier("test/unit/x.py", ["pure", "process"])

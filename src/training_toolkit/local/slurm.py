@@ -109,8 +109,7 @@ class SlurmCluster:
             raise
 
     def _write_files(self) -> None:
-        spools = [self.workdir / "spool" / h.name for h in self.cluster.hosts]
-        for directory in (self.workdir / "ctld", *spools, self.logs):
+        for directory in (self.workdir / "ctld", self.logs):
             directory.mkdir(parents=True, exist_ok=True)
         self._key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self._key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)

@@ -3,8 +3,10 @@
 A namespace host has its own hostname, address, ``/run`` and PID namespace but shares the
 machine's file system and cgroups, so the configuration keeps to what works there: processes
 tracked through ``/proc`` (``proctrack/linuxproc``), no task binding (``task/none``), no cgroup
-plugin at all; every file the daemons write sits under the cluster's own directory (a node's
-spool directory by ``%n``), so two clusters on one machine never share one.  Each node is
+plugin at all; every file the daemons write sits under the cluster's own directory, so two clusters on
+one machine never share one, except a node's spool directory, which is in the node's own ``/run``:
+slurmd makes a Unix socket per step there, and a socket's path may not be over 108 bytes (a
+workdir of a test run by pytest-xdist made one 109 bytes long, and every step failed).  Each node is
 named as its host (``NodeName`` = the namespace's hostname) and addressed by its address, as a
 real cluster's nodes are.  ``SlurmdParameters=config_overrides`` keeps a node usable when it
 says it has more CPUs than the machine: a test asks for two ranks per node on a 2-core machine.
@@ -45,7 +47,7 @@ def slurm_conf(
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"StateSaveLocation={state_dir / 'ctld'}",
-        f"SlurmdSpoolDir={state_dir / 'spool' / '%n'}",
+        "SlurmdSpoolDir=/run/slurmd",  # each host's own /run, a short path: the steps' sockets are made there
         "SlurmctldPidFile=/run/slurmctld.pid",  # /run is each host's own
         "TmpFS=/run",  # srun --mpi=pmix makes its per-step directories there: /tmp is the machine's, shared
         "SlurmdPidFile=/run/slurmd.pid",

@@ -24,7 +24,7 @@ from training_toolkit import procfs
 from training_toolkit.local import teardown
 from training_toolkit.local.holders import MARKER
 
-pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
+pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd, pytest.mark.whole_machine]  # the root links
 
 HANG = """
 import os, signal, sys, time

@@ -483,6 +483,7 @@ time.sleep(1000)
 """
 
 
+@pytest.mark.whole_machine  # the root namespace's links
 def test_a_launcher_killed_with_sigkill_leaves_nothing_of_its_cluster(tmp_path: Path) -> None:
     tag = f"{RUN_PREFIX}-{secrets.token_hex(3)}"
     launcher = subprocess.Popen([PYTHON, "-c", LAUNCHER, str(tmp_path / "w"), tag], stdout=subprocess.PIPE, text=True)

@@ -16,7 +16,7 @@ def test_nodes_are_named_as_their_hosts_and_addressed_by_their_address():
     assert "SlurmctldHost=node1(192.0.2.11)" in lines
     assert "NodeName=node2 NodeAddr=192.0.2.12 CPUs=4 State=UNKNOWN" in lines
     assert "PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" in lines
-    assert {"KillWait=7", "SlurmdSpoolDir=/w/spool/%n", "StateSaveLocation=/w/ctld", "TmpFS=/run",
+    assert {"KillWait=7", "SlurmdSpoolDir=/run/slurmd", "StateSaveLocation=/w/ctld", "TmpFS=/run",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobCompType=jobcomp/none",
             "AccountingStorageType=accounting_storage/none"} <= set(lines)
     assert not any("cgroup" in line for line in lines)
