@@ -16,7 +16,7 @@ from pathlib import Path
 
 from goodput_plan import Fault, victim
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local.netns import NamespaceCluster
 
 H4 = ("algo-1", "algo-2", "algo-3", "algo-4")

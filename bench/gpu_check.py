@@ -261,7 +261,7 @@ class Runner:
 
     def probe(self) -> Check:
         check = Check("probe")
-        from training_toolkit import hardware
+        from training_toolkit.core import hardware
 
         times = []
         for _ in range(50):

@@ -21,9 +21,12 @@ from pathlib import Path
 from common import PYTHON, REPO, env_for, make_tree, median_ms, timed
 
 sys.path.insert(0, str(REPO / "src"))
-from training_toolkit import contract, hardware, job, native  # noqa: E402
-from training_toolkit.mpi_options import CustomMpiOptions  # noqa: E402
-from training_toolkit.paths import Paths  # noqa: E402
+from training_toolkit import native  # noqa: E402
+from training_toolkit.job import contract
+from training_toolkit.core import hardware
+from training_toolkit.job import spec as job
+from training_toolkit.job.mpi_options import CustomMpiOptions  # noqa: E402
+from training_toolkit.core.paths import Paths  # noqa: E402
 from training_toolkit.runners import rank_env  # noqa: E402
 
 BEFORE = "f3723e3"

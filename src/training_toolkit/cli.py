@@ -1,6 +1,6 @@
 """Command line: ``train`` (what the platform calls) and ``training-toolkit run|plan|local``.
 
-Every setting is an environment variable (``settings.py``: one table, parsed
+Every setting is an environment variable (``config/settings.py``: one table, parsed
 once at the start), so a platform that can only set variables can still
 configure the toolkit; the few flags win over their variables.
 """
@@ -11,9 +11,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from training_toolkit import errors, settings
-from training_toolkit.log import log
-from training_toolkit.paths import Paths
+from training_toolkit.core import errors
+
+from training_toolkit.config import settings
+from training_toolkit.core.log import log
+from training_toolkit.core.paths import Paths
 
 
 def _flag_type(field: str):
@@ -32,19 +34,19 @@ def _flag_type(field: str):
 
 
 def _add_job_flags(parser) -> None:
-    from training_toolkit.settings_help import help_text  # deferred: only a command line with flags builds a parser
+    from training_toolkit.config.settings_help import help_text  # deferred: only a command line with flags builds a parser
 
     parser.add_argument("--base-dir", type=_flag_type("base_dir"), help=help_text("base_dir"))
 
 
 def _add_platform_flag(parser) -> None:
-    from training_toolkit.settings_help import help_text
+    from training_toolkit.config.settings_help import help_text
 
     parser.add_argument("--platform", type=_flag_type("platform"), help=help_text("platform"))
 
 
 def _add_grace_flag(parser) -> None:
-    from training_toolkit.settings_help import help_text
+    from training_toolkit.config.settings_help import help_text
 
     parser.add_argument("--grace-period", type=_flag_type("grace_s"), metavar="SECONDS", help=help_text("grace_s"))
 
@@ -54,7 +56,7 @@ def build_parser():
 
     import pathlib
 
-    from training_toolkit.settings_help import environment_help
+    from training_toolkit.config.settings_help import environment_help
 
     parser = argparse.ArgumentParser(
         prog="training-toolkit",
@@ -114,7 +116,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         return run(None, None, dict(os.environ))
     import argparse
 
-    from training_toolkit.settings_help import environment_help
+    from training_toolkit.config.settings_help import environment_help
 
     parser = argparse.ArgumentParser(prog="train", description="Run the training job described under /opt/ml (the SageMaker entry point).",
                                      epilog=environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,9 +132,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
 def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], platform: str | None = None) -> int:
     """The one flow (docs/architecture.md): settings, the platform's view, the job, then /opt/ml, the code, the verdict."""
-    from training_toolkit import flow, report
+    from training_toolkit import flow
 
     # The job directory first: a bad setting is a verdict too, and the verdict goes there.
+    from training_toolkit.job import report
     paths = Paths.at(settings.value_of("base_dir", environ, base_dir))
     report.clear_verdict(paths)
     found = None  # (platform, facts, view): the platform reports the end even when its view could not be made
@@ -170,7 +173,8 @@ def run(base_dir: str | None, grace_s: float | None, environ: dict[str, str], pl
 
 def _platform_despite_bad_settings(paths: Paths, environ: Mapping[str, str]):
     """A bad setting is a verdict too: the platform (with every other setting at its default) still reports it."""
-    from training_toolkit import hardware, platforms
+    from training_toolkit import platforms
+    from training_toolkit.core import hardware
 
     try:
         config = settings.parse({}, base_dir=str(paths.base))._replace(
@@ -194,9 +198,10 @@ def _read_bytes(path: str) -> bytes | None:
 
 def _run(job, first_attempt: int = 0):
     """Fetch the code and hand the job to its runner (the side effects ``plan`` leaves out)."""
-    from training_toolkit import code, contract
+    from training_toolkit.job import code
+    from training_toolkit.job import contract
     from training_toolkit.agent import loop as agent
-    from training_toolkit.process import become_subreaper
+    from training_toolkit.supervise.process import become_subreaper
     from training_toolkit.runspec import RunContext
 
     spec, launch, config, environ = job.spec, job.launch, job.config, job.environ
@@ -239,8 +244,12 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
     import json
     import shlex
 
-    from training_toolkit import code, contract, flow
-    from training_toolkit.redact import redact
+    from training_toolkit import flow
+
+    from training_toolkit.job import code
+
+    from training_toolkit.job import contract
+    from training_toolkit.core.redact import redact
 
     try:
         begun = flow.start(environ, read=_read_bytes, base_dir=base_dir, platform=platform)
@@ -297,7 +306,7 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
 
 def _planned_command(spec, python: str) -> list[str]:
     """The command as it would run, without fetching code: a best guess when the code is not there yet."""
-    from training_toolkit import code
+    from training_toolkit.job import code
 
     try:
         return list(code.entry_command(spec, spec.paths.code_dir, python).argv)

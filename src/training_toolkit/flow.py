@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from training_toolkit import settings
-from training_toolkit.log import log
-from training_toolkit.paths import Paths
-from training_toolkit.settings import Settings
+from training_toolkit.config import settings
+from training_toolkit.core.log import log
+from training_toolkit.core.paths import Paths
+from training_toolkit.config.settings import Settings
 
 
 class Start(NamedTuple):
@@ -47,7 +47,8 @@ class Job(NamedTuple):
 def start(environ: Mapping[str, str], *, read: Callable[[str], bytes | None], base_dir: str | None = None,
           grace_s: float | None = None, platform: str | None = None) -> Start:
     """Parse the settings, take the secrets out of the environment (the one point), find the platform."""
-    from training_toolkit import hardware, platforms
+    from training_toolkit import platforms
+    from training_toolkit.core import hardware
 
     config = settings.parse(environ, read=read, base_dir=base_dir, grace_s=grace_s, platform=platform)
     environ = settings.without_secrets(environ)
@@ -65,8 +66,8 @@ def view(begun: Start):
 
 def job(begun: Start, seen) -> Job:
     """The JobSpec and plan for ``seen`` (pure): from the view's documents, or ``/opt/ml`` where the platform gave it."""
-    from training_toolkit import job as jobs
-    from training_toolkit import plan
+    from training_toolkit.job import spec as jobs
+    from training_toolkit.job import plan
     from training_toolkit.platforms.opt_ml import documents
 
     environ = without(begun.environ, seen.unset)

@@ -7,7 +7,7 @@ asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
 - ``RunContext``: the job as this host sees it (``with_hosts``: its hosts as the lead gave them), and as
   an attempt runs it (``for_attempt``: computed from the job and the ``Attempt``, never parsed again).
 - ``Seating``: the attempt's membership as a runner sees it: the job, the ``Attempt``
-  (``attempt.py``), the channel's introductions, what every process of the attempt gets.
+  (``job/attempt.py``), the channel's introductions, what every process of the attempt gets.
 - ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
   host's part, whether it runs the user's program); ``Local``: one the agent started.
 - ``Blamed``: a failed exit as the runner tells it: its outcome, and the host whose own processes failed.
@@ -23,14 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from training_toolkit.attempt import Attempt
-from training_toolkit.errors import ToolkitError
-from training_toolkit.job import JobSpec
-from training_toolkit.plan import LaunchPlan
-from training_toolkit.process import ExitStatus, Supervised
-from training_toolkit.records import record
-from training_toolkit.report import Outcome, summary_line
-from training_toolkit.settings import Settings
+from training_toolkit.job.attempt import Attempt
+from training_toolkit.core.errors import ToolkitError
+from training_toolkit.job.spec import JobSpec
+from training_toolkit.job.plan import LaunchPlan
+from training_toolkit.supervise.process import ExitStatus, Supervised
+from training_toolkit.core.records import record
+from training_toolkit.job.report import Outcome, summary_line
+from training_toolkit.config.settings import Settings
 
 if TYPE_CHECKING:  # the guard is imported only where a runner names listeners to guard
     from contextlib import AbstractContextManager
@@ -165,7 +165,9 @@ def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
 
     The lead's list is input from the wire: it is checked as the resource config is (``job.with_hosts``).
     """
-    from training_toolkit import contract, job, plan
+    from training_toolkit.job import contract
+    from training_toolkit.job import spec as job
+    from training_toolkit.job import plan
 
     spec = job.with_hosts(ctx.job, hosts)
     if spec is ctx.job:
@@ -181,7 +183,9 @@ def for_attempt(ctx: RunContext, attempt: Attempt) -> RunContext:
     shim, sshd's ``from=``) is computed from the job and the attempt: the job is not parsed again, the
     runner's options are fitted to the hosts' count (``plan.for_hosts``).  Only an active host runs it.
     """
-    from training_toolkit import contract, job, plan
+    from training_toolkit.job import contract
+    from training_toolkit.job import spec as job
+    from training_toolkit.job import plan
 
     if attempt.active == ctx.plan.hosts:
         return ctx

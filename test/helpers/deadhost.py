@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local.netns import NamespaceCluster
 from training_toolkit.supervise import pidfd
 

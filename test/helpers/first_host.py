@@ -16,7 +16,7 @@ from queue import Empty, SimpleQueue
 from training_toolkit.agent.barrier import Barrier, Failed, Passed, Roll, decide, note, opened
 from training_toolkit.cluster.events import PeerJoined, PeerReady
 from training_toolkit.cluster.server import ControlServer
-from training_toolkit.errors import JobFailed
+from training_toolkit.core.errors import JobFailed
 
 
 class FirstHost:

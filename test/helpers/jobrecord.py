@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from training_toolkit.paths import Paths
+from training_toolkit.core.paths import Paths
 from training_toolkit.record import schema, summary
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from helpers.paths import FIXTURES
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local.launcher import HostResult, LocalJob, run_local
 
 

@@ -58,7 +58,7 @@ def _openmpi5() -> str | None:
 
 
 def _py_spy() -> str | None:
-    from training_toolkit.stacks import pyspy_path
+    from training_toolkit.stalls.stacks import pyspy_path
 
     return None if pyspy_path() else "needs py-spy (pip install 'training-toolkit[stacks]')"
 

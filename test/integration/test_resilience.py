@@ -21,7 +21,7 @@ from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_line
 from helpers.recorder import Recorder
 from helpers.multihost import hps, rank_files, run, source_dir
 from helpers.paths import REPO
-from training_toolkit.errors import EXIT_STALLED
+from training_toolkit.core.errors import EXIT_STALLED
 from training_toolkit.local.launcher import LocalJob, default_train
 
 H2 = ("algo-1", "algo-2")

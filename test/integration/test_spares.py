@@ -17,7 +17,7 @@ import pytest
 from helpers.deadhost import HostKiller, kill_when, wait_for
 from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_lines, wall
 from helpers.multihost import hps, run, source_dir
-from training_toolkit.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.local.launcher import LocalJob
 
 H3 = ("algo-1", "algo-2", "algo-3")

@@ -19,9 +19,9 @@ READERS = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 ALLOWED = {
     # entry points: each reads its own process's environment once and hands it on
     "cli.py": "`train` and `training-toolkit`: hands os.environ to flow/settings and to `local`",
-    "ps_server.py": "the parameter server's own program: the TF_CONFIG its runner gave it",
+    "runners/ps_server.py": "the parameter server's own program: the TF_CONFIG its runner gave it",
     "local/reaper.py": "the reaper's own program: the launcher's environment (DOCKER_HOST) through its dead-man switch",
-    "stackhook/sitecustomize.py": "runs inside the user's ranks, not the toolkit: where its runner said stacks go",
+    "stalls/stackhook/sitecustomize.py": "runs inside the user's ranks, not the toolkit: where its runner said stacks go",
 }
 
 

@@ -1,6 +1,8 @@
 """The one flow from a container's facts to its job: ``run`` and ``plan`` build the same JobSpec, and it writes nothing."""
 
-from training_toolkit import flow, job
+from training_toolkit import flow
+
+from training_toolkit.job import spec as job
 from training_toolkit.platforms.opt_ml import write_view
 
 POD = {"KUBERNETES_SERVICE_HOST": "192.0.2.1", "MASTER_ADDR": "p-master-0", "MASTER_PORT": "23456", "RANK": "1",

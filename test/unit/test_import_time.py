@@ -17,7 +17,7 @@ PURE = {"re.compile", "frozenset", "tuple", "str", "object", "TypeVar", "Path", 
         "range", "MappingProxyType", "ipaddress.ip_network", "weakref.WeakValueDictionary", "one_of", "' or '.join"}
 AT_IMPORT = {
     "__main__.py": "`python -m training_toolkit`: running `main` when run is its job",
-    "stackhook/sitecustomize.py": "it is the user's ranks' sitecustomize: installing its hook at import is its job",
+    "stalls/stackhook/sitecustomize.py": "it is the user's ranks' sitecustomize: installing its hook at import is its job",
 }
 
 

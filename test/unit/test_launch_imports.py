@@ -22,7 +22,7 @@ pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.p
 NOT_FOR_ONE_HOST = {"training_toolkit.cluster.guard", "training_toolkit.cluster.listeners",
                     "training_toolkit.cluster.sockfilter", "training_toolkit.cluster.server",
                     "training_toolkit.cluster.client", "training_toolkit.cluster.membership",
-                    "training_toolkit.cluster.timing", "training_toolkit.roster",
+                    "training_toolkit.cluster.timing", "training_toolkit.agent.roster",
                     "training_toolkit.agent.barrier", "training_toolkit.agent.follow", "training_toolkit.agent.progress",
                     "dataclasses", "inspect", "secrets", "hmac", "socket",
                     "tarfile", "tempfile", "argparse", "psutil"}

@@ -10,7 +10,7 @@ from helpers import tiers
 
 
 @pytest.mark.parametrize(("path", "markers", "expected"), [
-    ("test/unit/test_plan.py", [], "pure"),
+    ("test/unit/job/test_plan.py", [], "pure"),
     ("test/unit/test_native.py", ["process"], "process"),  # a module's own tier wins
     ("test/integration/runners/test_single.py", [], "process"),
     ("test/integration/test_code.py", ["moto"], "process"),

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, FailOver, Finish, Forward, GatherStacks,
                                            Interrupt, Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
 from training_toolkit.agent.parts import in_thread
-from training_toolkit.errors import CodeError, JobFailed, ToolkitError
-from training_toolkit.log import log
-from training_toolkit.records import replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.errors import CodeError, JobFailed, ToolkitError
+from training_toolkit.core.log import log
+from training_toolkit.core.records import replace
+from training_toolkit.job.report import Outcome
 
 if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
     from typing import Protocol

@@ -16,7 +16,7 @@ on each ``Tick``:
 3. the deadline passed: the job ends naming who never joined, who left the job
    and did not join again, and who joined but was never ready.
 
-Pure: ``now`` is the shell's monotonic clock.  Table tests: test/unit/test_barrier.py.
+Pure: ``now`` is the shell's monotonic clock.  Table tests: test/unit/agent/test_barrier.py.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from training_toolkit.agent.failures import Failure, lost, peer_failure, root_cause, window_ends
 from training_toolkit.agent.succession import has_majority
 from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerLost, PeerReady
-from training_toolkit.errors import EXIT_CLUSTER_ERROR
-from training_toolkit.records import record, replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.records import record, replace
+from training_toolkit.job.report import Outcome
 
 
 @record

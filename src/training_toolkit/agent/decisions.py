@@ -4,7 +4,7 @@ What a local exit, a peer's report, a host's join, readiness or loss, a signal
 or the passing of time means for this host, when the job is over and what every
 host is told, decided without processes, sockets or clocks of their own, so
 that every rule is a row in a table test (test/unit/test_decisions*.py,
-test/unit/test_barrier.py).  ``agent.loop.HostAgent`` is the shell: it turns
+test/unit/agent/test_barrier.py).  ``agent.loop.HostAgent`` is the shell: it turns
 what happens into events, feeds them to ``step`` and carries out the actions.
 
 This module dispatches and holds the rules every phase shares (signals, the
@@ -31,9 +31,9 @@ from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_W
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
-from training_toolkit.process import STOPPING_SIGNALS
-from training_toolkit.stopping import STOP_HEARD_S
-from training_toolkit.records import replace
+from training_toolkit.supervise.process import STOPPING_SIGNALS
+from training_toolkit.supervise.stopping import STOP_HEARD_S
+from training_toolkit.core.records import replace
 
 CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the lead's roll keeps, in every phase
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Union
 
 from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
                                              RestartCalled, StacksWanted, Verdict)
-from training_toolkit.process import ExitStatus
-from training_toolkit.records import record
-from training_toolkit.report import Outcome
+from training_toolkit.supervise.process import ExitStatus
+from training_toolkit.core.records import record
+from training_toolkit.job.report import Outcome
 
 if TYPE_CHECKING:
-    from training_toolkit.stackreport import RankStack
+    from training_toolkit.stalls.stackreport import RankStack
 
 
 class Phase(str, Enum):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import signal
 
 from training_toolkit.agent.events import LocalExit
-from training_toolkit.errors import EXIT_CLUSTER_ERROR
-from training_toolkit.records import record
-from training_toolkit.report import Outcome
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.records import record
+from training_toolkit.job.report import Outcome
 
 # After the first failure, how long reports of earlier failures may take to arrive; then the earliest is the cause.
 FAILURE_WINDOW_S = 0.5

@@ -7,9 +7,9 @@ from training_toolkit.agent.events import (Action, Event, LocalExit, Phase, Prog
 from training_toolkit.agent.state import REPORT_WAIT_S, AgentState
 from training_toolkit.agent.verdicts import end, failure_of
 from training_toolkit.cluster.events import PeerLost, RestartCalled, Verdict
-from training_toolkit.errors import EXIT_CLUSTER_ERROR
-from training_toolkit.records import replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.records import replace
+from training_toolkit.job.report import Outcome
 
 
 def _fails_over(state: AgentState) -> bool:

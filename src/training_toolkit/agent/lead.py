@@ -17,9 +17,9 @@ from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_caus
 from training_toolkit.agent.state import PEER_FINISH_TIMEOUT_S, STACKS_WAIT_S, AgentState, active_workers, led
 from training_toolkit.agent.verdicts import announce, counts_ok, failure_of, no_part, with_causes
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, PeerProgress
-from training_toolkit.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
-from training_toolkit.records import replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR, EXIT_STALLED
+from training_toolkit.core.records import replace
+from training_toolkit.job.report import Outcome
 
 
 def waits_for_parts(state: AgentState) -> bool:
@@ -118,7 +118,7 @@ def _progress(state: AgentState, heartbeat: bool, now: float) -> AgentState:
 
 
 def _stalled(state: AgentState, event: StacksGathered) -> tuple[AgentState, tuple[Action, ...]]:
-    from training_toolkit import stackreport  # only a stalled job needs it: not on the launch path
+    from training_toolkit.stalls import stackreport  # only a stalled job needs it: not on the launch path
 
     lead = state.lead
     assert lead is not None and lead.watch is not None

@@ -36,11 +36,11 @@ from training_toolkit.agent.recording import Recorder
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
 from training_toolkit.agent.stall import StallWatch
 from training_toolkit.cluster.events import PeerLost
-from training_toolkit.attempt import Attempt
-from training_toolkit.errors import JobFailed, ToolkitError
-from training_toolkit.log import log
-from training_toolkit.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
-from training_toolkit.report import Outcome
+from training_toolkit.job.attempt import Attempt
+from training_toolkit.core.errors import JobFailed, ToolkitError
+from training_toolkit.core.log import log
+from training_toolkit.supervise.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
+from training_toolkit.job.report import Outcome
 from training_toolkit.runspec import Blamed, Local, RunContext, RunnerSpec, Seating
 from training_toolkit.runspec import failure_of as described_failure
 

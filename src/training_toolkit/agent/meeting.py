@@ -23,12 +23,12 @@ from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
 from training_toolkit.agent.succession import successors
-from training_toolkit.errors import ClusterError, Interrupted, LeadLost
-from training_toolkit.attempt import seated
-from training_toolkit.log import log
+from training_toolkit.core.errors import ClusterError, Interrupted, LeadLost
+from training_toolkit.job.attempt import seated
+from training_toolkit.core.log import log
 
 if TYPE_CHECKING:
-    from training_toolkit.attempt import Attempt
+    from training_toolkit.job.attempt import Attempt
 
 # ``agent`` below is the loop's ``HostAgent`` (not imported: the loop imports this module)
 

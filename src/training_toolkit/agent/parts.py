@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from queue import SimpleQueue
 
 from training_toolkit.agent.events import LocalExit, PartEnded, PartStopped
-from training_toolkit.log import log
-from training_toolkit.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, end_descendants
+from training_toolkit.core.log import log
+from training_toolkit.supervise.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, end_descendants
 from training_toolkit.runspec import Local, RunnerSpec
 
 

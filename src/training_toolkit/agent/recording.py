@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from training_toolkit.agent.events import (AnnounceRestart, FailOver, Finish, GatherStacks, GotSignal, LocalExit,
                                            PeerFailed, PeerLost, PeerProgress, Progress, Rejoin, Started)
 from training_toolkit.cluster.events import Verdict
-from training_toolkit.log import log
-from training_toolkit.process import STOPPING_SIGNALS
+from training_toolkit.core.log import log
+from training_toolkit.supervise.process import STOPPING_SIGNALS
 from training_toolkit.record import schema
 
 if TYPE_CHECKING:
-    from training_toolkit.attempt import Attempt
-    from training_toolkit.report import Outcome
+    from training_toolkit.job.attempt import Attempt
+    from training_toolkit.job.report import Outcome
 
 Observed = tuple[str, dict]  # kind, fields
 

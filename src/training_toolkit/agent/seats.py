@@ -1,4 +1,4 @@
-"""Who takes part in each attempt (``roster.py``): the lead chooses each ``Attempt``, every host takes it.
+"""Who takes part in each attempt (``agent/roster.py``): the lead chooses each ``Attempt``, every host takes it.
 
 And the seat of a job of one host (``SoloSeat``), which has no other host to take part.
 
@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
-from training_toolkit.attempt import Attempt, seated
-from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.log import log
+from training_toolkit.job.attempt import Attempt, seated
+from training_toolkit.core.errors import ClusterError, ConfigError
+from training_toolkit.core.log import log
 from training_toolkit.runspec import RunContext, RunnerSpec, for_attempt, with_hosts, write_resource_config
 
 if TYPE_CHECKING:
-    from training_toolkit import roster
+    from training_toolkit.agent import roster
     from training_toolkit.agent.events import Release
 
 
@@ -61,7 +61,7 @@ class Seats:
         self.movable_lead = not spec.solo and not spec.fixed_lead
         if spec.solo or (config.max_hosts is None and config.min_hosts is None):
             return
-        from training_toolkit import roster  # a job of one host never loads it
+        from training_toolkit.agent import roster  # a job of one host never loads it
 
         try:
             self.max_hosts, self.min_hosts = roster.limits(len(self.hosts), config.max_hosts, config.min_hosts)
@@ -80,7 +80,7 @@ class Seats:
 
     def first_choice(self) -> roster.Roster:
         """Barrier 0: the first roster (every host joined and ready)."""
-        from training_toolkit import roster
+        from training_toolkit.agent import roster
 
         self.roster = self.roster or roster.Roster(self.hosts)
         self._turn = roster.Turn(self.roster)
@@ -101,7 +101,7 @@ class Seats:
 
     def take_lead(self, lost: str) -> None:
         """This host leads from now on, its lead ``lost``: it takes the lost lead's seat (``roster.led_by``)."""
-        from training_toolkit import roster
+        from training_toolkit.agent import roster
 
         self.is_lead = True  # the last attempt as every host took it (a host retired by the lost lead is a spare now)
         last = roster.Roster(self.attempt.active, self.attempt.spares)
@@ -110,7 +110,7 @@ class Seats:
     def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> roster.Roster:
         """A restart's barrier: the next roster from the hosts alive and ready; too few ends the job, named, and so
         does a lead without a majority of the job's members behind it (it may be the one cut off: ``succession``)."""
-        from training_toolkit import roster
+        from training_toolkit.agent import roster
         from training_toolkit.agent.succession import has_majority
 
         last = self.roster or roster.Roster(self.hosts)
@@ -150,7 +150,7 @@ class Seats:
         self.attempt = attempt
         number, active = attempt.number, attempt.active
         if self.is_lead and self.elastic and self._turn is not None:
-            from training_toolkit import roster
+            from training_toolkit.agent import roster
 
             log(f"{self.host}: {roster.attempt_line(number + 1, total, self._turn)}")
         if not attempt.runs_on(self.host):

@@ -16,14 +16,14 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import StacksGathered
-from training_toolkit.settings import RESTART_COUNT_VAR
+from training_toolkit.config.settings import RESTART_COUNT_VAR
 
 if TYPE_CHECKING:
     from training_toolkit.agent.progress import ProgressWatch
-    from training_toolkit import stacks
+    from training_toolkit.stalls import stacks
     from training_toolkit.cluster.membership import Seat
     from training_toolkit.runspec import Local
-    from training_toolkit.stackreport import RankStack
+    from training_toolkit.stalls.stackreport import RankStack
 
 STACKS_REQUEST_S = 4.0  # the lead: how long the followers may take to send their ranks' stacks
 
@@ -52,7 +52,8 @@ class StallWatch:
         """Stalls are watched from now on (a job id names the directory the hosts' files go to)."""
         if self._timeout_s is None:
             return
-        from training_toolkit import rundir, stacks
+        from training_toolkit.supervise import rundir
+        from training_toolkit.stalls import stacks
         from training_toolkit.agent.progress import ProgressWatch  # a job not watched does without
 
         self.watch_dir = stacks.watch_dir(job_id or None, rundir.parent(self._environ))
@@ -75,7 +76,7 @@ class StallWatch:
         """``env`` with what every process of the job gets: the attempt, and the hook and heartbeats if watched."""
         extra = {RESTART_COUNT_VAR: str(attempt)}
         if self.watch_dir is not None:
-            from training_toolkit import stacks
+            from training_toolkit.stalls import stacks
 
             extra.update(stacks.script_env(self.watch_dir, dict(env)))
         return {**env, **extra}
@@ -91,15 +92,15 @@ class StallWatch:
         """This host's processes whose stacks a stall report shows (the runner's word, else every local process)."""
         if self._watched is not None:
             return self._watched(list(locals_))
-        from training_toolkit import stacks
+        from training_toolkit.stalls import stacks
 
         return [stacks.Watched(local.child.pid, local.rank, local.name) for local in locals_
                 if local.child.poll() is None]
 
     def gather(self, seat: Seat, host: str, hosts: Sequence[str], locals_: Sequence[Local]) -> None:
         """The lead: its ranks' stacks and every other host's (``StacksGathered`` on the queue)."""
-        from training_toolkit import stacks
-        from training_toolkit.stackreport import RankStack
+        from training_toolkit.stalls import stacks
+        from training_toolkit.stalls.stackreport import RankStack
 
         found: list[RankStack] = []
         local = threading.Thread(target=lambda: found.extend(self._local(host, locals_)), name="local-stacks",
@@ -119,7 +120,7 @@ class StallWatch:
         seat.send_stacks([s.to_wire() for s in self._local(host, locals_)])
 
     def _local(self, host: str, locals_: Sequence[Local]) -> list[RankStack]:
-        from training_toolkit import stacks
+        from training_toolkit.stalls import stacks
 
         stacks_dir = self.watch_dir / "stacks" if self.watch_dir is not None else None
         return stacks.gather(host, self.watched(locals_), stacks_dir, stacks.pyspy_path(self._py_spy))

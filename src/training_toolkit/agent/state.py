@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import Phase
 from training_toolkit.agent.failures import Failure
-from training_toolkit.records import record, replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.records import record, replace
+from training_toolkit.job.report import Outcome
 
 if TYPE_CHECKING:
     from training_toolkit.agent.barrier import Barrier, Roll

@@ -9,8 +9,8 @@ from training_toolkit.agent.events import Action, Announce, Event, Finish, Local
 from training_toolkit.agent.failures import Failure, local_failure, lost, peer_failure, stopped
 from training_toolkit.agent.state import AgentState, active_workers, led
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
-from training_toolkit.records import replace
-from training_toolkit.report import Outcome
+from training_toolkit.core.records import replace
+from training_toolkit.job.report import Outcome
 
 
 def failure_of(state: AgentState, event: Event) -> Failure | None:

@@ -12,7 +12,7 @@ from training_toolkit.cluster import wire
 from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
 from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
-from training_toolkit.errors import ClusterError, Interrupted, JobFailed, LeadLost
+from training_toolkit.core.errors import ClusterError, Interrupted, JobFailed, LeadLost
 
 # Retries while the lead is not listening yet: a refused connection costs nothing, and every host
 # waits for the slowest join, so retry often (a doubling 50 ms backoff cost up to 100 ms per job start).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from training_toolkit.records import record
+from training_toolkit.core.records import record
 
 # A failure report's own time is believed within this much before its arrival (clocks differ; a report
 # is sent within a second of the failure), and never after its arrival.

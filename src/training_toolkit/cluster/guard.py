@@ -46,10 +46,10 @@ import time
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.cluster import listeners, netaddr, sockfilter
 from training_toolkit.cluster.listeners import ESTABLISHED, LISTEN, TcpSocket
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 
 #: Looks are ``FAST_S`` apart until ``SETTLE_S`` after the last new listener, then ``SLOW_S``: listeners
 #: appear at launch (mpirun, the daemons, each rank's MPI_Init, a framework's server), and a job that

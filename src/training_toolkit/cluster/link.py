@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from training_toolkit.cluster import wire
-from training_toolkit.errors import ClusterError
-from training_toolkit.limits import open_files_needed, raise_open_files
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.cluster.limits import open_files_needed, raise_open_files
 
 
 class Link:

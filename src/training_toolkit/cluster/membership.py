@@ -2,7 +2,7 @@
 
 Runners see one small interface whatever the host's role: open, barrier (the
 the lead: release, once the agent decided its barrier passed), report, end.
-Deadlines and ports are settings (``settings.py``), so a platform can set them
+Deadlines and ports are settings (``config/settings.py``), so a platform can set them
 without flags.  A job of one host has no seat here (``agent.seats.SoloSeat``):
 it imports none of this.
 """
@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Protocol
 
-from training_toolkit.attempt import Attempt
+from training_toolkit.job.attempt import Attempt
 from training_toolkit.cluster import elsewhere
 from training_toolkit.cluster.events import Verdict
 from training_toolkit.cluster.timing import ChannelSettings
-from training_toolkit.errors import ClusterError
-from training_toolkit.log import log
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.core.log import log
 
 if TYPE_CHECKING:
     from training_toolkit.cluster.client import ControlClient

@@ -7,7 +7,7 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 
 _SIOCGIFADDR = 0x8915
 

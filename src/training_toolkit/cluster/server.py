@@ -20,7 +20,7 @@ from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, P
 from training_toolkit.cluster.link import Link, Refused, close_quietly, listen, reject, start_thread
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
-from training_toolkit.log import log as log_line
+from training_toolkit.core.log import log as log_line
 
 
 class ControlServer:

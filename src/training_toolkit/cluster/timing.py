@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from training_toolkit.names import HEARTBEAT_S, PEER_TIMEOUT_S
-from training_toolkit.records import record
+from training_toolkit.core.names import HEARTBEAT_S, PEER_TIMEOUT_S
+from training_toolkit.core.records import record
 
 if TYPE_CHECKING:
-    from training_toolkit.settings import Settings
+    from training_toolkit.config.settings import Settings
 
-# The defaults of the settings TRAINING_TOOLKIT_HEARTBEAT and TRAINING_TOOLKIT_PEER_TIMEOUT (names.py holds them,
+# The defaults of the settings TRAINING_TOOLKIT_HEARTBEAT and TRAINING_TOOLKIT_PEER_TIMEOUT (core/names.py holds them,
 # for the settings' table too): what a channel made without Settings uses (membership passes the settings').
 TIMEOUT_S = PEER_TIMEOUT_S
 __all__ = ["HANDSHAKE_TIMEOUT_S", "HEARTBEAT_S", "JOIN_ATTEMPT_S", "TIMEOUT_S", "ChannelSettings"]

@@ -9,12 +9,12 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from training_toolkit import names
-from training_toolkit.errors import EXIT_USAGE, ToolkitError
+from training_toolkit.core import names
+from training_toolkit.core.errors import EXIT_USAGE, ToolkitError
 from training_toolkit.local.containers import CODE_DIR, host_names
 from training_toolkit.local.job import job_exit_code, summary_lines
 from training_toolkit.local.run_loop import DEFAULT_STOP_GRACE_S, DEFAULT_TIMEOUT_S
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 
 NONE = "none"
 TEMP_PREFIX = "training-toolkit-local-"  # the default workdir: a new directory under the temp dir
@@ -208,7 +208,7 @@ def _had_a_fault(workdir: Path) -> bool:
 
 
 def _run_in_containers(job, workdir: Path, args: argparse.Namespace, source: Path, environ: Mapping[str, str]) -> list:
-    from training_toolkit import hardware
+    from training_toolkit.core import hardware
     from training_toolkit.local.container_launcher import run_containers
 
     gpus = args.gpus == "all" or (args.gpus == "auto" and hardware.probe().num_gpus > 0)

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local import artifacts, engine, reaper, run_loop
 from training_toolkit.local.containers import ContainerJob, container_job, new_job_id
 from training_toolkit.local.layout import host_opt_ml
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 from training_toolkit.supervise.deadman import Deadman
 
 

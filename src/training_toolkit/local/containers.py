@@ -26,7 +26,7 @@ from pathlib import Path
 from training_toolkit.local import run_loop
 from training_toolkit.local.job import LocalJob
 from training_toolkit.local.layout import host_opt_ml
-from training_toolkit.settings import JOB_SECRET
+from training_toolkit.config.settings import JOB_SECRET
 
 #: Labels on everything made for a job: what the launcher removes, and what tests look for.
 LABEL_JOB = "io.training-toolkit.job"

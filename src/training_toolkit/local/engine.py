@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.core.errors import ClusterError, ConfigError
 from training_toolkit.local.containers import LABEL_JOB, LABEL_LAUNCHER
 
 #: The SDK's default when ``DOCKER_HOST`` is unset.

@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from training_toolkit import procfs
-from training_toolkit.errors import ClusterError
+from training_toolkit.supervise import procfs
+from training_toolkit.core.errors import ClusterError
 from training_toolkit.local import layout
 from training_toolkit.local.network import SYSTEM_ENV
 from training_toolkit.supervise import pidfd

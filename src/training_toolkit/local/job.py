@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training_toolkit.paths import Paths
+from training_toolkit.core.paths import Paths
 from training_toolkit.platforms.opt_ml import FILE_CHANNEL, write_view
 from training_toolkit.platforms.opt_ml import resource_config as view_resource_config
 from training_toolkit.platforms.view import JobView

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

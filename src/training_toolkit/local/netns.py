@@ -24,12 +24,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from training_toolkit import procfs
-from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.supervise import procfs
+from training_toolkit.core.errors import ClusterError, ConfigError
 from training_toolkit.local import holders, layout, network, prerequisites, teardown
 from training_toolkit.local.holders import EnteredProcess, Host
 from training_toolkit.local.teardown import leftovers
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 
 __all__ = ["EnteredProcess", "Host", "NamespaceCluster", "leftovers"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 
 #: A fixed PATH for what runs as root, so a caller's odd PATH cannot change what runs.
 SYSTEM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 
 # What start() needs on PATH, with the package that has it.
 TOOLS = (("ip", "iproute2"), ("nsenter", "util-linux"), ("unshare", "util-linux"), ("setpriv", "util-linux"),

@@ -24,9 +24,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         sys.stderr.write("usage: python -m training_toolkit.local.reaper JOB_ID\n")
         return 64
     job_id = args[0]
-    from training_toolkit.errors import ToolkitError
+    from training_toolkit.core.errors import ToolkitError
     from training_toolkit.local import engine
-    from training_toolkit.log import log
+    from training_toolkit.core.log import log
 
     try:
         client = engine.connect(engine.socket_url(os.environ if environ is None else environ))

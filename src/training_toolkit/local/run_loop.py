@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 
 #: Seconds a local job may run before it is stopped (``--timeout``).
 DEFAULT_TIMEOUT_S = 3600.0

@@ -28,10 +28,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 from training_toolkit.local.netns import NamespaceCluster
 from training_toolkit.local.slurm_conf import slurm_conf
-from training_toolkit.log import log
+from training_toolkit.core.log import log
 
 DAEMONS = (("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"), ("srun", "slurm-client"))
 READY_TIMEOUT_S = 90.0

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 from training_toolkit.local.slurm_conf import CLUSTER_NAME
 
 DBD_PORT = 6819

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local import holders
-from training_toolkit.stopping import Handle, stop_processes
+from training_toolkit.supervise.stopping import Handle, stop_processes
 
 #: Seconds teardown keeps killing processes that are still in a host's namespace.
 KILL_TIMEOUT_S = 10.0

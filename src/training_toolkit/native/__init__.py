@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training_toolkit.errors import ToolkitError
+from training_toolkit.core.errors import ToolkitError
 
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"  # preloaded into every MPI rank: gethostname() is its host
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"  # preloaded into Open MPI's runtime and ranks: outsiders' connections closed

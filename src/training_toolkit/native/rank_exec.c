@@ -45,7 +45,7 @@
 extern char **environ;
 
 static const char *const RUNTIME_PREFIXES[] = {"OMPI_", "PMIX_", "PRTE_", "OPAL_", "ORTE_", NULL};
-/* and the supervisor's token (process.py: TRAINING_TOOLKIT_SUPERVISOR), which the ranks on mpirun's own
+/* and the supervisor's token (supervise/process.py: TRAINING_TOOLKIT_SUPERVISOR), which the ranks on mpirun's own
    host inherit from it, so that whatever they leave behind is found and ended with the job */
 static const char *const RUNTIME_NAMES[] = {"HFI_NO_BACKTRACE=", "IPATH_NO_BACKTRACE=", "TRAINING_TOOLKIT_SUPERVISOR=", NULL};
 

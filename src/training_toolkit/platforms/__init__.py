@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.platforms.view import IN_A_POD, Facts, Platform
 
 __all__ = ["AUTO", "PLATFORMS", "Entry", "choose", "gather", "load", "names"]

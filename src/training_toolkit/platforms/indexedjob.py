@@ -9,7 +9,7 @@ are in ``TRAINING_TOOLKIT_COMPLETIONS``; one pod needs neither.
 
 from __future__ import annotations
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.platforms.jobset import INDEX, JOBSET_NAME
 from training_toolkit.platforms.kubernetes import PodPlatform, in_a_pod, pod_name
 from training_toolkit.platforms.view import EMPTY, Facts, integer

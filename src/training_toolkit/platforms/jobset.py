@@ -14,7 +14,7 @@ distribution is switched on: the job's hyperparameters choose one.
 
 from __future__ import annotations
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.platforms.kubernetes import PodPlatform, in_a_pod, pod_name
 from training_toolkit.platforms.view import EMPTY, Facts, integer
 

@@ -23,14 +23,14 @@ from collections.abc import Callable, Mapping
 import json
 from typing import Any, NamedTuple
 
-from training_toolkit import names
-from training_toolkit.errors import ClusterError
-from training_toolkit.job import parse_json_object
-from training_toolkit.log import PREFIX, log
+from training_toolkit.core import names
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.job.spec import parse_json_object
+from training_toolkit.core.log import PREFIX, log
 from training_toolkit.platforms.opt_ml import FILE_CHANNEL
 from training_toolkit.platforms.view import IN_A_POD, Facts, JobView
 from training_toolkit.record.schema import said_summary
-from training_toolkit.settings import Overrides, Settings
+from training_toolkit.config.settings import Overrides, Settings
 
 INTERFACE = "eth0"
 GRACE_S = 25.0  # terminationGracePeriodSeconds defaults to 30: 5 s left for the toolkit's own ending

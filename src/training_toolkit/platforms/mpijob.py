@@ -30,11 +30,11 @@ from __future__ import annotations
 import re
 from types import MappingProxyType
 
-from training_toolkit import names
-from training_toolkit.errors import ConfigError
+from training_toolkit.core import names
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.platforms.kubernetes import GRACE_S, PodPlatform, in_a_pod, pod_name
 from training_toolkit.platforms.view import Facts
-from training_toolkit.settings import KeyFiles, Overrides
+from training_toolkit.config.settings import KeyFiles, Overrides
 
 ROLE = "K_MPI_JOB_ROLE"
 LAUNCHER, WORKER = "launcher", "worker"

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training_toolkit.paths import Paths
+from training_toolkit.core.paths import Paths
 from training_toolkit.platforms.view import JobView
 
 #: What a host's tree holds before ``train`` starts, as a platform creates it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.platforms.kubernetes import PodPlatform
 from training_toolkit.platforms.tfjob import CONTAINER, VARIABLE
 from training_toolkit.platforms.view import Facts

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from training_toolkit import names
-from training_toolkit.errors import ConfigError
-from training_toolkit.hardware import Hardware
+from training_toolkit.core import names
+from training_toolkit.core.errors import ConfigError
+from training_toolkit.core.hardware import Hardware
 from training_toolkit.platforms.kubernetes import PodPlatform, in_a_pod
 from training_toolkit.platforms.view import Facts, integer
 

@@ -6,9 +6,9 @@ facts is (the local launchers' hosts included: they lay out ``/opt/ml`` as SageM
 
 from __future__ import annotations
 
-from training_toolkit.job import parse_json_object
+from training_toolkit.job.spec import parse_json_object
 from training_toolkit.platforms.view import Facts, JobView
-from training_toolkit.settings import Settings
+from training_toolkit.config.settings import Settings
 
 
 class SageMaker:
@@ -30,4 +30,4 @@ class SageMaker:
         pass  # SageMaker starts a job once every host has started
 
     def report_end(self, facts: Facts, view: JobView | None, exit_code: int, reason: str | None) -> None:
-        pass  # output/success or output/failure is SageMaker's way, and report.py writes it
+        pass  # output/success or output/failure is SageMaker's way, and job/report.py writes it

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import re
 
-from training_toolkit.errors import ConfigError
-from training_toolkit.names import LAUNCH_SLURM
+from training_toolkit.core.errors import ConfigError
+from training_toolkit.core.names import LAUNCH_SLURM
 from training_toolkit.platforms.kubernetes import channels, hyperparameters
 from training_toolkit.platforms.view import EMPTY, Facts, JobView, integer
-from training_toolkit.settings import Overrides, Settings
+from training_toolkit.config.settings import Overrides, Settings
 
 JOB_ID = "SLURM_JOB_ID"
 STEP_ID = "SLURM_STEP_ID"

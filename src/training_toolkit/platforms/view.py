@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
-from training_toolkit.errors import ConfigError
-from training_toolkit.hardware import Hardware
-from training_toolkit.paths import Paths
-from training_toolkit.settings import NO_OVERRIDES, Overrides, Settings
+from training_toolkit.core.errors import ConfigError
+from training_toolkit.core.hardware import Hardware
+from training_toolkit.core.paths import Paths
+from training_toolkit.config.settings import NO_OVERRIDES, Overrides, Settings
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 IN_A_POD = "KUBERNETES_SERVICE_HOST"  # the kubelet gives it to every container of every pod

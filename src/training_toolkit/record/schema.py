@@ -67,7 +67,7 @@ class Writer:
             self._file.flush()  # in the kernel's hands: a kill of train loses nothing written
         except OSError as exc:
             self._broken = True
-            from training_toolkit.log import log
+            from training_toolkit.core.log import log
 
             log(f"the job's record stops here: cannot write {self.path}: {exc.strerror or exc}")
 

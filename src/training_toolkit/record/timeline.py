@@ -173,8 +173,8 @@ def draw(picture: Picture, output: Path) -> None:
 
 def main(directory: Path, output: Path | None) -> int:
     """The command: draw the job whose records are under ``directory``; the picture's path on stdout."""
-    from training_toolkit.errors import EXIT_USAGE
-    from training_toolkit.log import log
+    from training_toolkit.core.errors import EXIT_USAGE
+    from training_toolkit.core.log import log
 
     records = find_records(directory)
     if not records:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from training_toolkit import names
+from training_toolkit.core import names
 
 if TYPE_CHECKING:
     from training_toolkit.runspec import RunContext, RunnerSpec

@@ -25,16 +25,20 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from training_toolkit import procfs, rundir, stacks
+from training_toolkit.supervise import procfs
+
+from training_toolkit.supervise import rundir
+
+from training_toolkit.stalls import stacks
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
-from training_toolkit.log import log
-from training_toolkit.names import LAUNCH_SLURM, OPENMPI4
-from training_toolkit.process import ExitStatus
-from training_toolkit.redact import redact
-from training_toolkit.report import Outcome
-from training_toolkit.settings import STOP_FLAG_VAR
+from training_toolkit.core.log import log
+from training_toolkit.core.names import LAUNCH_SLURM, OPENMPI4
+from training_toolkit.supervise.process import ExitStatus
+from training_toolkit.core.redact import redact
+from training_toolkit.job.report import Outcome
+from training_toolkit.config.settings import STOP_FLAG_VAR
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import judged, mpi_failure
@@ -45,7 +49,7 @@ from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
-from training_toolkit.stopping import stop_processes
+from training_toolkit.supervise.stopping import stop_processes
 from training_toolkit.supervise.deadman import Deadman
 
 STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)

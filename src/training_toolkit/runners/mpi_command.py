@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training_toolkit.names import MPI_BTL_PORT_MIN, MPI_BTL_PORT_RANGE, OPENMPI4, OPENMPI5
+from training_toolkit.core.names import MPI_BTL_PORT_MIN, MPI_BTL_PORT_RANGE, OPENMPI4, OPENMPI5
 from training_toolkit.runners.mpi_tree import routed_radix
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from training_toolkit.process import ExitStatus
-from training_toolkit.records import record
+from training_toolkit.supervise.process import ExitStatus
+from training_toolkit.core.records import record
 from training_toolkit.runspec import Local
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")

@@ -16,19 +16,23 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from training_toolkit import names, native, settings
+from training_toolkit import native
+
+from training_toolkit.core import names
+
+from training_toolkit.config import settings
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.ssh.layout import SshLayout
-from training_toolkit.errors import ClusterError
-from training_toolkit.log import log
-from training_toolkit.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
-from training_toolkit.plan import MpiOptions
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.core.log import log
+from training_toolkit.core.names import LAUNCH_SLURM, OPENMPI4, OPENMPI5
+from training_toolkit.job.plan import MpiOptions
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runners.one_stop import stop_window, stophold_library
 from training_toolkit.runspec import RunContext
-from training_toolkit.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR,
+from training_toolkit.config.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR,
                                        STOP_FLAG_VAR, without_secrets)
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks

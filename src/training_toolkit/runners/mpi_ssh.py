@@ -26,19 +26,19 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from training_toolkit import rundir
+from training_toolkit.supervise import rundir
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.ssh.keys import KeyPair, check_public_line, generate_keypair, load_keys
 from training_toolkit.cluster.ssh.layout import (SshLayout, admit, end_connections, new_ssh_dir,
                                                   write_client_side, write_server_side)
 from training_toolkit.cluster.ssh.probe import wait_for_ssh
 from training_toolkit.cluster.ssh.sshd import Sshd
-from training_toolkit.errors import ClusterError
-from training_toolkit.log import log
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.core.log import log
 from training_toolkit.runners.mpi_launch import mpi_options
 from training_toolkit.runners.mpi_tree import launcher, routed_radix
 from training_toolkit.runspec import Seating
-from training_toolkit.settings import SSH_CONFIG_VAR, Settings
+from training_toolkit.config.settings import SSH_CONFIG_VAR, Settings
 from training_toolkit.supervise.deadman import Deadman
 
 INTRO_CLIENT_KEY = "ssh_client_key"  # what every host introduces: the public half of its own client key

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from training_toolkit.cluster.guard import GuardSpec
-from training_toolkit.plan import MultiWorkerMirroredOptions
+from training_toolkit.job.plan import MultiWorkerMirroredOptions
 from training_toolkit.runners.ports import check_free
 from training_toolkit.runners.tf_config import mwms_config
 from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training_toolkit.settings import NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR
+from training_toolkit.config.settings import NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR
 
 PRELOAD = "LD_PRELOAD"
 _DIGITS = frozenset("0123456789")

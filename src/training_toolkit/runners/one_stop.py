@@ -12,12 +12,12 @@ starts.  MPI ranks get it from their rank file everywhere (runners/mpi_launch.py
 from __future__ import annotations
 
 from collections.abc import Mapping
-from training_toolkit.records import replace
+from training_toolkit.core.records import replace
 from typing import TYPE_CHECKING
 
 from training_toolkit import native
-from training_toolkit.settings import RANK_STOP_WAIT_VAR
-from training_toolkit.stopping import STOP_HEARD_S
+from training_toolkit.config.settings import RANK_STOP_WAIT_VAR
+from training_toolkit.supervise.stopping import STOP_HEARD_S
 
 if TYPE_CHECKING:
     from training_toolkit.runspec import Proc, RunnerSpec, Seating

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 
-from training_toolkit import ps_server
+from training_toolkit.runners import ps_server
 from training_toolkit.cluster.guard import GuardSpec
-from training_toolkit.plan import ParameterServerOptions
+from training_toolkit.job.plan import ParameterServerOptions
 from training_toolkit.runners.ports import check_free
 from training_toolkit.runners.tf_config import PsLayout
 from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating

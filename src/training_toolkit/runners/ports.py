@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 
 
 def check_free(port: int, what: str, host: str) -> None:

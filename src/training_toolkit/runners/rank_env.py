@@ -24,11 +24,13 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from training_toolkit import rundir, settings
-from training_toolkit.errors import ClusterError
-from training_toolkit.mpi_options import CustomMpiOptions
+from training_toolkit.supervise import rundir
+
+from training_toolkit.config import settings
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.job.mpi_options import CustomMpiOptions
 from training_toolkit.runners.netshim import PRELOAD, preload_list
-from training_toolkit.settings import without_secrets
+from training_toolkit.config.settings import without_secrets
 
 # The reference sets these for every MPI rank (mpirun -x); a value the platform or the user put in the
 # environment is kept (the reference overrides it), --NCCL_DEBUG and -x of the custom options win over both.

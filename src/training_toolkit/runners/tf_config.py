@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training_toolkit.names import TF_MWMS_PORT, TF_PS_PORT, TF_WORKER_PORT
+from training_toolkit.core.names import TF_MWMS_PORT, TF_PS_PORT, TF_WORKER_PORT
 
 CHIEF = "chief"
 MASTER = "master"  # the chief's estimator-era name in TF_CONFIG (sagemaker_parameter_server_naming)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.guard import GuardSpec
-from training_toolkit.plan import TorchDistributedOptions
+from training_toolkit.job.plan import TorchDistributedOptions
 from training_toolkit.runners.ports import check_free
 from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 

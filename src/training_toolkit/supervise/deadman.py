@@ -35,9 +35,13 @@ import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from training_toolkit import native, procfs, settings
+from training_toolkit import native
 
 #: What the owner writes when it has ended and removed everything itself.
+
+from training_toolkit.supervise import procfs
+
+from training_toolkit.config import settings
 DONE = b"done\n"
 #: The variable of the token: every deadman's, and the supervised children's (``process.TOKEN_VAR``).
 TOKEN_VAR = settings.SUPERVISOR_VAR
@@ -155,7 +159,7 @@ def _program() -> str:
     except native.NativeMissing as exc:
         if not _warned:
             _warned = True
-            from training_toolkit.log import log
+            from training_toolkit.core.log import log
 
             log(f"warning: no dead-man switch, so processes are not ended should their owner be killed: {exc}")
         return ""

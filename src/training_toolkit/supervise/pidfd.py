@@ -29,7 +29,7 @@ import signal
 from collections.abc import Callable
 from typing import NamedTuple
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 
 
 def available() -> bool:

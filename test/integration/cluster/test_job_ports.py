@@ -25,7 +25,7 @@ from helpers.capture import on_bridge, segments
 from helpers.multihost import FIXTURES, hps, ours_running, rank_files, source_dir
 from helpers.outsider import RUNTIME, listeners, mpi_host_ready, start_attack, stop_attack
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
-from training_toolkit import names
+from training_toolkit.core import names
 from training_toolkit.local.launcher import LocalJob, run_local
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]

@@ -104,7 +104,7 @@ def test_login_works_at_once_with_no_prompt(base_dir):
 
 
 def test_the_probe_leaves_one_shared_connection_that_later_logins_use_and_end_connections_closes(tmp_path):
-    from training_toolkit import procfs
+    from training_toolkit.supervise import procfs
     from training_toolkit.cluster.ssh.layout import end_connections
 
     short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # a socket path must be short

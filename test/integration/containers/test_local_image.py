@@ -21,7 +21,7 @@ import pytest
 from helpers.jobs import clean_env, toolkit_cmd
 from helpers.multihost import hps, source_dir
 from helpers.paths import IMAGE, REPO
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names

@@ -22,7 +22,7 @@ import pytest
 
 from helpers.multihost import hps, source_dir
 from helpers.paths import FIXTURES, IMAGE
-from training_toolkit import names
+from training_toolkit.core import names
 from training_toolkit.local import engine
 from training_toolkit.local.container_launcher import run_containers
 from training_toolkit.local.containers import CODE_DIR, LABEL_JOB, host_names, new_job_id

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers.jobs import clean_env, toolkit_cmd
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local import teardown
 from training_toolkit.local.holders import MARKER
 

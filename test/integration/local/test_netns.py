@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit import procfs
-from training_toolkit.errors import ClusterError, ConfigError
+from training_toolkit.supervise import procfs
+from training_toolkit.core.errors import ClusterError, ConfigError
 from training_toolkit.local import teardown
 from training_toolkit.local.netns import Host, NamespaceCluster, leftovers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.slurm import slurm_cluster
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 from training_toolkit.local.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.slurm]

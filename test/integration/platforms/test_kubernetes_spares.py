@@ -23,7 +23,7 @@ from helpers import kubernetes as k8s
 from helpers.deadhost import HostKiller, wait_for
 from helpers.kubelet import Kubelet
 from helpers.multihost import hps, source_dir
-from training_toolkit.names import CONTROL_PORT
+from training_toolkit.core.names import CONTROL_PORT
 
 pytestmark = [pytest.mark.root]
 

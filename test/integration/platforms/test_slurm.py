@@ -89,7 +89,7 @@ def jobcomp(slurm, job: str, timeout: float = 30) -> dict[str, str]:
 
 def settled(slurm, timeout: float = 30) -> dict[str, list[str]]:
     """What runs on the nodes, once the job is over, that did not run before it (the daemons did); {} when nothing."""
-    from training_toolkit import procfs
+    from training_toolkit.supervise import procfs
 
     deadline = time.monotonic() + timeout
     while True:

@@ -22,7 +22,7 @@ import pytest
 from helpers.jobrecord import record_at, wall
 from helpers.jobs import clean_env, train_cmd, write_job
 from helpers.multihost import hps
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local.launcher import LocalJob, run_local
 
 #: Seconds after the SIGKILL by which every process train started must be gone.

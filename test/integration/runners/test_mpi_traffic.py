@@ -21,7 +21,7 @@ import pytest
 from helpers.capture import Capture, findings, on_bridge
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
-from training_toolkit.names import CONTROL_PORT
+from training_toolkit.core.names import CONTROL_PORT
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]

@@ -4,7 +4,7 @@ algo-3's rank fails first, but its report is held back: a process it left
 behind keeps its stderr open, so its host waits the bounded 0.5 s for the last
 words before reporting.  algo-2's rank fails 0.25 s later and its report
 arrives first.  Every host must name algo-3's failure.  The ordering rule
-itself is tabled in test/unit/test_decisions.py.
+itself is tabled in test/unit/agent/test_decisions.py.
 """
 
 from __future__ import annotations

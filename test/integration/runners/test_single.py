@@ -201,7 +201,7 @@ def test_a_toolkit_bug_still_gives_a_verdict(job_dir, tmp_path):
     """An unexpected exception inside the toolkit: exit 70 and a failure file, not a bare traceback exit."""
     write_job(job_dir, script="pass\n")
     boom = tmp_path / "sitecustomize.py"
-    boom.write_text("import training_toolkit.contract as c\n"
+    boom.write_text("import training_toolkit.job.contract as c\n"
                     "def broken(*a, **k):\n    raise RuntimeError('simulated bug')\n"
                     "c.script_environment = broken\n")
     env = clean_env(PYTHONPATH=str(tmp_path))

@@ -23,7 +23,7 @@ import pytest
 
 from helpers.paths import OMPI5_BIN
 from training_toolkit import native
-from training_toolkit.settings import RESTART_FLAG_VAR, STOP_FLAG_VAR
+from training_toolkit.config.settings import RESTART_FLAG_VAR, STOP_FLAG_VAR
 
 RANKS = r"""
 import os, signal, sys, time

@@ -85,7 +85,7 @@ def test_a_killed_parameter_server_fails_the_job_everywhere(tmp_path):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 for child in psutil.Process(procs["algo-2"].pid).children(recursive=True):
-                    if "ps_server.py" in " ".join(child.cmdline()):
+                    if "runners/ps_server.py" in " ".join(child.cmdline()):
                         time.sleep(1.0)
                         child.send_signal(signal.SIGKILL)
                         return

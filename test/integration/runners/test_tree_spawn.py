@@ -22,7 +22,7 @@ import pytest
 from helpers.keys import mount_keys
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.cluster.ssh.keys import generate_keypair
 from training_toolkit.local.launcher import LocalJob
 

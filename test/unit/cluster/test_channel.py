@@ -11,7 +11,7 @@ from training_toolkit.cluster import wire
 from training_toolkit.cluster.client import ControlClient
 from training_toolkit.cluster.events import MAX_REPORT_AGE_S, PeerDone, PeerFailed, PeerLost, Verdict, reported_time
 from training_toolkit.cluster.server import ControlServer
-from training_toolkit.errors import ClusterError, JobFailed
+from training_toolkit.core.errors import ClusterError, JobFailed
 
 from helpers.first_host import FirstHost
 

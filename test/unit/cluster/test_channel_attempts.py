@@ -14,7 +14,7 @@ from training_toolkit.cluster.client import ControlClient
 from training_toolkit.cluster.events import PeerFailed
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
-from training_toolkit.errors import ClusterError, JobFailed
+from training_toolkit.core.errors import ClusterError, JobFailed
 
 from helpers.first_host import FirstHost
 
@@ -114,7 +114,7 @@ def test_an_attempt_is_a_small_whole_number():
 
 def test_at_a_barrier_the_earliest_failure_is_the_cause_not_the_first_report(job):
     """The same rule as a running job's (decisions.root_cause): reports of earlier failures may arrive later."""
-    from training_toolkit.errors import JobFailed
+    from training_toolkit.core.errors import JobFailed
 
     srv, first, [(c1, _), (c2, _)] = job
     first.restart(1, "again")
@@ -239,7 +239,7 @@ def test_the_welcomes_attempt_is_signed():
 
 def test_a_rejoined_host_that_fails_before_the_restart_is_called_fails_that_restarts_barrier(job):
     from training_toolkit.cluster.events import PeerLost
-    from training_toolkit.errors import JobFailed
+    from training_toolkit.core.errors import JobFailed
 
     srv, first, [(c1, _), (c2, _)] = job
     c1.close()

@@ -8,7 +8,7 @@ import pytest
 from training_toolkit.cluster.client import ControlClient
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.membership import ChannelSettings, Membership, job_hosts
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 
 SECRET = b"s" * 32
 

@@ -2,8 +2,8 @@
 import pytest
 
 from training_toolkit.cluster.membership import ChannelSettings
-from training_toolkit.errors import ConfigError
-from training_toolkit.settings import parse
+from training_toolkit.core.errors import ConfigError
+from training_toolkit.config.settings import parse
 
 
 def test_the_secret_is_the_one_settings_read():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit.errors import EXIT_USAGE
+from training_toolkit.core.errors import EXIT_USAGE
 from training_toolkit.local import cli, launcher
 from training_toolkit.local.cli import overlap
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit.errors import ConfigError
+from training_toolkit.core.errors import ConfigError
 from training_toolkit.local import layout
 from training_toolkit.local.netns import NamespaceCluster
 

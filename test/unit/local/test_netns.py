@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training_toolkit.errors import ClusterError
+from training_toolkit.core.errors import ClusterError
 from training_toolkit.local.netns import NamespaceCluster
 
 NAMES = ("algo-1", "algo-2")

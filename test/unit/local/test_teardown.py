@@ -6,7 +6,7 @@ import pytest
 import subprocess
 import time
 
-from training_toolkit import procfs
+from training_toolkit.supervise import procfs
 from training_toolkit.local import teardown
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)

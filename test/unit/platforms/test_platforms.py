@@ -4,14 +4,16 @@ import json
 
 import pytest
 
-from training_toolkit import platforms, settings
-from training_toolkit.errors import ClusterError, ConfigError
-from training_toolkit.hardware import Hardware
-from training_toolkit.paths import Paths
+from training_toolkit import platforms
+
+from training_toolkit.config import settings
+from training_toolkit.core.errors import ClusterError, ConfigError
+from training_toolkit.core.hardware import Hardware
+from training_toolkit.core.paths import Paths
 from training_toolkit.platforms import kubernetes, mpijob, opt_ml, pytorchjob, tfjob
 from training_toolkit.platforms.sagemaker import SageMaker
 from training_toolkit.platforms.view import Facts
-from training_toolkit.settings import KeyFiles
+from training_toolkit.config.settings import KeyFiles
 
 POD = {"KUBERNETES_SERVICE_HOST": "192.0.2.1"}
 CPU = Hardware(num_cpus=2, num_gpus=0, num_neurons=0)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 from helpers.slurm import TASK
-from training_toolkit import platforms, settings
-from training_toolkit.errors import ConfigError
-from training_toolkit.hardware import Hardware
-from training_toolkit.paths import Paths
+from training_toolkit import platforms
+from training_toolkit.config import settings
+from training_toolkit.core.errors import ConfigError
+from training_toolkit.core.hardware import Hardware
+from training_toolkit.core.paths import Paths
 from training_toolkit.platforms.slurm import Slurm, expand_hostlist, gpus_on_node, interface_towards
 from training_toolkit.platforms.view import Facts
 

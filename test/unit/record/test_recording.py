@@ -7,11 +7,11 @@ import signal
 from training_toolkit.agent.events import (AnnounceRestart, FailOver, Finish, GatherStacks, GotSignal, LocalExit,
                                            Progress, Say, Started)
 from training_toolkit.agent.recording import Recorder, observed
-from training_toolkit.attempt import Attempt
+from training_toolkit.job.attempt import Attempt
 from training_toolkit.cluster.events import PeerFailed, PeerLost, PeerProgress, Verdict
-from training_toolkit.process import ExitStatus
+from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.record import schema
-from training_toolkit.report import Outcome
+from training_toolkit.job.report import Outcome
 
 ACTIVE = ("algo-1", "algo-2", "algo-3")
 

@@ -1,5 +1,5 @@
 
-from training_toolkit.process import ExitStatus
+from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
 from training_toolkit.runners.mpi_command import MpiJob, host_list, mpirun_command
 

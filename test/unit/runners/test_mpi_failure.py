@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training_toolkit.process import ExitStatus
+from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.runners.mpi_failure import LOST_DAEMON_EXIT, describe_mpi_failure, lost_a_daemon, mpirun_reason
 
 DASHES = "-" * 74

@@ -5,8 +5,8 @@ The tail below is Open MPI 4.1.4's real output, captured from the Kubernetes sim
 under JobSet: ssh was handed the name cut to its first label.
 """
 
-from training_toolkit.process import ExitStatus
-from training_toolkit.report import summary_line
+from training_toolkit.supervise.process import ExitStatus
+from training_toolkit.job.report import summary_line
 from training_toolkit.runners.mpi_failure import describe_mpi_failure
 
 RULE = "-" * 74

@@ -6,7 +6,7 @@ host's; the runner tells it the rank's host instead (``runspec.Blamed``, ``Local
 
 import pytest
 
-from training_toolkit.process import ExitStatus
+from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.runners.mpi_failure import MpiFailure, mpi_failure
 
 HOSTS = ("algo-1", "algo-2", "algo-3")

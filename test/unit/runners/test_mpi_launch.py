@@ -6,15 +6,17 @@ import json
 import sys
 from pathlib import Path
 
-from training_toolkit import contract, settings
-from training_toolkit.hardware import Hardware
-from training_toolkit.job import build_job
-from training_toolkit.names import OPENMPI4
-from training_toolkit.paths import Paths
-from training_toolkit.plan import make_plan
+from training_toolkit.job import contract
+
+from training_toolkit.config import settings
+from training_toolkit.core.hardware import Hardware
+from training_toolkit.job.spec import build_job
+from training_toolkit.core.names import OPENMPI4
+from training_toolkit.core.paths import Paths
+from training_toolkit.job.plan import make_plan
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_launch import build_command, in_slurm_order, rank_environment, slurm_environment
-from training_toolkit.attempt import Attempt
+from training_toolkit.job.attempt import Attempt
 from training_toolkit.runspec import RunContext, for_attempt
 
 JOB = ("algo-1", "algo-2", "algo-3", "algo-4")
@@ -88,7 +90,7 @@ def test_each_ranks_environment_names_the_attempts_hosts_and_the_attempt(tmp_pat
 def test_a_fixed_number_of_processes_that_a_shrink_cannot_fit_is_refused_naming_it(tmp_path):
     import pytest
 
-    from training_toolkit.errors import ConfigError
+    from training_toolkit.core.errors import ConfigError
 
     ctx = context(tmp_path, "algo-1")
     job = ctx.job._replace(framework_params={**ctx.job.framework_params, "sagemaker_mpi_num_processes": 6})

@@ -12,7 +12,7 @@ import time
 
 from training_toolkit import native
 from training_toolkit.runners.one_stop import one_stop_environment
-from training_toolkit.settings import RANK_PID_VAR, RANK_STOP_WAIT_VAR
+from training_toolkit.config.settings import RANK_PID_VAR, RANK_STOP_WAIT_VAR
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from training_toolkit import native
-from training_toolkit.errors import ClusterError
-from training_toolkit.mpi_options import CustomMpiOptions
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.job.mpi_options import CustomMpiOptions
 from training_toolkit.runners import rank_env
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
@@ -210,7 +210,7 @@ def test_through_slurm_each_host_names_its_ranks_directory_after_its_node(tmp_pa
     """Every daemon gets mpirun's one environment: the path is the same but for the node's name (%n)."""
     import pytest
 
-    from training_toolkit.errors import ClusterError
+    from training_toolkit.core.errors import ClusterError
     from training_toolkit.runners import rank_env
     from training_toolkit.runners.mpi_launch import slurm_paths
 

@@ -6,7 +6,7 @@ import pytest
 import subprocess
 
 from training_toolkit import native
-from training_toolkit.settings import SSH_CONFIG_VAR
+from training_toolkit.config.settings import SSH_CONFIG_VAR
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 

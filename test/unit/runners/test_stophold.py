@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from training_toolkit import native
-from training_toolkit.settings import RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR, STOP_FLAG_VAR
+from training_toolkit.config.settings import RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR, STOP_FLAG_VAR
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 

@@ -19,7 +19,7 @@ import pytest
 
 from training_toolkit import native
 from training_toolkit.runners import rank_env
-from training_toolkit.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR
+from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 

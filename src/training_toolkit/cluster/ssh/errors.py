@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from training_toolkit.errors import EXIT_CONFIG, ClusterError
+from training_toolkit.core.errors import EXIT_CONFIG, ClusterError
 
 
 class SshError(ClusterError):

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from training_toolkit.cluster.ssh.errors import KeyMaterialError
-from training_toolkit.settings import KeyFiles
+from training_toolkit.config.settings import KeyFiles
 
 # Names of mounted key files (any key type OpenSSH accepts, whatever the name says:
 # these are the names users already know).

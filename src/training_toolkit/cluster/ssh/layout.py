@@ -156,8 +156,8 @@ def end_connections(layout: SshLayout, grace_s: float = 1.0) -> list[int]:
     Each detaches from the ssh that opened it and keeps that ssh's environment, which carries the
     token of the job's ssh directory (``probe.wait_for_ssh`` gives it; ``supervise/deadman.py``).
     """
-    from training_toolkit import procfs
-    from training_toolkit.stopping import stop_processes
+    from training_toolkit.supervise import procfs
+    from training_toolkit.supervise.stopping import stop_processes
     from training_toolkit.supervise import deadman
 
     masters = procfs.with_marker(deadman.marker_for(layout.directory))  # with start times: never a reused pid

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from training_toolkit.cluster.ssh.errors import SshUnreachable
 from training_toolkit.cluster.ssh.layout import SshLayout, ssh_command
-from training_toolkit.settings import without_secrets
+from training_toolkit.config.settings import without_secrets
 from training_toolkit.supervise import deadman
 
 def wait_for_ssh(

@@ -1,0 +1,49 @@
+"""An attempt of the job, as its barrier decided it: one value, handed to everything that runs it.
+
+Each barrier's outcome is an ``Attempt`` (torch's rendezvous hands its agent one
+``RendezvousInfo`` the same way): its number, the active hosts in rank order and
+the spares.  The lead is the first active host: it holds the attempt's barrier
+and verdict, and the runners put their coordinator there (mpirun and rank 0, the
+chief, ``MASTER_ADDR``, MultiWorkerMirrored's worker 0).  What each rank sees
+and everything that addresses or admits peers is computed from (job, attempt)
+(``runspec.for_attempt``), never by feeding the hosts back through the job's
+parser.
+
+Words (docs/architecture.md, "Glossary"): the *lead* leads one attempt; the
+*active* hosts run its ranks; a *spare* is joined and runs none; *the
+platform's first host* is only a position in the platform's order of hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from training_toolkit.core.records import record
+
+
+@record
+class Attempt:
+    """One attempt of the job: ``number`` (from the platform's first attempt on), its hosts, as every host takes them."""
+
+    number: int
+    active: tuple[str, ...]  # rank order, the lead first
+    spares: tuple[str, ...] = ()  # joined, running nothing this attempt, in the order they are called
+
+    @property
+    def lead(self) -> str:
+        """The host that leads the attempt: rank order's first (one rule: every runner's coordinator is there)."""
+        return self.active[0]
+
+    def leads(self, host: str) -> bool:
+        return host == self.active[0]
+
+    def runs_on(self, host: str) -> bool:
+        """``host`` has a part in the attempt (else it is a spare, or not of the job)."""
+        return host in self.active
+
+
+def seated(number: int, hosts: Sequence[str], active: Sequence[str] | None = None) -> Attempt:
+    """The attempt ``number`` of a job of ``hosts`` (its every host, in the order the lead gave them) on ``active``
+    (None: every host, as before any barrier chose), the others its spares."""
+    active = tuple(active or hosts)
+    return Attempt(number, active, tuple(host for host in hosts if host not in active))
