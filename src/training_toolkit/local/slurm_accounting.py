@@ -20,6 +20,7 @@ from training_toolkit.local.slurm_conf import CLUSTER_NAME
 
 DBD_PORT = 6819
 SOCKET = "/run/mysqld/mysqld.sock"
+TMP = "/run/mysqld-tmp"  # the database's temporary files, in the host's own /run
 TOOLS = (("mariadbd", "mariadb-server"), ("mariadb-install-db", "mariadb-server"), ("slurmdbd", "slurmdbd"),
          ("sacct", "slurm-client"))
 
@@ -43,13 +44,16 @@ def start(slurm, timeout_s: float = 90.0) -> None:
         raise ClusterError(f"Slurm accounting needs {', '.join(missing)} (scripts/setup.sh installs them)")
     first = slurm.cluster.hosts[0]
     data = slurm.workdir / "db"
-    install = slurm.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db",
+    # its temporary files in the host's own /run: in the machine's /tmp, two clusters' databases (each in a PID
+    # namespace of its own, so with the same small pids) made files of the same name and one failed to install
+    install = slurm.run(["sh", "-c", f'mkdir -m 0700 -p {TMP} && TMPDIR={TMP} exec "$@"', "mariadb-install-db",
+                         "mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db",
                          "--auth-root-authentication-method=socket"], host=first.name, timeout=timeout_s)
     if install.returncode != 0:
         raise ClusterError(f"mariadb-install-db failed: {install.stderr.strip()[-500:]}")
     slurm.start_daemon(first.name, "mariadbd", [
-        "sh", "-c", 'mkdir -m 0755 -p /run/mysqld && exec "$@"', "mariadbd", "mariadbd", "--no-defaults",
-        f"--datadir={data}", "--user=root", "--skip-networking", f"--socket={SOCKET}",
+        "sh", "-c", f'mkdir -m 0755 -p /run/mysqld && mkdir -m 0700 -p {TMP} && exec "$@"', "mariadbd", "mariadbd",
+        "--no-defaults", f"--datadir={data}", "--user=root", "--skip-networking", f"--socket={SOCKET}", f"--tmpdir={TMP}",
         f"--log-error={slurm.logs / 'mariadb.err'}"])
     _until(slurm, ["mariadb", "--no-defaults", f"--socket={SOCKET}", "-e", "select 1"], first.name, timeout_s,
            "the database")

@@ -28,7 +28,9 @@ from integration.platforms.test_slurm import batch_script, job_env, jobcomp, set
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.torch]
 
 SLURMD_TIMEOUT_S = 10
-ROOM = {"STEPS": "30", "STEP_S": "0.3"}  # steps enough after the kill at step 3 for a loaded machine to be slow
+# steps enough that training still runs when Slurm marks the lost node DOWN (SlurmdTimeout after the kill at step 3):
+# that is when a step without its own --no-kill is ended (seen: every task Killed, "srun: Force Terminated")
+ROOM = {"STEPS": "80", "STEP_S": "0.3"}
 
 
 #: The runners whose spares are tried under Slurm: the fixture script and its distribution (ranks per node).
@@ -48,8 +50,9 @@ def torch_script(tmp_path: Path, nodes: int, env: dict, no_kill: bool = True, ru
     script = batch_script(tmp_path, nodes, {
         **job_env(src, program, **distribution),
         "SHARED_DIR": str(shared), "TRAINING_TOOLKIT_GRACE_PERIOD": "10", **env})
-    if no_kill:
-        script.write_text(script.read_text().replace("#SBATCH --nodes", "#SBATCH --no-kill --nodes"))
+    if no_kill:  # the job's and the step's: with sbatch's alone, the step is ended when the node is marked DOWN
+        text = script.read_text().replace("#SBATCH --nodes", "#SBATCH --no-kill --nodes")
+        script.write_text(text.replace("srun --ntasks-per-node=1", "srun --no-kill --ntasks-per-node=1"))
     return script, shared
 
 
