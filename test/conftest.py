@@ -6,11 +6,10 @@ Helpers live in the ``helpers`` package (``from helpers.jobs import write_job``)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 

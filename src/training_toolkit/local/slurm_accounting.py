@@ -52,8 +52,9 @@ def start(slurm, timeout_s: float = 90.0) -> None:
     if install.returncode != 0:
         raise ClusterError(f"mariadb-install-db failed: {install.stderr.strip()[-500:]}")
     slurm.start_daemon(first.name, "mariadbd", [
-        "sh", "-c", f'mkdir -m 0755 -p /run/mysqld && mkdir -m 0700 -p {TMP} && exec "$@"', "mariadbd", "mariadbd",
-        "--no-defaults", f"--datadir={data}", "--user=root", "--skip-networking", f"--socket={SOCKET}", f"--tmpdir={TMP}",
+        "sh", "-c", 'mkdir -m 0755 -p /run/mysqld && exec "$@"', "mariadbd", "mariadbd", "--no-defaults",
+        f"--datadir={data}", "--user=root", "--skip-networking", f"--socket={SOCKET}",
+        f"--tmpdir={TMP}",  # the install made it, in this host's /run
         f"--log-error={slurm.logs / 'mariadb.err'}"])
     _until(slurm, ["mariadb", "--no-defaults", f"--socket={SOCKET}", "-e", "select 1"], first.name, timeout_s,
            "the database")
