@@ -1,11 +1,14 @@
 """Goodput under host failures: ours (spare, shrinking, restarts only), torchrun elastic and Horovod elastic, side by side.
 
-One run, one machine, one seeded fault schedule (``goodput_plan.schedule``): a whole host other than
-the first killed every ~20 s for 120 s (every process in it, SIGKILL: ``test/helpers/deadhost.py``),
-the platform bringing it back in the same host 15 s later; ``--scale`` multiplies every time.  The
-job is fixed work: ``--steps`` steps of ``--step-s`` (DDP on gloo, one process per host, a tiny model:
-``goodput_jobs.TORCH_JOB``), a checkpoint every ``--ckpt-every`` steps to a shared directory, resumed
-on restart.  Goodput = steps x step length / the job's wall time (start to the first host's end).
+One machine, one seeded fault schedule (``goodput_plan.schedule``): a whole host killed every
+``--period`` seconds (every process in it, SIGKILL: ``test/helpers/deadhost.py``), never the first
+host, except with ``--first-too`` (schedule (c), ours only), the platform bringing it back in the same
+host 15 s later; ``--scale`` multiplies every time.  The schedules of docs/benchmarks.md: (a)
+``--period 60``, (b) ``--period 20``, (c) ``--period 20 --first-too``.  ``--runs N`` runs each system
+N times, one after another; the table gives medians with min-max.  The job is fixed work: ``--steps``
+steps of ``--step-s`` (DDP on gloo, one process per host, a tiny model: ``goodput_jobs.TORCH_JOB``), a
+checkpoint every ``--ckpt-every`` steps to a shared directory, resumed on restart.  Goodput = steps x
+step length / the job's wall time (start to the first host's end with the verdict).
 
 - ours, spare: 5 hosts, ``TRAINING_TOOLKIT_MAX_HOSTS=4`` (4 active + 1 spare); a host back from
   its kill joins as a spare;
@@ -13,15 +16,18 @@ on restart.  Goodput = steps x step length / the job's wall time (start to the f
   long), a host back is seated at the next restart;
 - ours, restarts only (today's default: no spare, MIN = MAX): each loss restarts the job, whose
   barrier waits for the host to come back;
-- torchrun: ``--nnodes 2:4 --max-restarts N``, c10d rendezvous on algo-1, one torchrun per host,
-  the killed host's torchrun started again when it is back (its defaults otherwise);
+- torchrun (``torchrun``, on its defaults; ``torchrun-tuned``, for fast recovery: ``TORCHRUN_TUNED_*``):
+  ``--nnodes 2:4 --max-restarts 100``, c10d rendezvous on algo-1, one torchrun per host, the killed
+  host's torchrun started again when it is back;
 - horovodrun elastic (``goodput_horovod.py``): ``--min-np 2 --max-np 4``, a discovery script listing
   the hosts up, sshd on every host; Horovod commits its state in memory every ``--ckpt-every`` steps.
 
-Also: each kill to every rank of the next attempt running, ours (from the ranks' stamps), and the same
-job with no fault at all (``ours-nofault``: what the machine's load makes of the work's length).
+Also, for every system, each kill to a rank and to every rank of the next attempt running (the ranks'
+own stamps, grouped into attempts by time), ours' split of each kill from its record, and the same job
+with no fault at all (``ours-nofault``: what the machine makes of the work's length).
 Needs root, torch, horovod (gloo), openssh-server.
-Usage: .venv/bin/python bench/goodput.py [--scale 1] [--seed 1] [--steps N] [--only ours-spare,torchrun,...] [--keep DIR]
+Usage: .venv/bin/python bench/goodput.py [--period 20] [--first-too] [--runs 3] [--scale 1] [--seed 1] [--steps N]
+       [--only ours-nofault,ours-spare,torchrun,torchrun-tuned,horovod,...] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pathlib import Path
 
 from common import PYTHON, REPO
 from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, StampedLog, decisions, job_env, running
-from goodput_plan import record_splits, recoveries, row, schedule, work_s
+from goodput_plan import attempts_by_time, record_splits, recoveries, schedule, spread, work_s
 
 sys.path.insert(0, str(REPO / "test"))
 from helpers.deadhost import HostKiller  # noqa: E402
@@ -56,11 +62,16 @@ OURS = {"ours-spare": ("ours, 4 active + 1 spare", H5, {"TRAINING_TOOLKIT_MAX_HO
 
 
 def started(shared: Path) -> dict[int, list[float]]:
-    """Each attempt's ranks' start stamps."""
-    out: dict[int, list[float]] = {}
-    for f in shared.glob("started-*"):
-        out.setdefault(int(f.name.split("-")[1]), []).append(float(f.read_text()))
-    return out
+    """The ranks' start stamps, grouped into attempts by time (``goodput_plan.attempts_by_time``)."""
+    return attempts_by_time(float(f.read_text()) for f in shared.glob("started-*"))
+
+
+def timed(outcome: Outcome, shared: Path) -> Outcome:
+    """Each kill to the next attempt's first rank running and to its every rank running, from the ranks' stamps."""
+    groups = started(shared)
+    outcome.recover = recoveries(outcome.kills, groups)
+    outcome.first_rank = recoveries(outcome.kills, groups, which=min)
+    return outcome
 
 
 def ours(key: str, tmp: Path, plan, args) -> Outcome:
@@ -75,8 +86,8 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
            "sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_processes_per_host": "1"}
     killer = HostKiller()
     plan = [] if key == "ours-nofault" else plan
-    faults = Faults(plan, hosts[0], running=lambda: running(killer.cluster, SCRIPT), kill=lambda h: killer.kill(h),
-                    shared=shared)
+    faults = Faults(plan, None if args.first_too else hosts[0], running=lambda: running(killer.cluster, SCRIPT),
+                    kill=lambda h: killer.kill(h), shared=shared)
     first: dict = {}
 
     def on_start(procs) -> None:
@@ -86,7 +97,7 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
             faults.start(hosts)
 
     def restart(name: str, code: int) -> float | None:  # the platform's replacement, in the same host
-        if name not in faults.down or first["proc"].poll() is not None:
+        if name not in faults.down or (shared / "done").exists():
             return None
         return max(0.0, faults.down[name] - time.monotonic())
 
@@ -98,32 +109,43 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     finally:
         log.close()
     faults.stop()
-    head = results[0]
-    if faults.errors or head.exit_code != 0 or not (shared / "done").exists():
-        return Outcome(label, None, f"failed: {head.exit_code} {head.failure} {faults.errors} (log {tmp / 'ours.log'})",
-                       faults.kills)
-    said = decisions(tmp / "ours.log", hosts[0])  # the first host's choice of each restart's hosts
+    ended = [r.ended_at for r in results if r.exit_code == 0 and r.ended_at is not None]
+    if faults.errors or len(ended) != len(results) or not (shared / "done").exists():
+        failed = [(r.host, r.exit_code, r.failure) for r in results if r.exit_code != 0]
+        return Outcome(label, None, f"failed: {failed} {faults.errors} (log {tmp / 'ours.log'})", faults.kills)
+    said = decisions(tmp / "ours.log", hosts)  # the lead's choice of each restart's hosts, whichever host led
     to_choice = [min((t for t in said if t > at), default=None) for _, at in faults.kills]
-    outcome = Outcome(label, head.ended_at - first["t0"], "", faults.kills, recoveries(faults.kills, started(shared)))
+    outcome = timed(Outcome(label, min(ended) - first["t0"], "", faults.kills), shared)
     outcome.to_choice = [c - at for c, (_, at) in zip(to_choice, faults.kills) if c is not None]
-    # each kill's split as the job's record has it (the lead's: the first host's), beside the outside timing
+    # each kill's split as the job's record has it, beside the outside timing: the lead's record, the one that saw
+    # the most faults (after a failover the next lead carries the record on)
     wall_now, mono_now = time.time(), time.monotonic()
     kills_wall = [(host, wall_now - (mono_now - at)) for host, at in faults.kills]
-    lead = head.host
-    cost_file = head.opt_ml / "output" / "data" / "training-toolkit" / f"cost-{lead}.json"
-    outcome.splits = record_splits(kills_wall, json.loads(cost_file.read_text())["faults"]) if cost_file.exists() else []
+    costs = [json.loads(r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").read_text())
+             for r in results if r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").exists()]
+    faults_seen = max((c["faults"] for c in costs), key=len, default=[])
+    outcome.splits = record_splits(kills_wall, faults_seen)
     return outcome
 
 
-def torchrun(tmp: Path, plan, args) -> Outcome:
-    label = "torchrun --nnodes 2:4, c10d"
+#: torchrun tuned for fast recovery, each setting as torch documents it (docs/benchmarks.md names where)
+TORCHRUN_TUNED_RDZV = ("join_timeout=120,last_call_timeout=1,close_timeout=5,read_timeout=10,"
+                       "keep_alive_interval=1,keep_alive_max_attempt=3")
+TORCHRUN_TUNED_ENV = {"TORCH_ELASTIC_WORKER_IDENTICAL": "1",  # no role exchange through the store (api.py)
+                      "GLOO_TIMEOUT_S": "10"}  # the job's own process group timeout (goodput_jobs.TORCH_JOB)
+
+
+def torchrun(tmp: Path, plan, args, tuned: bool = False) -> Outcome:
+    label = "torchrun --nnodes 2:4, c10d" + (", tuned" if tuned else ", defaults")
     shared = tmp / "shared"
     shared.mkdir(parents=True)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root"),
            # torchrun 2.x's restarted workers otherwise read the last attempt's addresses (docs/benchmarks.md)
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **job_env(shared, args)}
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **job_env(shared, args),
+           **(TORCHRUN_TUNED_ENV if tuned else {})}
     cmd = [str(PYTHON), "-m", "torch.distributed.run", "--nnodes", "2:4", "--nproc-per-node", "1",
-           "--max-restarts", "30", "--rdzv-backend", "c10d", "--rdzv-endpoint", "algo-1:29400", "--rdzv-id", "goodput",
+           "--max-restarts", "100", "--rdzv-backend", "c10d", "--rdzv-endpoint", "algo-1:29400", "--rdzv-id", "goodput",
+           *(("--rdzv-conf", TORCHRUN_TUNED_RDZV, "--monitor-interval", "0.1") if tuned else ()),
            f"/opt/ml/code/{SCRIPT}"]
     with NamespaceCluster(H4, tmp / "cluster") as cluster:
         killer = HostKiller()
@@ -164,12 +186,61 @@ def torchrun(tmp: Path, plan, args) -> Outcome:
             log.close()
     if code != 0 or not (shared / "done").exists() or faults.errors:
         return Outcome(label, None, f"failed: exit {code} {faults.errors} (logs {tmp}/torchrun-*.log)", faults.kills)
-    return Outcome(label, wall, "", faults.kills)
+    return timed(Outcome(label, wall, "", faults.kills), shared)
+
+
+SYSTEMS = (*OURS, "torchrun", "torchrun-tuned", "horovod")
+
+
+def run_system(key: str, where: Path, plan, args) -> Outcome:
+    if key in OURS:
+        return ours(key, where, plan, args)
+    if key in ("torchrun", "torchrun-tuned"):
+        return torchrun(where, plan, args, tuned=key == "torchrun-tuned")
+    from goodput_horovod import horovod
+
+    return horovod(where, plan, args)
+
+
+def report(outcomes: dict[str, list[Outcome]], work: float) -> None:
+    """Each system over its runs: goodput (median, min-max), over the no-fault run's, and each kill's cost."""
+    def goodputs(key: str) -> list[float]:
+        return [work / o.wall for o in outcomes.get(key, []) if o.wall is not None]
+
+    base = goodputs("ours-nofault")
+    print(f"  {'system':44s} {'finished':>8s}  {'goodput':22s} {'over no-fault':22s}")
+    for key, runs in outcomes.items():
+        got = goodputs(key)
+        over = [g / statistics.median(base) for g in got] if base and key != "ours-nofault" else []
+        print(f"  {runs[0].label:44s} {len(got)}/{len(runs):<6d}  {spread(got):22s} {spread(over):22s}")
+        for o in runs:
+            if o.wall is None:
+                print(f"      a run that did not finish: {o.note}")
+    for runs in outcomes.values():
+        label = runs[0].label
+        for name, attr in (("a rank", "first_rank"), ("every rank", "recover")):
+            got = [r for o in runs for r in getattr(o, attr, []) if r is not None]
+            kills = sum(len(o.kills) for o in runs)
+            if got:
+                print(f"  {label}: kill to {name} of the next attempt running: {spread(got, ' s', 2)}; "
+                      f"{len(got)} of {kills} kills")
+        splits = [sp for o in runs for sp in getattr(o, "splits", []) if sp is not None]
+        if splits:
+            parts = ", ".join(f"{name} {spread([sp[k] for sp in splits], ' s', 2)}" for name, k in (
+                ("detection (outside)", "outside_detection_s"), ("barrier", "barrier_s"), ("ranks' start", "start_s"),
+                ("first progress", "to_progress_s")))
+            print(f"  {label}: the record's split of each kill: {parts}; {len(splits)} kills")
+        choice = [c for o in runs for c in getattr(o, "to_choice", [])]
+        if choice:
+            print(f"  {label}: kill to the lead's choice of the next attempt's hosts: {spread(choice, ' s', 2)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=float, default=1.0, help="every time of the fault schedule times this")
+    parser.add_argument("--period", type=float, default=20.0, help="seconds between kills: (a) 60, (b) 20")
+    parser.add_argument("--first-too", action="store_true", help="(c): the first host among the victims (ours only)")
+    parser.add_argument("--runs", type=int, default=1, help="each system this many times, one after another")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, help="default: 150 s of work x scale")
     parser.add_argument("--step-s", type=float, default=0.5)
@@ -177,54 +248,37 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep every job's logs and files under this new directory")
     parser.add_argument("--only", default="ours-nofault,ours-spare,ours-shrink,ours-restart,torchrun,horovod")
     args = parser.parse_args()
+    keys = args.only.split(",")
+    unknown = [k for k in keys if k not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown system {unknown}: choose among {', '.join(SYSTEMS)}")
+    if args.first_too and any(k not in OURS for k in keys):
+        raise SystemExit("--first-too (schedule c) is ours only: the others' first host holds their rendezvous")
     args.steps = args.steps or round(150 * args.scale / args.step_s)
-    plan = schedule(args.seed, args.scale)
+    plan = schedule(args.seed, args.scale, period_s=args.period, span_s=max(120.0, args.period * 2))
     work = work_s(args.steps, args.step_s)
-    print(f"schedule (seed {args.seed}, scale {args.scale:g}): kills at "
+    print(f"schedule (seed {args.seed}, scale {args.scale:g}, every {args.period:g} s"
+          f"{', the first host among the victims' if args.first_too else ''}): kills at "
           + ", ".join(f"{f.at_s:.1f}" for f in plan) + f" s, each host back {15 * args.scale:g} s later; "
-          f"work {args.steps} x {args.step_s:g} s = {work:g} s; load average {os.getloadavg()}", flush=True)
-    outcomes: list[Outcome] = []
+          f"work {args.steps} x {args.step_s:g} s = {work:g} s; {args.runs} run(s) each; "
+          f"load average {os.getloadavg()}", flush=True)
+    outcomes: dict[str, list[Outcome]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-goodput-") if args.keep is None
           else contextlib.nullcontext(str(args.keep))) as tmp:
-        for key in args.only.split(","):
-            where = Path(tmp) / key
-            if key in OURS:
-                outcome = ours(key, where, plan, args)
-            elif key == "torchrun":
-                outcome = torchrun(where, plan, args)
-            elif key == "horovod":
-                from goodput_horovod import horovod
-
-                outcome = horovod(where, plan, args)
-            else:
-                raise SystemExit(f"unknown system {key}")
-            outcomes.append(outcome)
-            wall = f"{outcome.wall:.1f} s" if outcome.wall is not None else outcome.note
-            kills = [(h, round(t - outcome.kills[0][1], 1)) for h, t in outcome.kills]
-            print(f"{outcome.label}: {wall}; kills (host, s after the first) {kills}"
-                  f"; load {os.getloadavg()[0]:.1f}", flush=True)
-            if outcome.wall is None:
-                print((where / "ours.log").read_text(errors="replace")[-3000:] if (where / "ours.log").exists() else "")
-    print(f"\ngoodput, work {work:g} s, {len(plan)} kills scheduled (seed {args.seed}, scale {args.scale:g}), "
-          f"load average {os.getloadavg()}:")
-    print(f"  {'system':44s} {'wall':>8s} {'goodput':>8s}")
-    for o in outcomes:
-        print(row(o.label, work, o.wall, o.note if o.wall is None else f"{len(o.kills)} kills"))
-    for o in outcomes:
-        got = [r for r in o.recover if r is not None]
-        if got:
-            print(f"  {o.label}: kill to every rank of the next attempt running: "
-                  f"median {statistics.median(got):.2f} s (min {min(got):.2f}, max {max(got):.2f}; "
-                  f"{len(got)} of {len(o.recover)} kills)")
-        for kill, split, outside in zip(o.kills, getattr(o, "splits", []), o.recover):
-            if split is not None:  # the record's split, and its sum against the ranks' own stamps from outside
-                print(f"  {o.label}: {kill[0]} killed: the record: seen {split['outside_detection_s']:.2f} s after the "
-                      f"kill (detection {split['detection_s']:.2f}), barrier {split['barrier_s']:.2f}, ranks' start "
-                      f"{split['start_s']:.2f}: first progress {split['to_progress_s']:.2f} s after the kill"
-                      + (f"; every rank running {outside:.2f} s after it (outside)" if outside is not None else ""))
-        if getattr(o, "to_choice", None):
-            print(f"  {o.label}: kill to the first host's choice of the next attempt's hosts: "
-                  f"median {statistics.median(o.to_choice):.2f} s (min {min(o.to_choice):.2f}, max {max(o.to_choice):.2f})")
+        for run in range(args.runs):
+            for key in keys:
+                where = Path(tmp) / f"{key}-{run}"
+                outcome = run_system(key, where, plan, args)
+                outcomes.setdefault(key, []).append(outcome)
+                wall = f"{outcome.wall:.1f} s" if outcome.wall is not None else outcome.note
+                kills = [(h, round(t - outcome.kills[0][1], 1)) for h, t in outcome.kills]
+                print(f"run {run + 1}, {outcome.label}: {wall}; kills (host, s after the first) {kills}"
+                      f"; load {os.getloadavg()[0]:.1f}", flush=True)
+                if outcome.wall is None and (where / "ours.log").exists():
+                    print((where / "ours.log").read_text(errors="replace")[-3000:])
+    print(f"\ngoodput, work {work:g} s, {len(plan)} kills scheduled (seed {args.seed}, every {args.period:g} s, "
+          f"scale {args.scale:g}), {args.runs} run(s) each, load average {os.getloadavg()}:")
+    report(outcomes, work)
     left = [item for tag in TAGS for item in leftovers(tag)]
     print("  nothing left running (namespaces, processes, mounts)" if not left else f"  LEFT BEHIND: {left}")
     if left:

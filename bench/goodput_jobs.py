@@ -24,6 +24,7 @@ TAGS: list[str] = []  # every cluster's the bench brought up, to check that noth
 
 TORCH_JOB = """\
 import os, time
+from datetime import timedelta
 from pathlib import Path
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -31,7 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 shared = Path(os.environ["SHARED_DIR"])
 steps, step_s, every, full = (int(os.environ["STEPS"]), float(os.environ["STEP_S"]), int(os.environ["CKPT_EVERY"]),
                               int(os.environ["FULL_WORLD"]))
-dist.init_process_group("gloo")
+timeout = os.environ.get("GLOO_TIMEOUT_S")  # torchrun tuned: a short one; otherwise torch's default
+dist.init_process_group("gloo", **({"timeout": timedelta(seconds=float(timeout))} if timeout else {}))
 rank, world = dist.get_rank(), dist.get_world_size()
 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 (shared / f"started-{attempt}-{rank}-{os.getpid()}").write_text(repr(time.monotonic()))
@@ -63,6 +65,12 @@ dist.destroy_process_group()
 
 # Horovod here is built with TensorFlow only (no horovod.torch extension: docs/benchmarks.md), so its twin
 # is TensorFlow: the same tiny model's gradients allreduced (DistributedGradientTape), the same sleeps.
+# As Horovod's elastic docs say: the state is hvd.elastic.TensorFlowKerasState (its constructor
+# broadcasts nothing, unlike TensorFlowState's), and no collective runs before hvd.elastic.run.
+# Horovod 0.28 predates Keras 3: its broadcast of a Keras 3 model's variables fails ("'SymbolicTensor'
+# object has no attribute 'assign'") and it calls ``optimizer.variables()``, a list in Keras 3.  So the
+# state is given what it reads of a model and an optimizer (``built``, ``variables``; ``variables()``)
+# over plain tf.Variables, and nothing else.
 HOROVOD_JOB = """\
 import os, time
 from pathlib import Path
@@ -74,6 +82,15 @@ steps, step_s, every, full = (int(os.environ["STEPS"]), float(os.environ["STEP_S
                               int(os.environ["FULL_WORLD"]))
 hvd.init()
 w = tf.Variable(tf.zeros([4, 1]))
+
+
+class Model:  # what TensorFlowKerasState reads of a Keras model
+    built, variables = True, [w]
+
+
+class Optimizer:  # and of its optimizer: plain SGD keeps no variables
+    def variables(self):
+        return []
 
 
 @hvd.elastic.run
@@ -90,7 +107,7 @@ def train(state):
             state.commit()  # in memory: what every rank rolls back to after a host's loss
 
 
-state = hvd.elastic.TensorFlowState(variables=[w], step=0, resets=0)
+state = hvd.elastic.TensorFlowKerasState(Model(), Optimizer(), step=0, resets=0)
 state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
 train(state)
 if hvd.rank() == 0:
@@ -220,8 +237,10 @@ class StampedLog:
         self._file.close()
 
 
-def decisions(log: Path, first: str) -> list[float]:
-    """When the first host said each attempt's hosts (``algo-1: attempt N of M: ...``), from a ``StampedLog``."""
-    said = re.compile(rb"^([0-9.]+) .*" + re.escape(f"{first}: attempt ".encode()) + rb"[0-9]+ of [0-9]+: ")
+def decisions(log: Path, hosts: Sequence[str]) -> list[float]:
+    """When the lead, any of ``hosts``, said each attempt's hosts (``algo-1: attempt N of M: ...``), from a
+    ``StampedLog``."""
+    names = b"|".join(re.escape(h.encode()) for h in hosts)
+    said = re.compile(rb"^([0-9.]+) .*(?:" + names + rb"): attempt [0-9]+ of [0-9]+: ")
     return [float(m.group(1)) for line in log.read_bytes().splitlines() if (m := said.match(line))]
 

@@ -1,7 +1,7 @@
 """The goodput benchmark's pure parts: the seeded fault schedule, whom a fault kills, and the arithmetic.
 
-A **fault** kills one whole host other than the first (every process in it, SIGKILL, as a node
-dies) ``at_s`` seconds after the job's start, and the platform brings a replacement back in the
+A **fault** kills one whole host other than the first (schedule (c): any host, the first included;
+every process in it, SIGKILL, as a node dies) ``at_s`` seconds after the job's start, and the platform brings a replacement back in the
 same host (name, address, ``/opt/ml``) ``back_s`` seconds after the kill.  The full schedule
 (``scale`` 1): a fault every 20 s (seeded jitter of +-2 s, so a host is always back before the next
 kill) for 120 s, each host back 15 s after its kill.  ``scale`` multiplies every time, so
@@ -16,7 +16,8 @@ same global batch on fewer hosts), so a job that shrinks pays for it in its wall
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 PERIOD_S, SPAN_S, BACK_S, JITTER_S = 20.0, 120.0, 15.0, 2.0
@@ -48,8 +49,9 @@ def schedule(seed: int, scale: float = 1.0, period_s: float = PERIOD_S, span_s: 
     return faults
 
 
-def victim(pick: float, running: Iterable[str], up: Iterable[str], first: str) -> str | None:
-    """The host a fault kills: one of the hosts running a rank now, else one of those up; never ``first``.
+def victim(pick: float, running: Iterable[str], up: Iterable[str], first: str | None) -> str | None:
+    """The host a fault kills: one of the hosts running a rank now, else one of those up; never ``first``
+    (None: the first host is a victim like any other, schedule (c)).
 
     Candidates are taken in name order and ``pick`` chooses among them, so a seed means the same
     choice wherever the same hosts run ranks.  None: no host but the first is up.
@@ -72,8 +74,28 @@ def goodput(work: float, wall: float) -> float:
     return work / wall
 
 
-def recoveries(kills: Sequence[tuple[str, float]], started: Mapping[int, Sequence[float]]) -> list[float | None]:
-    """For each kill (host, time): seconds to every rank of the first attempt started after it running.
+def attempts_by_time(stamps: Iterable[float], gap_s: float = 2.0) -> dict[int, list[float]]:
+    """Ranks' start stamps grouped into attempts by time: a gap above ``gap_s`` starts the next attempt.
+
+    One rule for every system compared: a rank stamps once its group has formed, so an attempt's ranks
+    stamp within a moment of each other, and the next attempt comes only after a kill, its detection and
+    the ranks' own start.  (An attempt counter would not do: a replaced host's torchrun or Horovod worker
+    counts its restarts from 0.)
+    """
+    groups: dict[int, list[float]] = {}
+    last = None
+    for stamp in sorted(stamps):
+        if last is None or stamp - last > gap_s:
+            groups[len(groups)] = []
+        groups[len(groups) - 1].append(stamp)
+        last = stamp
+    return groups
+
+
+def recoveries(kills: Sequence[tuple[str, float]], started: Mapping[int, Sequence[float]],
+               which: Callable[[Sequence[float]], float] = max) -> list[float | None]:
+    """For each kill (host, time): seconds to every rank of the first attempt started after it running
+    (``which=min``: to its first rank running).
 
     ``started``: each attempt's ranks' start stamps (after their process group formed), the same clock
     as the kills.  None: no attempt started after that kill (the job ended first, or a later kill came
@@ -84,8 +106,18 @@ def recoveries(kills: Sequence[tuple[str, float]], started: Mapping[int, Sequenc
     for index, (_, at) in enumerate(kills):
         until = kills[index + 1][1] if index + 1 < len(kills) else float("inf")
         after = [stamps for _, stamps in ordered if at < min(stamps) < until]
-        out.append(max(after[0]) - at if after else None)
+        out.append(which(after[0]) - at if after else None)
     return out
+
+
+def spread(values: Sequence[float], unit: str = "", digits: int = 3) -> str:
+    """``median (min-max)`` of several runs' figures, one run's alone, or an em dash for none."""
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}{unit}"
+    return (f"{statistics.median(values):.{digits}f}{unit} "
+            f"({min(values):.{digits}f}-{max(values):.{digits}f})")
 
 
 def row(label: str, work: float, wall: float | None, note: str = "") -> str:

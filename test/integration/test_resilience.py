@@ -122,6 +122,36 @@ def test_a_single_host_restart_resumes_and_the_script_sees_its_attempt(tmp_path)
     assert 0 < float(metrics(line)["toolkit:running_fraction"]) <= 1, line
 
 
+def test_a_scripts_checkpoint_mark_makes_the_cost_count_the_work_lost_and_a_goodput(tmp_path):
+    base = tmp_path / "opt_ml"
+    write_job(base, script=(
+        "import os, pathlib, sys, time\n"
+        "model, attempt = pathlib.Path(os.environ['SM_MODEL_DIR']), os.environ['TRAINING_TOOLKIT_RESTART_COUNT']\n"
+        "time.sleep(1.0)\n"
+        "pathlib.Path(os.environ['TRAINING_TOOLKIT_HEARTBEAT_DIR'], 'checkpoint').touch()  # the documented line\n"
+        "(model / f'mark-{attempt}').write_text(repr(time.time()))\n"
+        "time.sleep(1.5)  # work after the checkpoint: lost when this attempt fails\n"
+        "(model / f'end-{attempt}').write_text(repr(time.time()))\n"
+        "sys.exit(3 if attempt == '0' else 0)\n"))
+    (base / "model").mkdir()
+    env = clean_env(TRAINING_TOOLKIT_MAX_RESTARTS="1")  # stalls not watched: the record sees progress anyway
+    done = subprocess.run(train_cmd() + ["--base-dir", str(base)], capture_output=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    entries = record_at(base, "algo-1")
+    assert [item["attempt"] for item in of_kind(entries, "checkpoint")] == [0, 1], entries
+    assert [item["attempt"] for item in of_kind(entries, "progress")] == [0, 1], entries
+    cost = cost_at(base, "algo-1")
+    assert cost["basis"] == "progress" and cost["lost_work_included"] is True and cost["checkpoints"] == 2
+    (fault,) = cost["faults"]
+    since_mark = float((base / "model" / "end-0").read_text()) - float((base / "model" / "mark-0").read_text())
+    # the mark is seen within the watch's interval (0.5 s) after it: the loss counts from then
+    assert since_mark - 0.7 <= fault["lost_work_s"] <= since_mark + 0.2, (fault, since_mark)
+    assert 0 < cost["goodput"] < cost["running_fraction"] <= 1, cost
+    (line,) = summary_lines(done.stderr.decode())
+    assert float(metrics(line)["toolkit:goodput"]) == cost["goodput"], line
+    assert "s of work since the last checkpoint" in line, line
+
+
 def test_without_restarts_left_the_verdict_lists_every_attempts_cause(tmp_path):
     base = tmp_path / "opt_ml"
     write_job(base, script="import os, sys\nsys.exit(3 + int(os.environ['TRAINING_TOOLKIT_RESTART_COUNT']))\n")

@@ -54,6 +54,18 @@ def test_the_victim_is_chosen_among_the_hosts_running_a_rank_never_the_first(pic
     assert plan.victim(pick, running, up, "algo-1") == expected
 
 
+@pytest.mark.parametrize("pick, expected", [(0.0, "algo-1"), (0.3, "algo-2"), (0.99, "algo-4")])
+def test_schedule_c_may_kill_the_first_host(pick, expected):
+    assert plan.victim(pick, ["algo-1", "algo-2", "algo-3", "algo-4"], [], None) == expected
+
+
+def test_several_runs_are_a_median_with_min_and_max():
+    assert plan.spread([0.9, 0.7, 0.8]) == "0.800 (0.700-0.900)"
+    assert plan.spread([2.0, 1.0], " s", 1) == "1.5 s (1.0-2.0)"
+    assert plan.spread([0.81]) == "0.810"
+    assert plan.spread([]) == "—"
+
+
 def test_goodput_is_the_work_over_the_wall_time():
     work = plan.work_s(300, 0.5)
     assert work == 150.0
@@ -69,6 +81,19 @@ def test_each_kill_is_timed_to_the_last_rank_of_the_first_attempt_that_started_a
     assert plan.recoveries(kills, started) == [5.5, 6.5, None]  # nothing started after the last kill
     # an attempt that starts only after the next kill counts for that one, not the earlier
     assert plan.recoveries([("algo-2", 10.0), ("algo-3", 12.0)], {0: [1.0], 1: [14.0, 15.0]}) == [None, 3.0]
+
+
+def test_the_first_rank_of_the_next_attempt_running():
+    kills = [("algo-2", 10.0), ("algo-3", 30.0)]
+    started = {0: [1.0, 1.2], 1: [14.0, 15.5, 14.2], 2: [33.0, 36.5]}
+    assert plan.recoveries(kills, started, which=min) == [4.0, 3.0]
+
+
+def test_stamps_are_grouped_into_attempts_by_the_gaps_between_them():
+    assert plan.attempts_by_time([15.5, 1.0, 14.0, 1.3, 33.0, 14.2, 1.1]) == {
+        0: [1.0, 1.1, 1.3], 1: [14.0, 14.2, 15.5], 2: [33.0]}
+    assert plan.attempts_by_time([1.0, 2.5, 4.0, 6.1], gap_s=2.0) == {0: [1.0, 2.5, 4.0], 1: [6.1]}
+    assert plan.attempts_by_time([]) == {}
 
 
 def test_a_row_says_wall_and_goodput_or_why_there_is_none():

@@ -77,7 +77,7 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
         elif isinstance(action, Report):
             seat.report_failure(action.reason, action.exit_code, action.at, action.attempt, action.stopped)
         elif isinstance(action, ShareProgress):
-            seat.progress(action.heartbeat)
+            seat.progress(action.heartbeat, action.checkpoint)
         elif isinstance(action, GatherStacks):
             in_thread(agent.stall.gather, "gather-stacks", seat, agent.host, agent.hosts, list(agent.locals))
         elif isinstance(action, SendStacks):

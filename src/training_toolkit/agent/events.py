@@ -122,6 +122,7 @@ class Progress:
 
     heartbeat: bool = False
     attempt: int = 0  # of the processes that made it: an earlier attempt's last words are not progress
+    checkpoint: bool = False  # a rank marked a checkpoint saved (its heartbeat directory's ``checkpoint`` file)
 
 
 @record
@@ -207,9 +208,10 @@ class Finish:
 
 @record
 class ShareProgress:
-    """Other hosts: tell the lead this host saw progress."""
+    """Other hosts: tell the lead this host saw progress (``checkpoint``: a checkpoint marked)."""
 
     heartbeat: bool = False
+    checkpoint: bool = False
 
 
 @record

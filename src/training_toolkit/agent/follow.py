@@ -46,7 +46,7 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
         state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, event.reason), failures=(), deadline=None)
         return state, (StopPart(state.attempt),)
     if isinstance(event, Progress):
-        return state, (ShareProgress(event.heartbeat),) if state.phase == Phase.RUNNING else ()
+        return state, (ShareProgress(event.heartbeat, event.checkpoint),) if state.phase == Phase.RUNNING else ()
     if isinstance(event, Tick):
         if own is not None and state.deadline is not None and now >= state.deadline:
             return end(state, own)  # the lead never answered this host's report

@@ -41,8 +41,7 @@ from training_toolkit.core.errors import JobFailed, ToolkitError
 from training_toolkit.core.log import log
 from training_toolkit.supervise.process import STOPPING_SIGNALS, ExitStatus, SignalForwarder, Supervised
 from training_toolkit.job.report import Outcome
-from training_toolkit.runspec import Blamed, Local, RunContext, RunnerSpec, Seating
-from training_toolkit.runspec import failure_of as described_failure
+from training_toolkit.runspec import Blamed, failure_of as described_failure, Local, RunContext, RunnerSpec, Seating
 
 if TYPE_CHECKING:
     from training_toolkit.cluster.membership import Seat

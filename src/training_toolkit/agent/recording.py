@@ -6,7 +6,8 @@ events are faults: a failed local process or a failure a host reported (of the c
 late report of an attempt already over is none), the loss of an active host (a spare's loss is
 said, not a fault), a stall (the lead's gathering of stacks), a stopping signal.  Progress: the
 first of each attempt only (a restart too: the lead's call, not its own rejoin after it), as the stall watch sees it (no watch, no progress: the record then has
-each host's start of its processes).  Restarts: the lead's call, a follower's rejoin, a failover.
+each host's start of its processes).  Checkpoints: every mark a rank made (``agent/progress.py``), its host's
+own and, on the lead, every host's.  Restarts: the lead's call, a follower's rejoin, a failover.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def observed(event, actions: Sequence, attempt: int, active: Sequence[str], host
     elif isinstance(event, GotSignal) and event.signum in STOPPING_SIGNALS:
         found.append(_fault(attempt, "stop", host, f"{signal.Signals(event.signum).name} on {host}", None))
     elif isinstance(event, (Progress, PeerProgress)):
-        found.append(("progress", {"attempt": getattr(event, "attempt", attempt) if isinstance(event, Progress)
-                                   else attempt, "heartbeat": event.heartbeat}))
+        of = event.attempt if isinstance(event, Progress) else attempt
+        found.append(("progress", {"attempt": of, "heartbeat": event.heartbeat}))
+        if event.checkpoint:
+            found.append(("checkpoint", {"attempt": of, "host": getattr(event, "host", host)}))
     elif isinstance(event, Started):
         found.append(("started", {"attempt": attempt}))
     for action in actions:

@@ -209,7 +209,7 @@ class SoloSeat:
     def restart(self, attempt: int, reason: str) -> None:
         pass
 
-    def progress(self, heartbeat: bool) -> None:
+    def progress(self, heartbeat: bool, checkpoint: bool = False) -> None:
         pass
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]:

@@ -25,8 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from training_toolkit.cluster.netaddr import plain as _plain
-from training_toolkit.cluster.netaddr import resolve
+from training_toolkit.cluster.netaddr import plain as _plain, resolve
 
 RESOLVE_EVERY_S = 1.0  # a name that did not resolve (yet) is looked up again at most this often
 

@@ -211,8 +211,8 @@ class ControlClient:
         self._send("failed", reason=reason, code=exit_code, at=time.time() if at is None else at, n=attempt,
                    stop=stopped)
 
-    def progress(self, heartbeat: bool) -> None:
-        self._send("progress", hb=heartbeat)
+    def progress(self, heartbeat: bool, checkpoint: bool = False) -> None:
+        self._send("progress", hb=heartbeat, **({"ck": True} if checkpoint else {}))
 
     def send_stacks(self, stacks: list) -> None:
         """This host's ranks' stacks (``RankStack.to_wire`` each), as many as fit in one frame."""

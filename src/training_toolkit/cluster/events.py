@@ -45,10 +45,11 @@ class PeerReady:
 
 @record
 class PeerProgress:
-    """A host saw progress (an output line of a rank, or a heartbeat)."""
+    """A host saw progress (an output line of a rank, or a heartbeat; ``checkpoint``: a checkpoint marked)."""
 
     host: str
     heartbeat: bool = False
+    checkpoint: bool = False
 
 
 @record

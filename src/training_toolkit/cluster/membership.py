@@ -61,7 +61,7 @@ class Seat(Protocol):
 
     def restart(self, attempt: int, reason: str) -> None: ...
 
-    def progress(self, heartbeat: bool) -> None: ...
+    def progress(self, heartbeat: bool, checkpoint: bool = False) -> None: ...
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]: ...
 
@@ -194,10 +194,10 @@ class Membership:
         if self._server:
             self._server.restart(attempt, reason)
 
-    def progress(self, heartbeat: bool) -> None:
-        """Other hosts: tell the lead this host saw progress."""
+    def progress(self, heartbeat: bool, checkpoint: bool = False) -> None:
+        """Other hosts: tell the lead this host saw progress (``checkpoint``: a rank marked a checkpoint saved)."""
         if self._client:
-            self._client.progress(heartbeat)
+            self._client.progress(heartbeat, checkpoint)
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
         """The lead: every other host's ranks' stacks, as sent (checked by the caller), within ``timeout_s``."""

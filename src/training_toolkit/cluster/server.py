@@ -230,7 +230,7 @@ class ControlServer:
         elif kind == "done":
             self._events.put(PeerDone(host, wire.exit_code(message), time.time()))
         elif kind == "progress":
-            self._events.put(PeerProgress(host, message.get("hb") is True))
+            self._events.put(PeerProgress(host, message.get("hb") is True, message.get("ck") is True))
         elif kind == "stacks":
             with self._state:
                 self._stacks[host] = message.get("stacks")

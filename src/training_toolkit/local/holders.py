@@ -33,11 +33,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from training_toolkit.supervise import procfs
+from training_toolkit.supervise import pidfd, procfs
 from training_toolkit.core.errors import ClusterError
 from training_toolkit.local import layout
 from training_toolkit.local.network import SYSTEM_ENV
-from training_toolkit.supervise import pidfd
 
 #: Every holder's environment carries ``MARKER=<cluster tag>``, so the processes that hold a cluster
 #: can be found from its tag alone (leftovers, a tag in use), even by another process.

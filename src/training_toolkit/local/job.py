@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training_toolkit.core.paths import Paths
-from training_toolkit.platforms.opt_ml import FILE_CHANNEL, write_view
-from training_toolkit.platforms.opt_ml import resource_config as view_resource_config
+from training_toolkit.platforms.opt_ml import FILE_CHANNEL, resource_config as view_resource_config, write_view
 from training_toolkit.platforms.view import JobView
 
 #: The interface the hosts' resourceconfig names: a namespace's veth, a container's first interface.

@@ -21,14 +21,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from training_toolkit.supervise import procfs
+from training_toolkit.supervise import pidfd, procfs
 from training_toolkit.local.job import INTERFACE, HostResult, LocalJob, host_tree, read_result
 from training_toolkit.local import layout, run_loop
 from training_toolkit.local.netns import EnteredProcess, NamespaceCluster
 from training_toolkit.local.prefix import LinePrefixer, Pump, host_prefix, read_chunks
 from training_toolkit.config.settings import JOB_SECRET
 from training_toolkit.supervise.stopping import stop_processes
-from training_toolkit.supervise import pidfd
 
 __all__ = ["INTERFACE", "HostResult", "LocalJob", "default_train", "host_tree", "run_local"]
 

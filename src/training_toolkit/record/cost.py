@@ -8,8 +8,13 @@ is charged to the first fault of the attempt it ended (the cause), and costs the
 detection to the next attempt's first progress, split into detection (the fault to its detection),
 barrier (detection to the next attempt's barrier) and start (that barrier to its first progress).
 A restart whose fault this host did not see (a follower hears the lead's call only) is charged as
-a fault of kind ``restart`` with the call's reason, from when the call came.  Work lost since the
-last checkpoint is not known here: ``lost_work_included`` is false.
+a fault of kind ``restart`` with the call's reason, from when the call came.
+
+Work lost: where the script marks its checkpoints (``checkpoint`` entries: agent/progress.py), each fault
+also loses the work its attempt did since the last mark before the fault (or since the attempt's first
+progress, if it marked none since then), and ``goodput`` is the ranks' running time less that lost work,
+over the wall time.  A record with no mark has ``lost_work_included`` false and no goodput: the running
+fraction then overstates it by the work redone after each restart.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ def cost(entries: Sequence[dict]) -> dict:
     """The cost document of one host's record (docs/resilience.md, "What faults cost")."""
     if not entries:
         return {"v": COST_VERSION, "wall_s": 0.0, "attempts": [], "faults": [], "downtime_s": 0.0,
-                "running_fraction": None, "basis": "none", "lost_work_included": False, "verdict": None}
+                "running_fraction": None, "basis": "none", "lost_work_included": False, "checkpoints": 0,
+                "lost_work_s": None, "goodput": None, "verdict": None}
     begin = entries[0]["t"]
     verdict = next((e for e in entries if e["kind"] == "verdict"), None)
     end = verdict["t"] if verdict else entries[-1]["t"]
@@ -39,6 +45,7 @@ def cost(entries: Sequence[dict]) -> dict:
         attempts.append({"attempt": number, "lead": seats[number]["lead"], "active": seats[number]["active"],
                          "spares": seats[number]["spares"], "barrier_t": start,
                          "to_progress_s": _span(start, first), "running_s": _span(first, stop)})
+    marks = sorted(e["t"] for e in entries if e["kind"] == "checkpoint")
     faults = []
     for i, number in enumerate(numbers):
         cause = next((e for e in entries if e["kind"] == "fault" and e["attempt"] == number), None) or \
@@ -56,13 +63,16 @@ def cost(entries: Sequence[dict]) -> dict:
                        "detected_t": detected, "detection_s": round(detected - happened, 3),
                        "barrier_s": _span(detected, barrier), "start_s": _span(barrier, progressed),
                        "lost_s": _span(happened, progressed) if after is not None else None,
+                       "lost_work_s": _lost_work(marks, ran.get(number, {}).get("t"), happened) if marks else None,
                        "next_attempt": after})
     wall = round(end - begin, 3)
     running = sum(a["running_s"] or 0.0 for a in attempts)
+    lost_work = round(sum(f["lost_work_s"] or 0.0 for f in faults), 3) if marks else None
     return {"v": COST_VERSION, "wall_s": wall, "attempts": attempts, "faults": faults,
             "downtime_s": round(sum(f["lost_s"] or 0.0 for f in faults), 3),
             "running_fraction": round(running / wall, 4) if wall > 0 else None, "basis": basis,
-            "lost_work_included": False,
+            "lost_work_included": bool(marks), "checkpoints": len(marks), "lost_work_s": lost_work,
+            "goodput": round(max(0.0, running - lost_work) / wall, 4) if marks and wall > 0 else None,
             "verdict": None if verdict is None else {"exit_code": verdict["exit_code"], "reason": verdict["reason"]}}
 
 
@@ -73,6 +83,15 @@ def _told(entries: Sequence[dict], number: int) -> dict | None:
     if restart is None:
         return None
     return {"t": restart["t"], "fault": "restart", "host": None, "reason": restart["reason"], "at": None}
+
+
+def _lost_work(marks: Sequence[float], progressed: float | None, happened: float) -> float:
+    """The work a fault at ``happened`` lost: since the last mark before it, but not before its attempt's first
+    progress (``progressed``; None: its ranks never ran, nothing was lost)."""
+    if progressed is None or happened <= progressed:
+        return 0.0
+    last = max((t for t in marks if t <= happened), default=progressed)
+    return round(happened - max(last, progressed), 3)
 
 
 def _first_each(entries: Sequence[dict], kind: str) -> dict[int, dict]:

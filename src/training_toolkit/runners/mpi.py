@@ -25,10 +25,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from training_toolkit.supervise import procfs
-
-from training_toolkit.supervise import rundir
-
+from training_toolkit.supervise import procfs, rundir
 from training_toolkit.stalls import stacks
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec

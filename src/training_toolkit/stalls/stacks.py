@@ -30,17 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from training_toolkit.supervise import procfs
-
-from training_toolkit.supervise import rundir
-from training_toolkit.supervise import pidfd
+from training_toolkit.supervise import pidfd, procfs
 from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
 from training_toolkit.stalls.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
 STACK_SIGNAL_OFFSET = 3  # the hook's own constant (it imports nothing of ours)
 HOOK_DIR = Path(__file__).parent / "stackhook"  # __file__ is absolute: the package was imported from a path
 READ_TIMEOUT_S = 3.0  # per process; every process of the host is read at once
-DIR_PREFIX = "training-toolkit-watch-"
 
 
 class Watched(NamedTuple):
@@ -53,21 +49,6 @@ class Watched(NamedTuple):
 
 def stack_signal() -> int:
     return signal.SIGRTMIN + STACK_SIGNAL_OFFSET
-
-
-def watch_dir(job_id: str | None, parent: Path) -> Path:
-    """This host's directory for the ranks' stack files and heartbeats: new, private (0700), of a random name.
-
-    Each host's processes learn it from their own host (their environment, or the MPI ranks'
-    file), so its name need not be the same on every host, and must not be: hosts may share
-    the parent (``rundir``: nodes sharing ``/tmp``), where one name would be both hosts' directory.
-    """
-    tag = "".join(ch for ch in (job_id or "")[:16] if ch in "0123456789abcdef")  # a name's part: hex only
-    prefix = f"{DIR_PREFIX}{tag}-" if tag else DIR_PREFIX
-    path = rundir.new_private_dir(prefix, parent)
-    for sub in ("stacks", "heartbeats"):
-        (path / sub).mkdir(mode=0o700, exist_ok=True)
-    return path
 
 
 def script_env(directory: Path, environ: dict[str, str]) -> dict[str, str]:

@@ -33,8 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from training_toolkit.supervise import procfs
-from training_toolkit.supervise import pidfd
+from training_toolkit.supervise import pidfd, procfs
 
 #: After SIGKILL, how long to wait for the kernel to end what was killed, so it can be reaped.
 KILL_WAIT_S = 1.0

@@ -97,6 +97,7 @@ def test_a_stall_with_a_restart_left_restarts():
 def test_other_hosts_share_progress_and_send_stacks():
     state = worker()
     assert run(state, (1.0, Progress(heartbeat=True)))[1] == [ShareProgress(True)]
+    assert run(state, (1.0, Progress(True, 0, checkpoint=True)))[1] == [ShareProgress(True, checkpoint=True)]
     assert run(state, (1.0, StacksWanted()))[1] == [SendStacks()]
 
 

@@ -52,6 +52,17 @@ def test_a_touched_file_is_a_heartbeat_of_the_running_attempt(watch):
     assert events_within(queue, 0.5) == [Progress(True, 2)]
 
 
+def test_the_checkpoint_file_touched_is_a_heartbeat_that_marks_a_checkpoint(watch):
+    w, queue, directory = watch
+    (directory / "rank-0").touch()
+    assert events_within(queue, 0.5) == [Progress(True, 0)]
+    (directory / "checkpoint").touch()  # the script's one line after it saved
+    assert events_within(queue, 0.5) == [Progress(True, 0, checkpoint=True)]
+    later = time.time() + 5
+    os.utime(directory / "rank-0", (later, later))  # another heartbeat: the mark not touched again, no checkpoint
+    assert events_within(queue, 0.5) == [Progress(True, 0)]
+
+
 def test_latest_mtime(tmp_path):
     assert latest_mtime(tmp_path / "missing") == 0 and latest_mtime(tmp_path) == 0
     (tmp_path / "a").touch()

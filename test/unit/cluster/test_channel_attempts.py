@@ -87,6 +87,8 @@ def test_progress_and_stops_are_told_to_the_first_host(job):
     c1.progress(False)
     c2.progress(True)
     assert {first.get(), first.get()} == {PeerProgress("w1", False), PeerProgress("w2", True)}
+    c2.progress(True, checkpoint=True)  # a checkpoint marked on w2 reaches the lead's record
+    assert first.get() == PeerProgress("w2", True, checkpoint=True)
     c1.failed("w1: stopped by SIGTERM", 143, attempt=0, stopped=True)
     assert first.get().stopped is True
 

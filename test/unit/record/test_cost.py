@@ -43,9 +43,11 @@ def test_a_lost_host_costs_from_its_loss_to_the_next_attempts_first_progress_spl
                                                                                            (1, 3.0, 12.0)]
     assert doc["faults"] == [{"attempt": 0, "fault": "host_lost", "host": "algo-2",
                               "reason": "algo-2 lost: connection closed", "detected_t": 111.0, "detection_s": 1.0,
-                              "barrier_s": 4.0, "start_s": 3.0, "lost_s": 8.0, "next_attempt": 1}]
+                              "barrier_s": 4.0, "start_s": 3.0, "lost_s": 8.0, "lost_work_s": None,
+                              "next_attempt": 1}]
     assert doc["downtime_s"] == 8.0
     assert doc["running_fraction"] == 0.8  # (12 + 12) / 30
+    assert (doc["checkpoints"], doc["lost_work_s"], doc["goodput"]) == (0, None, None)  # no mark: not known
     assert doc["verdict"] == {"exit_code": 0, "reason": None}
 
 
@@ -59,6 +61,36 @@ def test_without_progress_the_processes_start_is_the_basis_and_the_last_fault_en
     (only,) = doc["faults"]
     assert (only["lost_s"], only["next_attempt"], only["detection_s"]) == (None, None, 0.5)
     assert doc["downtime_s"] == 0.0 and doc["running_fraction"] == 0.9
+
+
+def mark(t, n, host="algo-1"):
+    return e("checkpoint", t, attempt=n, host=host)
+
+
+def test_with_checkpoint_marks_each_fault_loses_the_work_since_the_last_mark_and_goodput_nets_it_out():
+    # LOST_HOST's job, its script marking checkpoints at 104 and 107 (before algo-2's loss at 110), and at 121
+    entries = [*LOST_HOST[:4], mark(104.0, 0), mark(107.0, 0, "algo-3"), *LOST_HOST[4:10], mark(121.0, 1),
+               LOST_HOST[10]]
+    doc = cost.cost(entries)
+    (only,) = doc["faults"]
+    assert only["lost_work_s"] == 3.0  # 110 - 107: the loss's own time, not its detection's
+    assert (doc["lost_work_included"], doc["checkpoints"], doc["lost_work_s"]) == (True, 3, 3.0)
+    assert doc["goodput"] == 0.7  # (12 + 12 - 3) / 30
+    text = summary.line(doc)
+    assert " goodput=0.7000;" in text and "and 3.000 s of work since the last checkpoint" in text
+    assert re.search(summary.METRICS["toolkit:goodput"], "training-toolkit: " + text).group(1) == "0.7000"
+
+
+def test_an_attempt_that_marked_nothing_before_its_fault_lost_all_it_ran():
+    entries = [attempt(0.0, 0, ["algo-1", "algo-2"]), e("progress", 1.0, attempt=0, heartbeat=False),
+               mark(3.0, 0), fault(6.0, 0, "failure", "algo-2", "x", at=6.0), e("restart", 6.0, attempt=1, reason="x",
+                                                                                lost=None),
+               attempt(7.0, 1, ["algo-1", "algo-2"]), e("progress", 8.0, attempt=1, heartbeat=False),
+               fault(12.0, 1, "failure", "algo-2", "y", at=11.5), e("restart", 12.0, attempt=2, reason="y", lost=None),
+               attempt(13.0, 2, ["algo-1", "algo-2"]), e("progress", 13.5, attempt=2, heartbeat=False),
+               fault(20.0, 2, "failure", "algo-2", "z", at=13.2),  # before its attempt's first progress: no work lost
+               e("verdict", 20.0, exit_code=1, reason="z")]
+    assert [f["lost_work_s"] for f in cost.cost(entries)["faults"]] == [3.0, 3.5, 0.0]  # 6-3; 11.5-8 (mark at 3 < 8)
 
 
 def test_a_fault_times_own_clock_after_its_detection_counts_as_detected_then():
@@ -80,9 +112,9 @@ def test_the_summary_line_reads_with_every_documented_regex():
     text = "training-toolkit: " + summary.line(cost.cost(LOST_HOST))
     assert text.startswith("training-toolkit: summary: attempts=2 faults=1 downtime_s=8.000 "
                            "running_fraction=0.8000 wall_s=30.000 basis=progress; attempt 1: host_lost")
-    read = {name: re.search(regex, text).group(1) for name, regex in summary.METRICS.items()}
+    read = {name: found.group(1) for name, regex in summary.METRICS.items() if (found := re.search(regex, text))}
     assert read == {"toolkit:attempts": "2", "toolkit:faults": "1", "toolkit:downtime_s": "8.000",
-                    "toolkit:running_fraction": "0.8000", "toolkit:wall_s": "30.000"}
+                    "toolkit:running_fraction": "0.8000", "toolkit:wall_s": "30.000"}  # no goodput: no mark
     assert "lost 8.000 s (detection 1.000, barrier 4.000, start 3.000)" in text
 
 

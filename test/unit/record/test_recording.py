@@ -52,6 +52,10 @@ def test_a_stall_began_the_stall_timeout_before_it_was_seen_or_the_startups_befo
 def test_progress_starts_restarts_and_the_verdict():
     assert see(Progress(heartbeat=True, attempt=1)) == [("progress", {"attempt": 1, "heartbeat": True})]
     assert see(PeerProgress("algo-2")) == [("progress", {"attempt": 1, "heartbeat": False})]
+    assert see(Progress(heartbeat=True, attempt=1, checkpoint=True)) == [
+        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-1"})]
+    assert see(PeerProgress("algo-3", True, checkpoint=True)) == [
+        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-3"})]
     assert see(Started(("rank",))) == [("started", {"attempt": 1})]
     assert see(None, (AnnounceRestart(2, "algo-2 failed"),)) == [
         ("restart", {"attempt": 2, "reason": "algo-2 failed", "lost": None})]
@@ -67,10 +71,12 @@ def test_a_recorder_writes_the_first_progress_of_each_attempt_only_and_ends_with
     recorder.seated(Attempt(0, ACTIVE))
     for _ in range(3):
         recorder.step(Progress(attempt=0), (), 0)
+    for _ in range(2):  # every checkpoint marked is written, not only the first
+        recorder.step(Progress(True, 0, checkpoint=True), (), 0)
     recorder.step(Verdict(0, None, "algo-1", summary="summary: the lead's line"), (Finish(Outcome(0)),), 0)
     recorder.end(Outcome(0), quiet=False)
     kinds = [item["kind"] for item in schema.read(recorder.path)]
-    assert kinds == ["job", "attempt", "progress", "verdict"]
+    assert kinds == ["job", "attempt", "progress", "checkpoint", "checkpoint", "verdict"]
     assert (tmp_path / schema.DIR_NAME / "cost-algo-2.json").exists()
     assert "training-toolkit: summary: the lead's line" in capfd.readouterr().err  # a follower says its lead's
 

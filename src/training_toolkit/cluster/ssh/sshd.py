@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
-from training_toolkit.supervise import procfs
+from training_toolkit.supervise import deadman, procfs
 from training_toolkit.cluster.ssh.errors import SshdError
 from training_toolkit.cluster.ssh.layout import SshLayout
 from training_toolkit.supervise.stopping import stop_processes
-from training_toolkit.supervise import deadman
 
 DEFAULT_SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
