@@ -22,7 +22,8 @@ pytestmark = [
 ]
 
 # What we add on purpose (docs/contract.md, "Deliberate differences").
-OUR_ADDITIONS = {"TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_JOB_NAME", "TRAINING_TOOLKIT_RESTART_COUNT"}
+OUR_ADDITIONS = {"TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_JOB_NAME", "TRAINING_TOOLKIT_RESTART_COUNT",
+                 "TRAINING_TOOLKIT_HEARTBEAT_DIR"}
 
 
 def run_ours(base: Path, extra_env: dict | None = None) -> dict:

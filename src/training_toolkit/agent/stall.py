@@ -21,6 +21,7 @@ from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, RESTART_COUNT_VA
 
 if TYPE_CHECKING:
     from training_toolkit.agent.progress import ProgressWatch
+    from training_toolkit.supervise.deadman import Deadman
     from training_toolkit.stalls import stacks
     from training_toolkit.cluster.membership import Seat
     from training_toolkit.runspec import Local
@@ -48,14 +49,17 @@ class StallWatch:
         self._watched = watched
         self.watch_dir: Path | None = None  # this host's heartbeat and stack files, once started
         self._progress: ProgressWatch | None = None
+        self._tripwire: Deadman | None = None
 
     def start(self, job_id: str) -> None:
         """Progress (and stalls, if a timeout is set) is watched from now on (a job id names the directory the hosts'
         files go to)."""
-        from training_toolkit.supervise import rundir
         from training_toolkit.agent.progress import ProgressWatch, watch_dir
+        from training_toolkit.supervise import rundir
+        from training_toolkit.supervise.deadman import Deadman
 
         self.watch_dir = watch_dir(job_id or None, rundir.parent(self._environ))
+        self._tripwire = Deadman(directories=[self.watch_dir])  # gone even if train is killed
         self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
 
     def close(self) -> None:
@@ -65,6 +69,8 @@ class StallWatch:
             import shutil
 
             shutil.rmtree(self.watch_dir, ignore_errors=True)
+        if self._tripwire is not None:
+            self._tripwire.disarm()
 
     def attempt_started(self, attempt: int) -> None:
         """Progress counts for ``attempt`` from now on (an earlier attempt's heartbeats are stale)."""

@@ -36,12 +36,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from training_toolkit import native
-
-#: What the owner writes when it has ended and removed everything itself.
-
+from training_toolkit.config import settings
 from training_toolkit.supervise import procfs
 
-from training_toolkit.config import settings
+#: What the owner writes when it has ended and removed everything itself.
 DONE = b"done\n"
 #: The variable of the token: every deadman's, and the supervised children's (``process.TOKEN_VAR``).
 TOKEN_VAR = settings.SUPERVISOR_VAR
