@@ -399,6 +399,47 @@ def test_a_host_back_from_its_loss_waits_as_a_spare_past_the_join_deadline_and_t
 
 
 @pytest.mark.torch
+def test_a_host_back_and_waiting_when_the_lead_is_lost_follows_the_next_lead_which_seats_it(tmp_path):
+    """algo-3 killed (the spare takes its seat) and back as a spare; then the lead killed: algo-3, waiting for its
+    first seat, follows algo-2, the next lead, whose first barrier waits for the hosts the job needs (3) and seats it.
+    It used to end with "lost the lead" and the job with it, one host short (found by bench/goodput.py, schedule c)."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
+                                           "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "STEPS": "250", "STEP_S": "0.3"})
+    killer = HostKiller()
+    back: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def restart(name: str, code: int) -> float | None:  # algo-3's replacement, in the same host, 1 s after its loss
+        if name == "algo-3" and name not in back:
+            back[name] = time.monotonic() + 1
+            return 1.0
+        return None
+
+    def go() -> None:
+        try:
+            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+            killer.kill("algo-3")  # algo-4, the spare, takes its seat; algo-3 comes back and waits
+            wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
+            while "algo-3" not in back or time.monotonic() < back["algo-3"] + 10:
+                time.sleep(0.5)  # algo-3's train has joined and waits for its seat
+            killer.kill("algo-1")
+        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
+            errors.append(exc)
+
+    killing = threading.Thread(target=go, daemon=True)
+    killing.start()
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    killing.join(5)
+    assert not errors, errors
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    third = seen(shared, 2)  # under algo-2, algo-3 seated in the lost lead's place
+    assert sorted(i["host"] for i in third.values()) == ["algo-2", "algo-3", "algo-4"], third
+    assert next(i["host"] for i in third.values() if i["rank"] == 0) == "algo-2"
+    assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1", "done-2-2"]
+
+
+@pytest.mark.torch
 def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_job(tmp_path, capfd):
     """algo-1, the platform's first host, killed and its train started again (a pod made again): the job runs under
     algo-2 by then, so algo-1 follows it as a spare (no second channel, no second job), and the next loss seats it."""

@@ -12,7 +12,10 @@ on each ``Tick``:
    the first one has passed, the earliest (``failures.root_cause``) ends the job;
 2. every expected host ready (alive only: every one still linked): the barrier
    passes, with the hosts ready (the lead among them) and why each lost
-   host was lost (for the roster);
+   host was lost (for the roster); a new lead's first barrier (``members``)
+   counts every host linked and ready, a member or not (one that came back
+   while the last attempt ran), and waits for ``needed`` of them (the job's
+   minimum) until its deadline;
 3. the deadline passed: the job ends naming who never joined, who left the job
    and did not join again, and who joined but was never ready.
 
@@ -65,6 +68,8 @@ class Barrier:
     alive_only: bool = False  # a restart's barrier with spares or a minimum: only the hosts still linked
     members: tuple[str, ...] = ()  # a new lead's first barrier (its lead was lost): the job's members; it waits for
     #   every expected host, a loss no failure, and passes at its deadline with a majority of them (``succession``)
+    needed: int = 0  # such a barrier: the hosts the next attempt needs (the job's minimum), the lead included; until
+    #   its deadline it waits for them, members or hosts that came back, beyond the expected ones
 
 
 @record
@@ -117,16 +122,19 @@ def decide(first: str, roll: Roll, barrier: Barrier, now: float) -> Passed | Fai
         return Waiting(ends)
     missing = [h for h in barrier.expected if roll.ready.get(h) != barrier.attempt
                and (not barrier.alive_only or h in roll.linked)]
-    if not missing:
+    if barrier.members:  # any host linked and ready counts: a member, or one that came back while the last attempt ran
+        ready = {h for h in roll.linked if roll.ready.get(h) == barrier.attempt}
+    else:
         ready = {h for h in barrier.expected if roll.ready.get(h) == barrier.attempt and h in roll.linked}
+    if not missing and len({first, *ready}) >= barrier.needed:
         return Passed(frozenset({first, *ready}), roll.lost_why)
     if now >= barrier.deadline:
         if barrier.members:
-            ready = {h for h in barrier.expected if roll.ready.get(h) == barrier.attempt and h in roll.linked}
             if has_majority({first, *ready}, barrier.members):
                 return Passed(frozenset({first, *ready}), roll.lost_why)
+            behind = len({first, *ready} & set(barrier.members))
             return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: no majority to lead the job: "
-                                  f"{len(ready) + 1} of its {len(barrier.members)} members "
+                                  f"{behind} of its {len(barrier.members)} members "
                                   f"({', '.join(barrier.members)}) ready within {barrier.deadline_s:g} s "
                                   f"({not_ready(roll, missing, barrier.deadline_s)})"))
         return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: {not_ready(roll, missing, barrier.deadline_s)}"))

@@ -138,7 +138,7 @@ def _barrier_opened(state: AgentState, event: BarrierOpened, now: float) -> tupl
     from training_toolkit.agent import barrier
 
     opened = barrier.Barrier(state.attempt, tuple(event.expected), now + event.deadline_s, event.deadline_s,
-                             event.alive_only, tuple(event.members))
+                             event.alive_only, tuple(event.members), event.needed)
     assert state.lead is not None
     return _barrier(led(state, barrier=opened, roll=barrier.opened(state.lead.roll or barrier.Roll(), state.attempt)), now)
 

@@ -137,12 +137,14 @@ class StacksGathered:
 class BarrierOpened:
     """The lead: the barrier of the current attempt begins; ``expected`` (every other host, in rank order) must be
     ready within ``deadline_s`` (``alive_only``: only the hosts still linked; a loss is then no failure;
-    ``members``: a new lead's first barrier, passed at its deadline by a majority of them, ``barrier.Barrier``)."""
+    ``members``: a new lead's first barrier, passed at its deadline by a majority of them, and waiting until then for
+    ``needed`` hosts, ``barrier.Barrier``)."""
 
     expected: tuple[str, ...]
     deadline_s: float
     alive_only: bool = False
     members: tuple[str, ...] = ()
+    needed: int = 0
 
 
 @record

@@ -167,7 +167,7 @@ class HostAgent:
         if self.spec.prepare is not None:
             self.spec.prepare(self.seating())
         self.check_stop()
-        self._seat(self.barrier(self.seats.first_deadline(self.attempt, self.state.first_attempt)))
+        self._seat(meeting.first_barrier(self))
         guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
         if guarded is not None:  # imported only here: a job of one seat never loads it
             from training_toolkit.cluster.guard import start_guard
@@ -199,10 +199,6 @@ class HostAgent:
         primaries = tuple(local.name for local in self.locals if local.primary)
         actions = self.step_held(Started(primaries, self.active, meeting.may_fail_over(self)))
         return carry.carry_out(self, actions)
-
-    def barrier(self, deadline_s: float | None, alive_only: bool = False, members: tuple[str, ...] = ()) -> Attempt:
-        """Every host ready for this attempt: the ``Attempt``, the same on every host (``meeting.barrier``)."""
-        return meeting.barrier(self, deadline_s, alive_only, members)
 
     def _seat(self, attempt: Attempt) -> None:
         self.seats.seat(attempt, self._attempts())

@@ -39,6 +39,43 @@ def may_fail_over(agent) -> bool:
     return not agent.is_lead and agent.seats.followers_may_lead()
 
 
+def first_barrier(agent) -> Attempt:
+    """This ``train``'s first barrier.  A host that came back into a running job waits there as a spare until a
+    restart seats it; should the lead be lost meanwhile, it follows the next lead (``follow_next_lead``) instead of
+    ending, where the job may fail over at all (spares or a minimum, a runner that can lead from any host)."""
+    while True:
+        try:
+            return barrier(agent, agent.seats.first_deadline(agent.attempt, agent.state.first_attempt))
+        except LeadLost as lost:
+            agent.check_stop()  # a stop that came meanwhile (it ended the wait): stopped, never a failover
+            seats = agent.seats
+            if agent.is_lead or agent.attempt <= agent.state.first_attempt or not (seats.elastic and seats.movable_lead):
+                raise
+            follow_next_lead(agent, lost.lead)
+
+
+def follow_next_lead(agent, lost: str) -> None:
+    """A host back in a running job, waiting for its first seat, its lead ``lost``: join the next lead, the first
+    host in the platform's order that answers as the lead of the attempt it waits for.  It was no member of the last
+    attempt (it knows none of them), so it never leads; the new lead's first barrier seats it where the job needs it
+    (``barrier.Barrier.needed``)."""
+    assert agent.membership is not None
+    wait_s = agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
+    for candidate in successors(agent.hosts, agent.hosts, (lost, agent.host)):
+        agent.check_stop()
+        try:
+            agent.membership.follow(candidate, agent.attempt, wait_s)
+        except Interrupted:
+            agent.check_stop()  # the stop that ended the join
+            raise
+        except ClusterError as exc:
+            log(f"{agent.host}: {candidate} does not lead the job: {exc}")
+            continue
+        log(f"{agent.host}: following {candidate}, the lead after {lost}, as a spare for attempt {agent.attempt + 1}")
+        return
+    raise ClusterError(f"{agent.host}: no host leads the job after {lost} was lost")
+
+
 def restart_barrier(agent) -> Attempt:
     """A restart's barrier (a host may still be giving its ranks their grace: that is not a host that did not come
     back).  A follower whose lead is lost while it waits for the go meets the next lead instead, for the same
@@ -64,7 +101,7 @@ def next_lead(agent, lost: str) -> Attempt:
             log(f"{agent.host}: leading the job from attempt {attempt + 1} ({lost} lost)")
             take_lead(agent, lost)
             expected = tuple(host for host in members if host not in (lost, agent.host))
-            return barrier(agent, wait_s, members=members, expected=expected)
+            return barrier(agent, wait_s, members=members, expected=expected, needed=agent.seats.min_hosts)
         try:
             agent.membership.follow(candidate, attempt, wait_s)
         except Interrupted:
@@ -80,12 +117,13 @@ def next_lead(agent, lost: str) -> Attempt:
 
 
 def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: tuple[str, ...] = (),
-            expected: tuple[str, ...] | None = None) -> Attempt:
+            expected: tuple[str, ...] | None = None, needed: int = 0) -> Attempt:
     """Every host ready for this attempt: the ``Attempt``, the same on every host.  A host other than the lead
     says it is ready and waits for the go.  The lead runs the loop: the channel's events and Ticks go to the
     step until every host is ready (``Release``: it chooses the attempt's hosts, sends the go) or the job ends
     (``Ended``).  ``expected``: the hosts it waits for (None: every other host of the job); ``members``: a new
-    lead's, passed at the deadline with a majority of them (``barrier.Barrier``)."""
+    lead's, passed at the deadline with a majority of them, waiting until then for ``needed`` hosts, the job's minimum
+    (``barrier.Barrier``)."""
     assert agent.membership is not None
     if agent.spec.solo:  # no other host: nothing to wait for, nothing to tell
         return seated(agent.attempt, agent.hosts)
@@ -95,7 +133,7 @@ def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: 
     agent.in_barrier = True
     try:
         others = expected if expected is not None else tuple(host for host in agent.hosts if host != agent.host)
-        actions = agent.step_held(BarrierOpened(others, deadline_s, alive_only, members))
+        actions = agent.step_held(BarrierOpened(others, deadline_s, alive_only, members, needed))
         while not any(isinstance(action, Release) for action in actions):
             outcome = carry_out(agent, actions)
             if outcome is not None:

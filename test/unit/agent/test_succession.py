@@ -100,11 +100,24 @@ def test_a_promoted_follower_keeps_what_the_job_learnt_and_starts_a_leads_own_af
 H5 = (*H4, "algo-5")
 
 
-def new_lead_barrier(ready, members=H4, now=0.0):
-    """algo-2's first barrier as the lead after algo-1: it waits for the other members left."""
+def new_lead_barrier(ready, members=H4, now=0.0, needed=0):
+    """algo-2's first barrier as the lead after algo-1: it waits for the other members left (and ``needed`` hosts)."""
     roll = Roll(frozenset(ready), frozenset(ready), {h: 1 for h in ready})
     expected = tuple(h for h in members if h not in ("algo-1", "algo-2"))
-    return decide("algo-2", roll, Barrier(1, expected, 13.0, 13.0, members=members), now)
+    return decide("algo-2", roll, Barrier(1, expected, 13.0, 13.0, members=members, needed=needed), now)
+
+
+def test_a_new_leads_barrier_seats_a_host_that_came_back_and_waits_for_the_jobs_minimum():
+    # members algo-1, algo-2, algo-4 (algo-3 lost earlier; back since, a spare that is no member); the job needs 3
+    members = ("algo-1", "algo-2", "algo-4")
+    assert new_lead_barrier(("algo-4",), members, now=1.0, needed=3) == Waiting(13.0)  # 2 of the 3 needed: it waits
+    assert new_lead_barrier(("algo-4", "algo-3"), members, now=2.0, needed=3) == Passed(
+        frozenset({"algo-2", "algo-3", "algo-4"}), {})  # the host back counts, though no member
+    # at the deadline with fewer than needed: the majority rule as before (the roster then names the shortfall)
+    assert new_lead_barrier(("algo-4",), members, now=13.0, needed=3) == Passed(frozenset({"algo-2", "algo-4"}), {})
+    # the host back is no member: it makes no majority
+    outcome = new_lead_barrier(("algo-3",), members, now=13.0, needed=3)
+    assert isinstance(outcome, Failed) and "1 of its 3 members" in outcome.outcome.reason
 
 
 def test_a_new_leads_barrier_passes_when_every_member_left_is_ready():
