@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 
 from common import PYTHON, REPO
-from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, StampedLog, decisions, job_env, running
-from goodput_plan import attempts_by_time, record_splits, recoveries, schedule, spread, work_s
+from goodput_jobs import H4, TAGS, TORCH_JOB, Faults, Outcome, StampedLog, decisions, job_env, running, timed
+from goodput_plan import record_splits, schedule, spread, work_s
 
 sys.path.insert(0, str(REPO / "test"))
 from helpers.deadhost import HostKiller  # noqa: E402
@@ -59,19 +59,6 @@ OURS = {"ours-spare": ("ours, 4 active + 1 spare", H5, {"TRAINING_TOOLKIT_MAX_HO
         "ours-shrink": ("ours, shrinking (4 hosts, MIN_HOSTS=2)", H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2"}),
         "ours-restart": ("ours, restarts only (4 hosts, MIN=MAX)", H4, {}),
         "ours-nofault": ("ours, no fault (the same job, nothing killed)", H4, {})}
-
-
-def started(shared: Path) -> dict[int, list[float]]:
-    """The ranks' start stamps, grouped into attempts by time (``goodput_plan.attempts_by_time``)."""
-    return attempts_by_time(float(f.read_text()) for f in shared.glob("started-*"))
-
-
-def timed(outcome: Outcome, shared: Path) -> Outcome:
-    """Each kill to the next attempt's first rank running and to its every rank running, from the ranks' stamps."""
-    groups = started(shared)
-    outcome.recover = recoveries(outcome.kills, groups)
-    outcome.first_rank = recoveries(outcome.kills, groups, which=min)
-    return outcome
 
 
 def ours(key: str, tmp: Path, plan, args) -> Outcome:
@@ -123,8 +110,9 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     kills_wall = [(host, wall_now - (mono_now - at)) for host, at in faults.kills]
     costs = [json.loads(r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").read_text())
              for r in results if r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").exists()]
-    faults_seen = max((c["faults"] for c in costs), key=len, default=[])
-    outcome.splits = record_splits(kills_wall, faults_seen)
+    lead_cost = max(costs, key=lambda c: len(c["faults"]), default={"faults": []})
+    outcome.splits = record_splits(kills_wall, lead_cost["faults"])
+    outcome.record_goodput = lead_cost.get("goodput")  # the record's own (the job marks its checkpoints)
     return outcome
 
 
@@ -230,6 +218,10 @@ def report(outcomes: dict[str, list[Outcome]], work: float) -> None:
                 ("detection (outside)", "outside_detection_s"), ("barrier", "barrier_s"), ("ranks' start", "start_s"),
                 ("first progress", "to_progress_s")))
             print(f"  {label}: the record's split of each kill: {parts}; {len(splits)} kills")
+        said = [o.record_goodput for o in runs if getattr(o, "record_goodput", None) is not None]
+        if said:  # the job's record: ranks' running time less the work redone, over the wall from the first entry
+            print(f"  {label}: goodput as the job's record has it: {spread(said)}; from outside: "
+                  f"{spread([work / o.wall for o in runs if o.wall is not None])}")
         choice = [c for o in runs for c in getattr(o, "to_choice", [])]
         if choice:
             print(f"  {label}: kill to the lead's choice of the next attempt's hosts: {spread(choice, ' s', 2)}")

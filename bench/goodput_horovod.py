@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from common import PYTHON, WAIT_FOR_SSH, WRITE_SSH_DIR
-from goodput_jobs import H4, HOROVOD_JOB, TAGS, Faults, Outcome, job_env, running
+from goodput_jobs import H4, HOROVOD_JOB, TAGS, Faults, Outcome, job_env, running, timed
 
 from training_toolkit.local.launcher import INTERFACE
 from training_toolkit.local.netns import NamespaceCluster
@@ -122,4 +122,4 @@ def horovod(tmp: Path, plan, args) -> Outcome:
     if code != 0 or not (shared / "done").exists() or faults.errors:
         tail = (tmp / "horovodrun.log").read_text(errors="replace").splitlines()[-15:]
         return Outcome(label, None, f"failed: exit {code} {faults.errors}: " + " | ".join(tail)[-600:], faults.kills)
-    return Outcome(label, wall, "", faults.kills)
+    return timed(Outcome(label, wall, "", faults.kills), shared)

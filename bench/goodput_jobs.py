@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from goodput_plan import Fault, victim
+from goodput_plan import Fault, attempts_by_time, recoveries, victim
 
 from training_toolkit.supervise import procfs
 from training_toolkit.local.netns import NamespaceCluster
@@ -57,6 +57,8 @@ for step in range(int(start), steps):
     if rank == 0 and ((step + 1) % every == 0 or step == steps - 1):
         torch.save({"model": model.module.state_dict(), "step": step}, shared / "checkpoint.tmp")
         os.replace(shared / "checkpoint.tmp", ckpt)
+        if "TRAINING_TOOLKIT_HEARTBEAT_DIR" in os.environ:  # the toolkit's checkpoint mark: its record's goodput
+            Path(os.environ["TRAINING_TOOLKIT_HEARTBEAT_DIR"], "checkpoint").touch()
 dist.barrier()
 if rank == 0:
     (shared / "done").write_text(repr(time.monotonic()))
@@ -201,6 +203,19 @@ class Faults:
 class Outcome:
     def __init__(self, label: str, wall: float | None, note: str = "", kills=(), recover=()) -> None:
         self.label, self.wall, self.note, self.kills, self.recover = label, wall, note, list(kills), list(recover)
+
+
+def started(shared: Path) -> dict[int, list[float]]:
+    """The ranks' start stamps, grouped into attempts by time (``goodput_plan.attempts_by_time``)."""
+    return attempts_by_time(float(f.read_text()) for f in shared.glob("started-*"))
+
+
+def timed(outcome: Outcome, shared: Path) -> Outcome:
+    """Each kill to the next attempt's first rank running and to its every rank running, from the ranks' stamps."""
+    groups = started(shared)
+    outcome.recover = recoveries(outcome.kills, groups)
+    outcome.first_rank = recoveries(outcome.kills, groups, which=min)
+    return outcome
 
 
 def running(cluster: NamespaceCluster | None, needle: str) -> list[str]:
