@@ -134,7 +134,7 @@ def test_a_scripts_checkpoint_mark_makes_the_cost_count_the_work_lost_and_a_good
         "(model / f'end-{attempt}').write_text(repr(time.time()))\n"
         "sys.exit(3 if attempt == '0' else 0)\n"))
     (base / "model").mkdir()
-    env = clean_env(TRAINING_TOOLKIT_MAX_RESTARTS="1")  # stalls not watched: the record sees progress anyway
+    env = clean_env(TRAINING_TOOLKIT_MAX_RESTARTS="1", TRAINING_TOOLKIT_STALL_TIMEOUT="60")  # heartbeats: watched only
     done = subprocess.run(train_cmd() + ["--base-dir", str(base)], capture_output=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr.decode()
     entries = record_at(base, "algo-1")

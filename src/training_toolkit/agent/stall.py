@@ -1,11 +1,10 @@
 """The stall watch: a component the agent owns (``HostAgent.stall``) and calls, with everything it needs given.
 
-Progress is always watched, for the job's record (its first progress per attempt, the script's
-checkpoint marks): every process gets the heartbeat directory (``process_env``), and its output
-marks progress (``on_output``).  While stalls are watched, the processes also get the faulthandler
-hook and the stack files' directory, and this host reads its ranks' stacks when the lead asks
-(``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).  Everything here loads the stack
-readers only when stalls are watched.
+What the job's processes get while stalls are watched (the heartbeat directory, where a file
+touched is progress and ``checkpoint`` touched marks a checkpoint saved, and the faulthandler hook,
+``process_env``; their output marks progress, ``on_output``), and reading this host's ranks' stacks
+when the lead asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).  Everything here
+loads the stack readers only when a job is watched.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import StacksGathered
-from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, RESTART_COUNT_VAR
+from training_toolkit.config.settings import RESTART_COUNT_VAR
 
 if TYPE_CHECKING:
     from training_toolkit.agent.progress import ProgressWatch
@@ -31,7 +30,7 @@ STACKS_REQUEST_S = 4.0  # the lead: how long the followers may take to send thei
 
 
 class StallWatch:
-    """``timeout_s`` None: stalls are not watched (no hook, no stacks; progress is, for the record).
+    """``timeout_s`` None: stalls are not watched (nothing is started, the processes get only the attempt).
 
     ``events``: the agent's queue (progress and the gathered stacks go there); ``py_spy``: the setting
     (``stacks.pyspy_path``); ``watched``: the runner's choice of processes whose stacks show (None: every
@@ -47,13 +46,14 @@ class StallWatch:
         self._timeout_s = timeout_s
         self._py_spy = py_spy
         self._watched = watched
-        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, once started
+        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
         self._progress: ProgressWatch | None = None
         self._tripwire: Deadman | None = None
 
     def start(self, job_id: str) -> None:
-        """Progress (and stalls, if a timeout is set) is watched from now on (a job id names the directory the hosts'
-        files go to)."""
+        """Stalls are watched from now on (a job id names the directory the hosts' files go to)."""
+        if self._timeout_s is None:
+            return
         from training_toolkit.agent.progress import ProgressWatch, watch_dir
         from training_toolkit.supervise import rundir
         from training_toolkit.supervise.deadman import Deadman
@@ -78,12 +78,9 @@ class StallWatch:
             self._progress.attempt = attempt
 
     def process_env(self, env: Mapping[str, str], attempt: int) -> dict[str, str]:
-        """``env`` with what every process of the job gets: the attempt, the heartbeat directory, and the hook and
-        the stack files' directory if stalls are watched."""
+        """``env`` with what every process of the job gets: the attempt, and the hook and heartbeats if watched."""
         extra = {RESTART_COUNT_VAR: str(attempt)}
         if self.watch_dir is not None:
-            extra[HEARTBEAT_DIR_VAR] = str(self.watch_dir / "heartbeats")
-        if self.watch_dir is not None and self._timeout_s is not None:
             from training_toolkit.stalls import stacks
 
             extra.update(stacks.script_env(self.watch_dir, dict(env)))
