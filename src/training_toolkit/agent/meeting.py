@@ -59,20 +59,11 @@ def follow_next_lead(agent, lost: str) -> None:
     host in the platform's order that answers as the lead of the attempt it waits for.  It was no member of the last
     attempt (it knows none of them), so it never leads; the new lead's first barrier seats it where the job needs it
     (``barrier.Barrier.needed``)."""
-    assert agent.membership is not None
-    wait_s = agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
     for candidate in successors(agent.hosts, agent.hosts, (lost, agent.host)):
         agent.check_stop()
-        try:
-            agent.membership.follow(candidate, agent.attempt, wait_s)
-        except Interrupted:
-            agent.check_stop()  # the stop that ended the join
-            raise
-        except ClusterError as exc:
-            log(f"{agent.host}: {candidate} does not lead the job: {exc}")
-            continue
-        log(f"{agent.host}: following {candidate}, the lead after {lost}, as a spare for attempt {agent.attempt + 1}")
-        return
+        if _follows(agent, candidate):
+            log(f"{agent.host}: following {candidate}, the lead after {lost}, as a spare for attempt {agent.attempt + 1}")
+            return
     raise ClusterError(f"{agent.host}: no host leads the job after {lost} was lost")
 
 
@@ -92,7 +83,7 @@ def restart_barrier(agent) -> Attempt:
 def next_lead(agent, lost: str) -> Attempt:
     """The barrier of the agent's (new) attempt under the next lead after ``lost``: the ``Attempt`` it starts."""
     assert agent.membership is not None
-    wait_s = agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
+    wait_s = _failover_wait_s(agent)
     members = agent.seats.members
     attempt = agent.attempt
     for candidate in successors(agent.hosts, members, (lost,)):
@@ -102,18 +93,32 @@ def next_lead(agent, lost: str) -> Attempt:
             take_lead(agent, lost)
             expected = tuple(host for host in members if host not in (lost, agent.host))
             return barrier(agent, wait_s, members=members, expected=expected, needed=agent.seats.min_hosts)
-        try:
-            agent.membership.follow(candidate, attempt, wait_s)
-        except Interrupted:
-            agent.check_stop()  # the stop that ended the join
-            raise
-        except ClusterError as exc:
-            log(f"{agent.host}: {candidate} does not lead the job: {exc}")
-            continue
-        log(f"{agent.host}: following {candidate}, the lead of attempt {attempt + 1} ({lost} lost)")
-        return agent.membership.barrier(attempt, wait_s)
+        if _follows(agent, candidate):
+            log(f"{agent.host}: following {candidate}, the lead of attempt {attempt + 1} ({lost} lost)")
+            return agent.membership.barrier(attempt, wait_s)
     # no member left to lead (this host is not one: a spare the lost lead retired, say)
     raise ClusterError(f"no member of {', '.join(members)} leads the job after {lost} was lost")
+
+
+def _failover_wait_s(agent) -> float:
+    """How long a survivor waits for the next lead: the slowest survivor hears of the loss (the peer timeout) and
+    stops its part (the grace and its margin)."""
+    return agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
+
+
+def _follows(agent, candidate: str) -> bool:
+    """Whether ``candidate`` answered as the lead of the agent's attempt (its seat now follows it); a stop that ended
+    the join ends the search (``Stopped``)."""
+    assert agent.membership is not None
+    try:
+        agent.membership.follow(candidate, agent.attempt, _failover_wait_s(agent))
+    except Interrupted:
+        agent.check_stop()  # the stop that ended the join
+        raise
+    except ClusterError as exc:
+        log(f"{agent.host}: {candidate} does not lead the job: {exc}")
+        return False
+    return True
 
 
 def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: tuple[str, ...] = (),
