@@ -87,14 +87,31 @@ def ordinary_user() -> Iterator[tuple[pwd.struct_passwd, Path]]:
     (home / ".bashrc").write_text("echo read >> ~/bashrc-ran\nexit 1\n")
     subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/bash", "--user-group",
                     name], check=True, capture_output=True, timeout=30)
+    user = None
     try:
         user = pwd.getpwnam(name)
+        remove_runtime_files(user)  # an earlier user's of the same uid (userdel leaves /tmp): not this test's
         chown_tree(home, user)
         base.chmod(0o755)
         yield user, base
     finally:
         subprocess.run(["userdel", name], capture_output=True, timeout=30)
+        if user is not None:
+            remove_runtime_files(user)  # checked by the test already; the next user of this uid starts clean
         shutil.rmtree(base, ignore_errors=True)
+
+
+def runtime_files(user, directory: Path = Path("/tmp")) -> list[Path]:
+    """The toolkit's runtime files and directories of ``user`` in ``directory`` (what a job must not leave)."""
+    return sorted(p for p in directory.glob("training-toolkit-*") if owned_by(p, user))
+
+
+def remove_runtime_files(user) -> None:
+    for path in runtime_files(user):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture(name="tmp_path", params=["root", "user"])
@@ -110,7 +127,7 @@ def as_root_and_user(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         os.chown(work, user.pw_uid, user.pw_gid)
         yield work
         assert not (Path(user.pw_dir) / "bashrc-ran").exists(), "the user's .bashrc was read"
-        left = [str(p) for p in Path("/tmp").glob("training-toolkit-*") if owned_by(p, user)]
+        left = [str(p) for p in runtime_files(user)]
         assert left == [], f"the user's runtime files left in /tmp: {left}"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.multihost import source_dir
-from helpers.slurm import chown_tree, ordinary_user, slurm_cluster
+from helpers.slurm import chown_tree, ordinary_user, runtime_files, slurm_cluster
 from integration.platforms.test_slurm import batch_script, jobcomp, model_dir, mpi_env, settled, submit, verdict
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root]
@@ -59,5 +59,5 @@ def run_as(user, base: Path, tmpdir: bool) -> None:
     assert all(r["sm_current_host"] == r["hostname"] for r in ranks.values())
     assert not (Path(user.pw_dir) / "bashrc-ran").exists(), "the user's .bashrc was read"
     # nothing of the job's runtime files is left where both nodes wrote them
-    left = [p for d in (Path("/tmp"), shared) for p in d.glob("training-toolkit-*") if p.stat().st_uid == user.pw_uid]
+    left = [p for d in (Path("/tmp"), shared) for p in runtime_files(user, d)]
     assert left == [], left
