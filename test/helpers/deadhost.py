@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from training_toolkit.supervise import procfs
 from training_toolkit.local.netns import NamespaceCluster
@@ -89,17 +89,26 @@ def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int | None, *h
     once it exists): in a
     thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed).
     ``cut_only``: cut their links instead (``cut``): they run on, cut off."""
+    def go() -> None:
+        wait_for(counter, timeout_s=timeout_s, at_least=at_least)
+        for host in hosts:
+            if cut_only:
+                assert killer.cluster is not None, "give before_start to run_local"
+                cut(killer.cluster, host)
+            else:
+                killer.kill(host)
+
+    return meanwhile(go)
+
+
+def meanwhile(faults: Callable[[], None]) -> threading.Thread:
+    """Run ``faults`` (what a test does to the job while it runs: waits, kills) in a thread, started; join it after
+    the job, and check its ``errors`` (what went wrong in it: a wait that timed out, a kill that failed)."""
     errors: list[BaseException] = []
 
     def go() -> None:
         try:
-            wait_for(counter, timeout_s=timeout_s, at_least=at_least)
-            for host in hosts:
-                if cut_only:
-                    assert killer.cluster is not None, "give before_start to run_local"
-                    cut(killer.cluster, host)
-                else:
-                    killer.kill(host)
+            faults()
         except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
             errors.append(exc)
 
@@ -107,3 +116,29 @@ def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int | None, *h
     thread.errors = errors  # type: ignore[attr-defined]
     thread.start()
     return thread
+
+
+class Replacement:
+    """The platform replacing a killed host, as ``run_local``'s ``restart``: the ``train`` of each host of ``names``
+    started again in the same host ``after_s`` after its loss, once.  ``as_made_again``: what the platform gives the
+    new one first (a pod made again reads the platform's resource config: ``fresh_config``).  ``back[name]``: when."""
+
+    def __init__(self, *names: str, after_s: float = 1.0, as_made_again: Callable[[str], None] | None = None) -> None:
+        self.names, self.after_s, self.as_made_again = names, after_s, as_made_again
+        self.back: dict[str, float] = {}
+
+    def __call__(self, name: str, code: int) -> float | None:
+        if name not in self.names or name in self.back:
+            return None
+        self.back[name] = time.monotonic() + self.after_s
+        if self.as_made_again is not None:
+            self.as_made_again(name)
+        return self.after_s
+
+    def wait_back(self, name: str, then_s: float, timeout_s: float = 240.0) -> None:
+        """Until ``then_s`` after ``name``'s ``train`` was started again (time for it to join and wait)."""
+        deadline = time.monotonic() + timeout_s
+        while name not in self.back or time.monotonic() < self.back[name] + then_s:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} was not started again within {timeout_s} s")
+            time.sleep(0.5)

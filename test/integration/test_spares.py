@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, kill_when, wait_for
+from helpers.deadhost import HostKiller, Replacement, kill_when, meanwhile, wait_for
 from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_lines, wall
 from helpers.multihost import hps, run, source_dir
 from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
@@ -142,20 +142,15 @@ def test_multi_worker_mirrored_a_spare_takes_the_seat_of_a_worker_host_killed_wh
                                   "TRAINING_TOOLKIT_MAX_RESTARTS": "1"},
                    hyperparameters=hps("mwms_spares.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True))
     killer = HostKiller()
-    errors: list[BaseException] = []
 
     def kill_the_doomed() -> None:
-        try:
-            wait_for(shared / "doomed", timeout_s=240)
-            killer.kill((shared / "doomed").read_text())
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
+        wait_for(shared / "doomed", timeout_s=240)
+        killer.kill((shared / "doomed").read_text())
 
-    killing = threading.Thread(target=kill_the_doomed, daemon=True)
-    killing.start()
+    killing = meanwhile(kill_the_doomed)
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
-    assert not errors, errors
+    assert not killing.errors, killing.errors
     assert list(killer.killed) == ["algo-2"]
     for host in ("algo-1", "algo-3"):
         assert results[host].exit_code == 0, (host, results[host].failure)
@@ -240,23 +235,18 @@ def test_the_lead_killed_during_a_restarts_barrier_fails_over_for_that_restart(t
                                            "HOLD_EXIT": "1", "TERM_MARK": "1", "IGNORE_TERM_ON_HOST": "algo-3",
                                            "LINGER_S": "120"})
     killer = HostKiller()
-    errors: list[BaseException] = []
 
     def fail_then_kill_the_lead() -> None:
-        try:
-            wait_for(shared / "done-0-1")  # algo-2's rank finished its steps: rank 0 holds
-            hold.write_text("")  # rank 0 exits 1: the lead calls the restart and stops its part
-            wait_for(shared / "term-0-1")  # algo-2's rank was stopped: algo-2 goes to the barrier
-            time.sleep(1.0)  # algo-3's rank ignores SIGTERM: the lead waits for it at the barrier
-            killer.kill("algo-1")
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
+        wait_for(shared / "done-0-1")  # algo-2's rank finished its steps: rank 0 holds
+        hold.write_text("")  # rank 0 exits 1: the lead calls the restart and stops its part
+        wait_for(shared / "term-0-1")  # algo-2's rank was stopped: algo-2 goes to the barrier
+        time.sleep(1.0)  # algo-3's rank ignores SIGTERM: the lead waits for it at the barrier
+        killer.kill("algo-1")
 
-    killing = threading.Thread(target=fail_then_kill_the_lead, daemon=True)
-    killing.start()
+    killing = meanwhile(fail_then_kill_the_lead)
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
-    assert not errors, errors
+    assert not killing.errors, killing.errors
     for host in ("algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
     second = seen(shared, 1)  # the one restart MAX_RESTARTS allows, led by algo-2
@@ -364,31 +354,19 @@ def test_a_host_back_from_its_loss_waits_as_a_spare_past_the_join_deadline_and_t
                                            "TRAINING_TOOLKIT_JOIN_TIMEOUT": "20", "TRAINING_TOOLKIT_GRACE_PERIOD": "5",
                                            "STEPS": "250", "STEP_S": "0.3"})
     killer = HostKiller()
-    back: dict[str, float] = {}
-    errors: list[BaseException] = []
+    replacement = Replacement("algo-2")  # the killed host's train started again, in the same host, 1 s after
 
-    def restart(name: str, code: int) -> float | None:  # the replacement, in the same host, 1 s after its loss
-        if name == "algo-2" and "algo-2" not in back:
-            back[name] = time.monotonic() + 1
-            return 1.0
-        return None
+    def faults() -> None:
+        wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+        killer.kill("algo-2")  # algo-4, the spare, takes its seat; algo-2 comes back and waits
+        wait_for(shared / "step-1-0", timeout_s=240, at_least=1)
+        replacement.wait_back("algo-2", 20 + 5 + 5 + 10)  # past the join deadline, the grace and a joiner's margin
+        killer.kill("algo-3")
 
-    def go() -> None:
-        try:
-            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
-            killer.kill("algo-2")  # algo-4, the spare, takes its seat; algo-2 comes back and waits
-            wait_for(shared / "step-1-0", timeout_s=240, at_least=1)
-            while "algo-2" not in back or time.monotonic() < back["algo-2"] + 20 + 5 + 5 + 10:
-                time.sleep(0.5)  # past the join deadline, the grace and the margin a joiner used to wait
-            killer.kill("algo-3")
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
-
-    killing = threading.Thread(target=go, daemon=True)
-    killing.start()
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    killing = meanwhile(faults)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=replacement))
     killing.join(5)
-    assert not errors, errors
+    assert not killing.errors, killing.errors
     for host in ("algo-1", "algo-2", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
     assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [(0, "algo-1"), (1, "algo-4"),
@@ -406,31 +384,19 @@ def test_a_host_back_and_waiting_when_the_lead_is_lost_follows_the_next_lead_whi
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
                                            "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "STEPS": "250", "STEP_S": "0.3"})
     killer = HostKiller()
-    back: dict[str, float] = {}
-    errors: list[BaseException] = []
+    replacement = Replacement("algo-3")
 
-    def restart(name: str, code: int) -> float | None:  # algo-3's replacement, in the same host, 1 s after its loss
-        if name == "algo-3" and name not in back:
-            back[name] = time.monotonic() + 1
-            return 1.0
-        return None
+    def faults() -> None:
+        wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+        killer.kill("algo-3")  # algo-4, the spare, takes its seat; algo-3 comes back and waits
+        wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
+        replacement.wait_back("algo-3", 10)  # algo-3's train has joined and waits for its seat
+        killer.kill("algo-1")
 
-    def go() -> None:
-        try:
-            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
-            killer.kill("algo-3")  # algo-4, the spare, takes its seat; algo-3 comes back and waits
-            wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
-            while "algo-3" not in back or time.monotonic() < back["algo-3"] + 10:
-                time.sleep(0.5)  # algo-3's train has joined and waits for its seat
-            killer.kill("algo-1")
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
-
-    killing = threading.Thread(target=go, daemon=True)
-    killing.start()
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    killing = meanwhile(faults)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=replacement))
     killing.join(5)
-    assert not errors, errors
+    assert not killing.errors, killing.errors
     for host in ("algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
     third = seen(shared, 2)  # under algo-2, algo-3 seated in the lost lead's place
@@ -446,34 +412,24 @@ def test_the_lost_first_host_back_joins_the_running_job_as_a_spare_not_a_second_
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "3",
                                            "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "STEPS": "250", "STEP_S": "0.3"})
     killer = HostKiller()
-    back: dict[str, float] = {}
-    errors: list[BaseException] = []
 
-    def restart(name: str, code: int) -> float | None:  # the replacement, in the same host, 1 s after its loss
-        if name in ("algo-1", "algo-3") and name not in back:
-            back[name] = time.monotonic() + 1
-            # as a pod made again: the platform's hosts, algo-1 first, not the order the last attempt left there
-            config = tmp_path / "cluster" / name / "opt" / "ml" / "input" / "config" / "resourceconfig.json"
-            config.write_text(json.dumps({**json.loads(config.read_text()), "hosts": list(H4)}))
-            return 1.0
-        return None
+    def as_a_pod_made_again(name: str) -> None:  # the platform's hosts, algo-1 first, not the last attempt's order
+        config = tmp_path / "cluster" / name / "opt" / "ml" / "input" / "config" / "resourceconfig.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "hosts": list(H4)}))
 
-    def go() -> None:
-        try:
-            wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
-            killer.kill("algo-1")  # algo-2 leads, algo-4 takes its seat; algo-1 comes back and waits
-            wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
-            while "algo-1" not in back or time.monotonic() < back["algo-1"] + 10:
-                time.sleep(0.5)
-            killer.kill("algo-3")
-        except BaseException as exc:  # noqa: BLE001 - seen by the test after the job
-            errors.append(exc)
+    replacement = Replacement("algo-1", "algo-3", as_made_again=as_a_pod_made_again)
 
-    killing = threading.Thread(target=go, daemon=True)
-    killing.start()
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=restart))
+    def faults() -> None:
+        wait_for(shared / "step-0-0", timeout_s=240, at_least=3)
+        killer.kill("algo-1")  # algo-2 leads, algo-4 takes its seat; algo-1 comes back and waits
+        wait_for(shared / "step-1-0", timeout_s=240, at_least=4)
+        replacement.wait_back("algo-1", 10)
+        killer.kill("algo-3")
+
+    killing = meanwhile(faults)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start, restart=replacement))
     killing.join(5)
-    assert not errors, errors
+    assert not killing.errors, killing.errors
     # algo-1's second train too, and algo-3's, which found its first host no lead and the job under algo-2
     for host in ("algo-1", "algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
