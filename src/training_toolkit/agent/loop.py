@@ -91,7 +91,8 @@ class HostAgent:
         self.in_barrier = False  # the lead's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
-        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ)
+        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ,
+                                progress=not spec.solo)  # for the record: every job with hosts to lose
         self.recorder = Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s, config.stall_startup_s)
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
@@ -161,7 +162,7 @@ class HostAgent:
             raise unusable
         self.seats.take_hosts(self.membership.hosts)
         self.seats.take_limits(self.spec)
-        self.stall.start(self.membership.job_id)
+        self.stall.start(self.membership.job_id, self.host)
         if self.spec.hold is not None:
             job.enter_context(self.spec.hold(self.seating()))
         if self.spec.prepare is not None:

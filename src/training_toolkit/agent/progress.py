@@ -88,15 +88,19 @@ def latest_mtime(directory: Path) -> int:
     return latest
 
 
-def watch_dir(job_id: str | None, parent: Path) -> Path:
+def watch_dir(job_id: str | None, parent: Path, host: str = "") -> Path:
     """This host's directory for the ranks' stack files and heartbeats: new, private (0700), of a random name.
 
     Each host's processes learn it from their own host (their environment, or the MPI ranks'
     file), so its name need not be the same on every host, and must not be: hosts may share
     the parent (``rundir``: nodes sharing ``/tmp``), where one name would be both hosts' directory.
+    The name says the job (``job_id``'s hex) and the host, so that what a host killed whole leaves
+    in a shared ``/tmp`` (nothing of it is left to remove it) is known for its: ``-HOST-`` before
+    the random part.
     """
     tag = "".join(ch for ch in (job_id or "")[:16] if ch in "0123456789abcdef")  # a name's part: hex only
-    prefix = f"{DIR_PREFIX}{tag}-" if tag else DIR_PREFIX
+    name = "".join(ch for ch in host[:64] if ch.isascii() and (ch.isalnum() or ch in "._-")).lstrip(".")
+    prefix = DIR_PREFIX + "".join(f"{part}-" for part in (tag, name) if part)
     path = rundir.new_private_dir(prefix, parent)
     for sub in ("stacks", "heartbeats"):
         (path / sub).mkdir(mode=0o700, exist_ok=True)

@@ -1,10 +1,13 @@
 """The stall watch: a component the agent owns (``HostAgent.stall``) and calls, with everything it needs given.
 
-What the job's processes get while stalls are watched (the heartbeat directory, where a file
-touched is progress and ``checkpoint`` touched marks a checkpoint saved, and the faulthandler hook,
-``process_env``; their output marks progress, ``on_output``), and reading this host's ranks' stacks
-when the lead asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).  Everything here
-loads the stack readers only when a job is watched.
+Progress is watched in every job of more than one seat, for the job's record (each attempt's first
+progress, the script's checkpoint marks): its processes get the heartbeat directory, where a file
+touched is progress and ``checkpoint`` touched marks a checkpoint saved (``process_env``), and their
+output marks progress (``on_output``).  While stalls are watched (a stall timeout, in any job), the
+processes also get the faulthandler hook and the stack files' directory, and this host reads its
+ranks' stacks when the lead asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).
+A job of one seat without a stall timeout gets none of it: its launch stays the reference's.
+Everything here loads the stack readers only when stalls are watched.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import StacksGathered
-from training_toolkit.config.settings import RESTART_COUNT_VAR
+from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, RESTART_COUNT_VAR
 
 if TYPE_CHECKING:
     from training_toolkit.agent.progress import ProgressWatch
@@ -30,7 +33,8 @@ STACKS_REQUEST_S = 4.0  # the lead: how long the followers may take to send thei
 
 
 class StallWatch:
-    """``timeout_s`` None: stalls are not watched (nothing is started, the processes get only the attempt).
+    """``timeout_s`` None: stalls are not watched (no hook, no stacks); ``progress``: progress is watched all the same
+    (every job of more than one seat).  Neither: nothing is started, the processes get only the attempt.
 
     ``events``: the agent's queue (progress and the gathered stacks go there); ``py_spy``: the setting
     (``stacks.pyspy_path``); ``watched``: the runner's choice of processes whose stacks show (None: every
@@ -40,25 +44,27 @@ class StallWatch:
 
     def __init__(self, events: SimpleQueue, timeout_s: float | None, py_spy: str | None = None,
                  watched: Callable[[list[Local]], list[stacks.Watched]] | None = None,
-                 environ: Mapping[str, str] | None = None):
+                 environ: Mapping[str, str] | None = None, progress: bool = False):
         self._events = events
         self._environ = environ or {}
         self._timeout_s = timeout_s
         self._py_spy = py_spy
         self._watched = watched
-        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, while stalls are watched
+        self._progress_wanted = progress or timeout_s is not None
+        self.watch_dir: Path | None = None  # this host's heartbeat and stack files, once started
         self._progress: ProgressWatch | None = None
         self._tripwire: Deadman | None = None
 
-    def start(self, job_id: str) -> None:
-        """Stalls are watched from now on (a job id names the directory the hosts' files go to)."""
-        if self._timeout_s is None:
+    def start(self, job_id: str, host: str) -> None:
+        """Progress (and stalls, with a timeout) is watched from now on (the job's id and this host name the
+        directory the host's files go to); the directory is removed even if train is killed (a dead-man switch)."""
+        if not self._progress_wanted:
             return
         from training_toolkit.agent.progress import ProgressWatch, watch_dir
         from training_toolkit.supervise import rundir
         from training_toolkit.supervise.deadman import Deadman
 
-        self.watch_dir = watch_dir(job_id or None, rundir.parent(self._environ))
+        self.watch_dir = watch_dir(job_id or None, rundir.parent(self._environ), host)
         self._tripwire = Deadman(directories=[self.watch_dir])  # gone even if train is killed
         self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
 
@@ -78,9 +84,12 @@ class StallWatch:
             self._progress.attempt = attempt
 
     def process_env(self, env: Mapping[str, str], attempt: int) -> dict[str, str]:
-        """``env`` with what every process of the job gets: the attempt, and the hook and heartbeats if watched."""
+        """``env`` with what every process of the job gets: the attempt, the heartbeat directory while progress is
+        watched, and the hook and the stack files' directory while stalls are."""
         extra = {RESTART_COUNT_VAR: str(attempt)}
         if self.watch_dir is not None:
+            extra[HEARTBEAT_DIR_VAR] = str(self.watch_dir / "heartbeats")
+        if self.watch_dir is not None and self._timeout_s is not None:
             from training_toolkit.stalls import stacks
 
             extra.update(stacks.script_env(self.watch_dir, dict(env)))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, kill_when
+from helpers.deadhost import HostKiller, meanwhile, wait_for
 from helpers.multihost import source_dir
 from helpers.slurm import slurm_cluster
 from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
@@ -57,10 +57,17 @@ def torch_script(tmp_path: Path, nodes: int, env: dict, no_kill: bool = True, ru
 
 
 def kill_at(slurm, shared: Path, step: int, node: str) -> threading.Thread:
-    """Kill ``node`` whole once attempt 0's rank 0 has done ``step`` steps (in a thread; join it after the job)."""
+    """Kill ``node`` whole once attempt 0's rank 0 has done ``step`` steps, and with it its files in /tmp
+    (``dead_nodes_files``): in a thread; join it after the job."""
     killer = HostKiller()
     killer.attach(slurm.cluster)
-    thread = kill_when(killer, shared / "step-0-0", step, node)
+
+    def kill() -> None:
+        wait_for(shared / "step-0-0", timeout_s=240, at_least=step)
+        killer.kill(node)
+        dead_nodes_files(slurm, node)
+
+    thread = meanwhile(kill)
     thread.killer = killer  # type: ignore[attr-defined]
     return thread
 
@@ -70,11 +77,12 @@ def seen(shared: Path, attempt: int) -> dict[int, dict]:
 
 
 def dead_nodes_files(slurm, node: str) -> None:
-    """Remove what the dead node left in /tmp (its MPI ranks' directory, named after it): a real node's /tmp is
-    its own and dies with it, the namespace nodes share the machine's, and the user's leftover check covers /tmp.
-    Root's runtime files are under each node's own /run, gone with the node's namespaces."""
+    """Remove what the dead node left in /tmp (its MPI ranks' directory and its progress watch's, each named after
+    it): a real node's /tmp is its own and dies with it, the namespace nodes share the machine's, and the user's
+    leftover check covers /tmp.  Root's runtime files are under each node's own /run, gone with the node's
+    namespaces."""
     if slurm.user is not None:
-        for path in Path("/tmp").glob(f"training-toolkit-*-{node}"):
+        for path in [*Path("/tmp").glob(f"training-toolkit-*-{node}"), *Path("/tmp").glob(f"training-toolkit-watch-*-{node}-*")]:
             if path.lstat().st_uid == slurm.user.pw_uid:
                 shutil.rmtree(path)
 
@@ -127,7 +135,6 @@ def test_a_spare_node_takes_the_seat_of_a_node_lost_under_no_kill(tmp_path, runn
         down = node_state(slurm, "node2")
         verdicts = {h: verdict(slurm, h)[0] for h in slurm.names}
         assert settled(slurm) == {}
-        dead_nodes_files(slurm, "node2")
     assert code == 0, out
     assert verdicts == {"node1": "success", "node2": "none", "node3": "success", "node4": "success"}, out
     first = seen(shared, 0)

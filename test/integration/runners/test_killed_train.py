@@ -148,19 +148,20 @@ def test_a_killed_train_ends_mpi_and_sshd_removes_its_keys_and_the_job_fails_nam
         train = procs[victim]
         seen["ssh_dirs"] = ssh_dirs(train.command_pid, seen["init"])
         seen["rank_dirs"] = glob.glob(f"/proc/{seen['init']}/root/run/training-toolkit-ranks-*")  # the ranks' file
+        seen["watch_dirs"] = glob.glob(f"/proc/{seen['init']}/root/run/training-toolkit-watch-*")  # heartbeats
         held = pidfds(train.command_pid)
         seen["names"] = [procfs.comm(p) for p in held]
         train.send_signal(signal.SIGKILL)  # train alone: the host's init lives on, as on a bare host
         seen["killed"] = time.monotonic()
         # while the cluster runs on: what ends now is ended by the tripwires, not by the cluster's teardown
         seen["gone_s"] = wait_all_gone(held, victim)
-        seen["dirs_left"] = [d for d in [*seen["ssh_dirs"], *seen["rank_dirs"]] if Path(d).exists()]
+        seen["dirs_left"] = [d for d in [*seen["ssh_dirs"], *seen["rank_dirs"], *seen["watch_dirs"]] if Path(d).exists()]
 
     results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=120, out=sys.stdout.buffer, on_start=kill_train,
                         before_start=lambda cluster: seen.update(init=cluster.host(victim).pid))
     assert expected in seen["names"], seen["names"]  # type: ignore[operator]
     print(f"\n{victim}'s last process gone {seen['gone_s']:.3f} s after its train")
-    assert seen["ssh_dirs"] and len(seen["rank_dirs"]) == 1 and seen["dirs_left"] == []
+    assert seen["ssh_dirs"] and len(seen["rank_dirs"]) == 1 and len(seen["watch_dirs"]) == 1 and seen["dirs_left"] == []
     (other,) = [r for r in results if r.host != victim]
     assert other.exit_code not in (0, None) and victim in (other.failure or ""), (other.exit_code, other.failure)
     assert other.ended_at is not None and other.ended_at - seen["killed"] < 30  # type: ignore[operator]

@@ -9,7 +9,7 @@ from queue import Empty, SimpleQueue
 import pytest
 
 from training_toolkit.agent.events import Progress
-from training_toolkit.agent.progress import ProgressWatch, latest_mtime
+from training_toolkit.agent.progress import ProgressWatch, latest_mtime, watch_dir
 
 
 def events_within(queue: SimpleQueue, seconds: float) -> list:
@@ -68,3 +68,16 @@ def test_latest_mtime(tmp_path):
     (tmp_path / "a").touch()
     os.utime(tmp_path / "a", ns=(5, 7_000_000_000))
     assert latest_mtime(tmp_path) == 7_000_000_000
+
+
+@pytest.mark.parametrize("job_id, host, prefix", [
+    ("0123456789abcdef0123", "node2", "training-toolkit-watch-0123456789abcdef-node2-"),  # the id's first 16
+    ("", "algo-1", "training-toolkit-watch-algo-1-"),
+    ("zz;rm", "../x y", "training-toolkit-watch-xy-"),  # hex only of the id; no slash, no space, no leading dot
+    (None, "", "training-toolkit-watch-"),
+])
+def test_a_hosts_watch_directory_says_the_job_and_the_host_then_a_random_part(tmp_path, job_id, host, prefix):
+    path = watch_dir(job_id, tmp_path, host)
+    assert path.parent == tmp_path and path.name.startswith(prefix) and len(path.name) > len(prefix), path.name
+    assert path.stat().st_mode & 0o777 == 0o700 and sorted(p.name for p in path.iterdir()) == ["heartbeats", "stacks"]
+    assert watch_dir(job_id, tmp_path, host) != path  # hosts sharing the parent never share a directory
