@@ -68,7 +68,6 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     shared.mkdir()
     (src / SCRIPT).write_text(TORCH_JOB)
     env = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": str(max(30, round(40 * args.scale))), "TRAINING_TOOLKIT_GRACE_PERIOD": "5",
-           "TRAINING_TOOLKIT_STALL_TIMEOUT": "120",  # progress watched: the job's checkpoint marks reach its record
            "TRAINING_TOOLKIT_MAX_RESTARTS": "30", **job_env(shared, args), **extra}
     hps = {"sagemaker_program": f'"{SCRIPT}"', "sagemaker_submit_directory": f'"{src}"',
            "sagemaker_torch_distributed_enabled": "true", "sagemaker_distributed_processes_per_host": "1"}
