@@ -104,13 +104,14 @@ def ours(key: str, tmp: Path, plan, args) -> Outcome:
     to_choice = [min((t for t in said if t > at), default=None) for _, at in faults.kills]
     outcome = timed(Outcome(label, min(ended) - first["t0"], "", faults.kills), shared)
     outcome.to_choice = [c - at for c, (_, at) in zip(to_choice, faults.kills) if c is not None]
-    # each kill's split as the job's record has it, beside the outside timing: the lead's record, the one that saw
-    # the most faults (after a failover the next lead carries the record on)
+    # each kill's split as the job's record has it, beside the outside timing: the record of the host that led the
+    # last attempt (after a failover the next lead carries the record on; the checkpoint marks of the ranks it led)
     wall_now, mono_now = time.time(), time.monotonic()
     kills_wall = [(host, wall_now - (mono_now - at)) for host, at in faults.kills]
-    costs = [json.loads(r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").read_text())
-             for r in results if r.opt_ml.joinpath("output", "data", "training-toolkit", f"cost-{r.host}.json").exists()]
-    lead_cost = max(costs, key=lambda c: len(c["faults"]), default={"faults": []})
+    costs = {r.host: json.loads(path.read_text()) for r in results
+             if (path := r.opt_ml / "output" / "data" / "training-toolkit" / f"cost-{r.host}.json").exists()}
+    led_last = [cost for host, cost in costs.items() if cost["attempts"] and cost["attempts"][-1].get("lead") == host]
+    lead_cost = led_last[0] if led_last else {"faults": []}
     outcome.splits = record_splits(kills_wall, lead_cost["faults"])
     outcome.record_goodput = lead_cost.get("goodput")  # the record's own (the job marks its checkpoints)
     return outcome

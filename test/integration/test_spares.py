@@ -82,6 +82,11 @@ def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tm
         killed - 1 < lost["t"] < killed + 15, (killed, entries)
     assert [(i["active"], i["spares"]) for i in of_kind(entries, "attempt")] == [
         (["algo-1", "algo-2", "algo-3"], ["algo-4"]), (["algo-1", "algo-4", "algo-3"], [])]
+    # progress and rank 0's checkpoint marks are watched with no stall timeout set: the cost counts the work lost
+    assert {item["attempt"] for item in of_kind(entries, "checkpoint")} == {0, 1}, entries
+    cost = cost_at(results["algo-1"].opt_ml, "algo-1")
+    assert cost["basis"] == "progress" and cost["lost_work_included"] is True and cost["goodput"] is not None, cost
+    assert 0 <= cost["faults"][0]["lost_work_s"] < 3 * float(ROOM["STEP_S"]) + 2, cost  # a step or so since the mark
     # the picture of the job, from every host's record under local's work directory: every host, the fault
     from training_toolkit.record import timeline
 

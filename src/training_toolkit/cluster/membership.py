@@ -141,7 +141,7 @@ class Membership:
     def _join_the_lead(self) -> None:
         """Join the platform's first host within the join deadline; should it not answer for ``LOOK_S`` at a time (it
         may be lost, and the job running under another lead: this host's ``train`` came back after its own loss), ask
-        the next hosts whether one of them leads the running job, and follow it if so (``elsewhere.running_job``).
+        the other hosts whether one of them leads the running job, and follow it if so (``elsewhere.running_job``).
         A join that is refused is refused at once, as before."""
         import time
 
@@ -232,8 +232,8 @@ class Membership:
         ``train`` came back after its loss: a pod made again, a node replaced)?  Then it follows that lead, and
         joins as a spare at the next restart, instead of starting a second job.
 
-        It asks the next hosts in the platform's order (the first members left lead after a loss,
-        ``agent/succession.py``), each once: at a job's start none of them serves, so each answer is a refused
+        It asks every other host, side by side, and follows the first in the platform's order that leads a started
+        job (``elsewhere.running_job``): at a job's start none of them serves, so each answer is a refused
         connection, at once (``elsewhere.PROBE_S`` bounds one whose address drops it)."""
         assert self._server is not None
         client = self._running_job_elsewhere(self.hosts[1:])
