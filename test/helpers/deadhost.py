@@ -84,11 +84,13 @@ def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None =
 
 
 def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int | None, *hosts: str,
-              timeout_s: float = 240.0, cut_only: bool = False) -> threading.Thread:
+              timeout_s: float = 240.0, cut_only: bool = False,
+              then: Callable[[str], None] | None = None) -> threading.Thread:
     """Kill ``hosts`` whole once the number in ``counter`` (a rank's steps, a chief's epochs) is ``at_least`` (None:
     once it exists): in a
     thread, started; join it after the job, and check its ``errors`` (what went wrong while it waited or killed).
-    ``cut_only``: cut their links instead (``cut``): they run on, cut off."""
+    ``cut_only``: cut their links instead (``cut``): they run on, cut off.  ``then``: called with each host once it
+    is dead (what goes with a dead node: its files in a /tmp the test's hosts share)."""
     def go() -> None:
         wait_for(counter, timeout_s=timeout_s, at_least=at_least)
         for host in hosts:
@@ -97,6 +99,8 @@ def kill_when(killer: HostKiller, counter: os.PathLike, at_least: int | None, *h
                 cut(killer.cluster, host)
             else:
                 killer.kill(host)
+                if then is not None:
+                    then(host)
 
     return meanwhile(go)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, meanwhile, wait_for
+from helpers.deadhost import HostKiller, kill_when
 from helpers.multihost import source_dir
 from helpers.slurm import slurm_cluster
 from helpers.slurm import as_root_and_user  # noqa: F401 - tmp_path: every test as root and as a user
@@ -61,13 +61,7 @@ def kill_at(slurm, shared: Path, step: int, node: str) -> threading.Thread:
     (``dead_nodes_files``): in a thread; join it after the job."""
     killer = HostKiller()
     killer.attach(slurm.cluster)
-
-    def kill() -> None:
-        wait_for(shared / "step-0-0", timeout_s=240, at_least=step)
-        killer.kill(node)
-        dead_nodes_files(slurm, node)
-
-    thread = meanwhile(kill)
+    thread = kill_when(killer, shared / "step-0-0", step, node, then=lambda dead: dead_nodes_files(slurm, dead))
     thread.killer = killer  # type: ignore[attr-defined]
     return thread
 
