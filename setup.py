@@ -4,11 +4,13 @@
   returns the rank's own host where every container has the kernel host name ``aws``;
 - ``libtrainingtoolkit_netshim.so``, preloaded into mpirun, the Open MPI daemons and the ranks:
   a connection accepted from outside the job is closed before the program sees it;
-- ``libtrainingtoolkit_stophold.so``, preloaded into mpirun and the Open MPI daemons only: while
-  a host's train stops the job, the runtime's kills do nothing (the stop is train's);
+- ``libtrainingtoolkit_rankstop.so``, preloaded into MPI's ranks (and, under Slurm, the script's processes):
+  SIGTERMs that come together are one stop, and during a stop a rank's MPI_Abort ends that rank alone;
 - ``training-toolkit-rank``, what every MPI rank runs first: it takes the rank's command and
   environment from a file its own host's ``train`` wrote, so that mpirun carries nothing of
-  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms;
+  the job, and it starts in about a millisecond where a Python wrapper took ~50 ms; it stays the rank's
+  parent, and holds the rank's end from Open MPI's runtime during a stop;
+- ``training-toolkit-term-blocked``, which starts Open MPI 5's daemons with SIGTERM blocked;
 - ``training-toolkit-deadman``, the dead-man switch (supervise/deadman.py): it waits on a pipe from
   ``train`` (or ``local``) for the whole job and ends what they leave should they be killed.
 
@@ -28,14 +30,15 @@ from setuptools.command.build_ext import build_ext
 NATIVE = "training_toolkit.native"
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"
-STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"
-LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY, "_stophold": STOPHOLD_LIBRARY}  # plain shared libraries, not modules
+RANK_STOP_LIBRARY = "libtrainingtoolkit_rankstop.so"
+LIBRARIES = {"_hostname": HOSTNAME_LIBRARY, "_netshim": NETSHIM_LIBRARY, "_rankstop": RANK_STOP_LIBRARY}  # plain shared libraries, not modules
 RANK_PROGRAM = "training-toolkit-rank"
 # Every native part is built with every warning an error: a warning in these files is a bug in code
 # that runs inside Open MPI's processes and every rank (test/unit/test_native.py builds them so too).
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 #: programs, from their sources
-PROGRAMS = {RANK_PROGRAM: "rank_exec.c", "training-toolkit-deadman": "deadman.c", "training-toolkit-ssh": "ssh_agent.c"}
+PROGRAMS = {RANK_PROGRAM: "rank_exec.c", "training-toolkit-deadman": "deadman.c", "training-toolkit-ssh": "ssh_agent.c",
+            "training-toolkit-term-blocked": "term_blocked.c"}
 
 
 class BuildNative(build_ext):
@@ -77,7 +80,7 @@ setup(
                            extra_compile_args=["-O2", *WARNINGS]),
                  Extension(f"{NATIVE}._netshim", sources=["src/training_toolkit/native/netshim.c"],
                            extra_compile_args=["-O2", *WARNINGS], libraries=["dl"]),
-                 Extension(f"{NATIVE}._stophold", sources=["src/training_toolkit/native/stophold.c"],
+                 Extension(f"{NATIVE}._rankstop", sources=["src/training_toolkit/native/rank_stop.c"],
                            extra_compile_args=["-O2", *WARNINGS], libraries=["dl"])],
     cmdclass={"build_ext": BuildNative},
 )

@@ -4,8 +4,9 @@
 #
 #   scripts/image-toolkit.sh DIR
 #
-# The toolkit builds four small native parts when it is installed (setup.py: the gethostname
-# library preloaded into MPI ranks, the accept() shim, training-toolkit-rank and training-toolkit-deadman). The stack layer removed its build
+# The toolkit builds its small native parts when it is installed (setup.py: the gethostname library
+# preloaded into MPI ranks, the accept() shim, the rank's stop library, training-toolkit-rank,
+# training-toolkit-deadman, training-toolkit-ssh and training-toolkit-term-blocked). The stack layer removed its build
 # tools; this layer adds gcc for the install and removes what it added, so no compiler is left.
 # A script of its own, so that the slow stack layer (which copies image-install.sh) stays cached.
 set -euo pipefail
@@ -32,6 +33,7 @@ if [[ ${#added[@]} -gt 0 && -z ${KEEP_BUILD_TOOLS:-} ]]; then
 fi
 "$VENV/bin/python" -c '
 from training_toolkit import native
-for name in (native.HOSTNAME_LIBRARY, native.NETSHIM_LIBRARY, native.RANK_PROGRAM, native.DEADMAN_PROGRAM):
+for name in (native.HOSTNAME_LIBRARY, native.NETSHIM_LIBRARY, native.RANK_STOP_LIBRARY, native.RANK_PROGRAM,
+             native.DEADMAN_PROGRAM, native.SSH_AGENT_PROGRAM, native.TERM_BLOCKED_PROGRAM):
     print("image-toolkit:", native.path_of(name))
 ' || die "the toolkit's native parts were not built"

@@ -56,8 +56,9 @@ class HostKiller:
             time.sleep(0.05)
 
 
-def cut(cluster: NamespaceCluster, name: str) -> None:
-    """Cut host ``name``'s link at the switch, as a pulled cable: it runs on, and nothing reaches it or leaves it.
+def cut(cluster: NamespaceCluster, name: str, mend: bool = False) -> None:
+    """Cut host ``name``'s link at the switch, as a pulled cable: it runs on, and nothing reaches it or leaves it
+    (``mend``: plug it in again).
 
     Each host's ``eth0`` is one end of a veth pair whose other end, ``veth<i>`` (``i``: its place in the
     cluster's hosts, from 1), sits on the bridge in the switch's namespace (``local/network.py``, ``wire``).
@@ -65,8 +66,8 @@ def cut(cluster: NamespaceCluster, name: str) -> None:
     import subprocess
 
     index = [host.name for host in cluster.hosts].index(name) + 1
-    subprocess.run(["nsenter", f"--net={cluster.bridge_netns}", "ip", "link", "set", f"veth{index}", "down"],
-                   check=True, timeout=10)
+    subprocess.run(["nsenter", f"--net={cluster.bridge_netns}", "ip", "link", "set", f"veth{index}",
+                    "up" if mend else "down"], check=True, timeout=10)
 
 
 def wait_for(path: os.PathLike, timeout_s: float = 120.0, at_least: int | None = None) -> None:

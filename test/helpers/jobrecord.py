@@ -11,6 +11,11 @@ from training_toolkit.core.paths import Paths
 from training_toolkit.record import schema, summary
 
 
+# the record's stamps are rounded to the millisecond (schema.entry): one may read up to half of one before, or
+# after, the instant it stands for
+STAMP_S = 0.0005
+
+
 def record_at(opt_ml: Path, host: str) -> list[dict]:
     return schema.read(schema.record_path(Paths(opt_ml).output_data_dir, host))
 

@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 from helpers.paths import FIXTURES
@@ -45,10 +47,40 @@ def ours_running() -> list[str]:
 
 
 def run(job: LocalJob, tmp_path: Path, timeout_s: float = 120, **kw) -> list[HostResult]:
-    """Run on a local cluster; assert no host left a process behind when its train ended."""
-    results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=timeout_s, out=sys.stdout.buffer, **kw)
+    """Run on a local cluster; assert no host left a process behind when its train ended.  ``out``: where the hosts'
+    prefixed lines go (the test's stdout; a ``Tee`` to watch them while the job runs)."""
+    out = kw.pop("out", sys.stdout.buffer)
+    results = run_local(job, tmp_path / "cluster", environ=os.environ, timeout_s=timeout_s, out=out, **kw)
     for r in results:
         assert not r.survivors, f"{r.host}: processes survived its train: {r.survivors}"
     leftovers = ours_running()
     assert not leftovers, f"processes of the job survived: {leftovers}"
     return results
+
+
+class Tee:
+    """The hosts' prefixed output to the test's stdout, and kept: a thread of the test waits for a line
+    (``wait_for``) to act at that point of the job (a host's own words, where no file marks it)."""
+
+    def __init__(self) -> None:
+        self._seen = bytearray()
+        self._changed = threading.Condition()
+
+    def write(self, data: bytes) -> int:
+        sys.stdout.buffer.write(data)
+        with self._changed:
+            self._seen += data
+            self._changed.notify_all()
+        return len(data)
+
+    def flush(self) -> None:
+        sys.stdout.buffer.flush()
+
+    def wait_for(self, *lines: str, timeout_s: float = 120.0) -> None:
+        """Until every one of ``lines`` was written (each a part of a line)."""
+        end = time.monotonic() + timeout_s
+        with self._changed:
+            while not all(line.encode() in self._seen for line in lines):
+                left = end - time.monotonic()
+                assert left > 0, f"not said within {timeout_s:g} s: {lines}"
+                self._changed.wait(left)

@@ -57,7 +57,7 @@ SESSION_NAMES = {"SSH_CLIENT", "SSH_CONNECTION", "USER", "LOGNAME", "MAIL", "SHE
 OURS_ONLY = {"TRAINING_TOOLKIT_RANK_TAG", "TRAINING_TOOLKIT_SUPERVISOR", "SAGEMAKER_PROGRAM", "TRAINING_TOOLKIT_JOB_SECRET",
              "TRAINING_TOOLKIT_RESTART_COUNT", "TRAINING_TOOLKIT_NETSHIM_ALLOW", "TRAINING_TOOLKIT_NETSHIM_PORTS",
              "TRAINING_TOOLKIT_RANK_STOP_FLAG", "TRAINING_TOOLKIT_RANK_RESTART_FLAG", "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS",
-             "TRAINING_TOOLKIT_RANK_PID", "TRAINING_TOOLKIT_HEARTBEAT_DIR"}
+             "TRAINING_TOOLKIT_RANK_PID", "TRAINING_TOOLKIT_RANK_PARENT", "TRAINING_TOOLKIT_HEARTBEAT_DIR"}
 # The first host's values that the reference forwards to every rank (docs/contract.md, "MPI ranks"): ours are each host's.
 HOST_SPECIFIC = {"SM_CURRENT_HOST", "SM_RESOURCE_CONFIG", "SM_TRAINING_ENV"}
 
@@ -151,7 +151,7 @@ def test_every_rank_of_2_hosts_x_2_sees_what_the_references_sees(tmp_path):
         # LD_PRELOAD: each toolkit's own library; the reference replaces a user's, ours adds to it (no user's here)
         assert Path(r["env"]["LD_PRELOAD"]).name.startswith("gethostname")
         assert o["env"]["LD_PRELOAD"] == (f"{native.path_of(native.HOSTNAME_LIBRARY)}:{native.path_of(native.NETSHIM_LIBRARY)}:"
-                                          f"{native.path_of(native.STOPHOLD_LIBRARY)}")
+                                          f"{native.path_of(native.RANK_STOP_LIBRARY)}")
         # host-specific: the reference forwards the first host's; ours are the rank's own host's
         assert r["env"]["SM_CURRENT_HOST"] == "algo-1" and o["env"]["SM_CURRENT_HOST"] == host
         ref_training, our_training = json.loads(r["env"]["SM_TRAINING_ENV"]), json.loads(o["env"]["SM_TRAINING_ENV"])

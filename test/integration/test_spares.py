@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, Replacement, kill_when, meanwhile, wait_for
-from helpers.jobrecord import cost_at, metrics, of_kind, record_at, summary_lines, wall
-from helpers.multihost import hps, run, source_dir
+from helpers.deadhost import HostKiller, Replacement, cut, kill_when, meanwhile, wait_for
+from helpers.jobrecord import STAMP_S, cost_at, metrics, of_kind, record_at, summary_lines, wall
+from helpers.multihost import Tee, hps, run, source_dir
 from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
 from training_toolkit.local.launcher import LocalJob
 
@@ -49,6 +49,24 @@ def seen(shared: Path, attempt: int) -> dict[int, dict]:
 
 def by_host(results):
     return {r.host: r for r in results}
+
+
+def run_with_faults(job: LocalJob, tmp_path: Path, killer: HostKiller, faults, survivors, out: Tee,
+                    timeout_s: float = 420) -> dict:
+    """Run ``job`` while ``faults`` act on it (``meanwhile``); each of ``survivors`` ends 0; the results by host."""
+    faulting = meanwhile(faults)
+    results = by_host(run(job, tmp_path, timeout_s=timeout_s, before_start=killer.before_start, out=out))
+    faulting.join(5)
+    assert not faulting.errors, faulting.errors
+    for host in survivors:
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    return results
+
+
+def assert_led(shared: Path, attempt: int, lead: str, hosts: set[str]) -> None:
+    """``attempt``'s rank 0 ran on ``lead``, and its ranks on ``hosts``."""
+    ranks = seen(shared, attempt)
+    assert ranks[0]["host"] == lead and {i["host"] for i in ranks.values()} == hosts, ranks
 
 
 @pytest.mark.torch
@@ -223,6 +241,9 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     assert (lost["attempt"], lost["fault"], lost["host"]) == (0, "host_lost", "algo-1"), entries
     assert killed - 1 < lost["t"] < killed + 15, (killed, lost)
     assert [(i["attempt"], i["lost"]) for i in of_kind(entries, "restart")] == [(1, "algo-1")]
+    # rank 0 marked its checkpoints on algo-1, the lost lead, which told every host: the new lead's record has them
+    marks = [i for i in of_kind(entries, "checkpoint") if i["attempt"] == 0]
+    assert marks and {i["host"] for i in marks} == {"algo-1"} and max(i["t"] for i in marks) < killed + STAMP_S, entries
     cost = cost_at(results["algo-2"].opt_ml, "algo-2")
     assert cost["faults"][0]["next_attempt"] == 1 and 0 < cost["faults"][0]["lost_s"] < 60, cost
     lines = summary_lines(text)
@@ -285,6 +306,68 @@ def test_the_lead_then_the_new_lead_killed_in_one_job_each_time_the_next_member_
     assert {i["start"] for i in third.values()} == {max(i["start"] for i in third.values())} and \
         third[0]["start"] >= 6, third  # resumed from the checkpoint the second lead wrote
     assert sorted(p.name for p in shared.glob("done-2-*")) == ["done-2-0", "done-2-1"]
+
+
+@pytest.mark.torch
+def test_the_new_lead_killed_during_its_first_barrier_the_member_after_it_leads_the_attempt_after_it(tmp_path, capfd):
+    """algo-1 killed; algo-2 leads attempt 2 and waits at its barrier for algo-4, whose rank takes the grace to stop,
+    with algo-3 and the spare algo-5 joined; algo-2 killed then: algo-3 and algo-5 pass it over and algo-3 leads
+    the attempt after algo-2's (3 of the 5 members; algo-2's go might have reached some hosts: ``succession.term``),
+    and algo-4, which tries algo-2 first, is given the wait that takes and asks algo-3 for the same attempt."""
+    H5 = (*H4, "algo-5")
+    job, shared = torch_job(tmp_path, H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4", "TRAINING_TOOLKIT_MIN_HOSTS": "3",
+                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+                                           "IGNORE_TERM_ON_HOST": "algo-4",
+                                           **ROOM})
+    killer, out = HostKiller(), Tee()
+
+    def kill_the_lead_then_the_next_in_its_barrier() -> None:
+        wait_for(shared / "step-0-0", at_least=3)
+        killer.kill("algo-1")
+        out.wait_for("algo-3: following algo-2, the lead of attempt 2", "algo-5: following algo-2, the lead of attempt 2")
+        killer.kill("algo-2")
+
+    run_with_faults(job, tmp_path, killer, kill_the_lead_then_the_next_in_its_barrier, ("algo-3", "algo-4", "algo-5"),
+                    out)
+    assert_led(shared, 2, "algo-3", {"algo-3", "algo-4", "algo-5"})  # attempt 3; 2 was algo-2's, its go sent to no one
+    assert not list(shared.glob("seen-1-*")) and not list(shared.glob("seen-3-*"))
+    text = capfd.readouterr().out
+    for host in ("algo-3", "algo-5"):
+        assert (f"{host}: algo-2 was lost too, before attempt 2 started here (its go may have reached others): the next "
+                f"member leads the attempt after it") in text, text[-3000:]
+    assert "algo-3: leading the job from attempt 3 (algo-1, algo-2 lost)" in text, text[-3000:]
+    assert "algo-5: following algo-3, the lead of attempt 3 (algo-1, algo-2 lost)" in text, text[-3000:]
+    assert "algo-4: following algo-3, the lead of attempt 3 (algo-1 lost)" in text, text[-3000:]
+
+
+@pytest.mark.torch
+def test_the_new_lead_lost_after_its_go_reached_some_members_every_survivor_meets_the_next_lead_at_one_attempt(
+        tmp_path, capfd):
+    """algo-1 killed while algo-4's link is cut: algo-2 leads attempt 2 without algo-4 (3 of the 5 members at its
+    deadline), which algo-3 and algo-5 start; then algo-2 killed, and algo-4, which never had that go, mended.  algo-3
+    and algo-5 fail over from attempt 2, algo-4 passes algo-2 over: all three meet algo-3 at attempt 3, algo-4 seated
+    (before ``succession.term``, algo-4 asked algo-3 for attempt 2, and was not seated: the job fell below its
+    minimum)."""
+    H5 = (*H4, "algo-5")
+    job, shared = torch_job(tmp_path, H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4", "TRAINING_TOOLKIT_MIN_HOSTS": "3",
+                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "3", **ROOM})
+    killer, out = HostKiller(), Tee()
+
+    def faults() -> None:
+        wait_for(shared / "step-0-0", at_least=3)
+        assert killer.cluster is not None
+        cut(killer.cluster, "algo-4")
+        killer.kill("algo-1")
+        wait_for(shared / "step-1-0", at_least=2, timeout_s=180)  # algo-2's attempt runs, without algo-4
+        killer.kill("algo-2")
+        cut(killer.cluster, "algo-4", mend=True)
+
+    run_with_faults(job, tmp_path, killer, faults, ("algo-3", "algo-4", "algo-5"), out, timeout_s=480)
+    assert_led(shared, 1, "algo-2", {"algo-2", "algo-3", "algo-5"})
+    assert_led(shared, 2, "algo-3", {"algo-3", "algo-4", "algo-5"})  # algo-4 seated: it asked for the others' attempt
+    text = capfd.readouterr().out
+    assert "algo-3: leading the job from attempt 3 (algo-2 lost)" in text, text[-3000:]
+    assert "algo-4: following algo-3, the lead of attempt 3 (algo-1 lost)" in text, text[-3000:]
 
 
 @pytest.mark.torch

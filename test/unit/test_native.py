@@ -20,7 +20,7 @@ pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.p
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(native.HERE.glob("*.c"))
 COMPILER = shutil.which("cc") or shutil.which("gcc")
-PROGRAMS = ("rank_exec.c", "deadman.c", "ssh_agent.c")
+PROGRAMS = ("rank_exec.c", "deadman.c", "ssh_agent.c", "term_blocked.c")
 
 
 def test_setup_builds_every_part_with_every_warning_an_error():
@@ -31,8 +31,8 @@ def test_setup_builds_every_part_with_every_warning_an_error():
     assert len(re.findall(r"extra_compile_args=\[\"-O2\", \*WARNINGS\]", text)) == len(libraries)
     assert len(re.findall(r"extra_compile_args=", text)) == len(libraries)
     assert 'extra_postargs=["-O2", *WARNINGS]' in text
-    assert {p.name for p in SOURCES} == {"hostname.c", "netshim.c", "rank_exec.c", "stophold.c", "deadman.c",
-                                         "ssh_agent.c"}
+    assert {p.name for p in SOURCES} == {"hostname.c", "netshim.c", "rank_exec.c", "rank_stop.c", "deadman.c",
+                                         "ssh_agent.c", "term_blocked.c"}
 
 
 @pytest.mark.skipif(COMPILER is None, reason="no C compiler")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, FailOver, Finish, Forward, GatherStacks,
-                                           Interrupt, Rejoin, Report, ReportDone, Say, SendStacks, ShareProgress, StopPart)
+                                           Interrupt, Rejoin, Report, ReportDone, Say, SendStacks, ShareMark, ShareProgress, StopPart)
 from training_toolkit.agent.parts import in_thread
 from training_toolkit.core.errors import CodeError, JobFailed, ToolkitError
 from training_toolkit.core.log import log
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # a type only: building a Protocol class costs every launch
     from training_toolkit.agent.parts import Part
     from training_toolkit.agent.recording import Recorder
     from training_toolkit.agent.stall import StallWatch
-    from training_toolkit.cluster.membership import Seat
+    from training_toolkit.cluster.seat import Seat
     from training_toolkit.runspec import Local
 
     class Agent(Protocol):
@@ -78,12 +78,14 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
             seat.report_failure(action.reason, action.exit_code, action.at, action.attempt, action.stopped)
         elif isinstance(action, ShareProgress):
             seat.progress(action.heartbeat, action.checkpoint)
+        elif isinstance(action, ShareMark):
+            seat.share_mark(action.host, action.attempt)
         elif isinstance(action, GatherStacks):
             in_thread(agent.stall.gather, "gather-stacks", seat, agent.host, agent.hosts, list(agent.locals))
         elif isinstance(action, SendStacks):
             in_thread(agent.stall.send, "send-stacks", seat, agent.host, list(agent.locals))
         elif isinstance(action, AnnounceRestart):
-            seat.restart(action.attempt, action.reason)
+            seat.restart(action.attempt, action.reason, action.cause)
         elif isinstance(action, StopPart):
             agent.part.stop_for_restart(action.attempt)
         elif isinstance(action, Say):

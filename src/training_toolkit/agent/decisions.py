@@ -18,27 +18,47 @@ enters as ``Tick`` events: a deadline is a decision on a Tick.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, FailOver, Finish,
                                            Forward,
                                            GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
                                            PartStopped, Phase, Progress, Rejoin, Release, Report, ReportDone, Say,
-                                           SendStacks, SetupFailed, ShareProgress, StacksGathered, Started, StopPart,
-                                           Tick)
+                                           SendStacks, SetupFailed, ShareMark, ShareProgress, StacksGathered, Started,
+                                           StopPart, Tick)
 from training_toolkit.agent.failures import FAILURE_WINDOW_S, Failure, root_cause, stopped
 from training_toolkit.agent.state import (ENDED, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING, SETUP, STACKS_WAIT_S,
                                           STOP_MARGIN_S, AgentState, LeadState, Watch, active_workers, channel_attempt, led,
                                           lead_state, next_deadline, follower_state, promoted, stop_wait)
 from training_toolkit.agent.verdicts import announce, end, ended, spare_lost, with_causes
-from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
-                                             RestartCalled, StacksWanted, Verdict)
+from training_toolkit.cluster.events import (MarkShared, PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress,
+                                             PeerReady, RestartCalled, StacksWanted, Verdict)
 from training_toolkit.supervise.process import STOPPING_SIGNALS
 from training_toolkit.supervise.stopping import STOP_HEARD_S
 from training_toolkit.core.records import replace
+
+if TYPE_CHECKING:
+    from training_toolkit.job.attempt import Attempt
 
 CHANNEL = (PeerJoined, PeerReady, PeerLost, PeerFailed)  # what the lead's roll keeps, in every phase
 
 
 def step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
+    after, actions = _step(state, event, now)
+    return after, (*actions, *_marks_shared(state, event))
+
+
+def _marks_shared(state: AgentState, event: Event) -> tuple[Action, ...]:
+    """The lead tells every other host each checkpoint marked, its own ranks' or a host's it heard of, in any phase (a
+    save in a stop's grace is one): should the lead be lost, the next one's record counts the work since it."""
+    if state.is_lead and state.phase != Phase.ENDED and isinstance(event, (Progress, PeerProgress)) and event.checkpoint:
+        if isinstance(event, PeerProgress):
+            return (ShareMark(event.host, state.attempt),)
+        return (ShareMark(state.host, event.attempt),)
+    return ()
+
+
+def _step(state: AgentState, event: Event, now: float) -> tuple[AgentState, tuple[Action, ...]]:
     if state.phase == Phase.ENDED:
         return state, ()
     if state.is_lead and isinstance(event, CHANNEL):
@@ -100,6 +120,8 @@ def _dispatch(state: AgentState, event: Event, now: float) -> tuple[AgentState, 
         return _setup_failed(state, event)
     if isinstance(event, StacksWanted):
         return state, (SendStacks(),)
+    if isinstance(event, MarkShared):
+        return state, ()  # the record's alone (``recording.observed``)
     if state.phase == Phase.STOPPING:
         return _stopping(state, event)
     if state.is_lead:
@@ -165,6 +187,23 @@ def attempt_to_join(job_attempt: int, started: bool) -> int:
     return job_attempt + 1 if started else job_attempt
 
 
+def toward(state: AgentState, number: int) -> AgentState:
+    """A host between attempts, on its way to attempt ``number`` (never back to an older one): the term of the next
+    lead it tries after a lost one (``succession.term``), or the newer attempt of a lead it now follows."""
+    return replace(state, attempt=number) if number > state.attempt else state
+
+
+def take_seat(state: AgentState, attempt: Attempt) -> AgentState:
+    """The attempt a host was seated in is its attempt from now on: a follower's is the one its lead's go started,
+    newer than the one it waited for when the lead went on without it meanwhile (its reports, its processes' attempt
+    and the restarts left all follow the job's count), and it keeps whose ranks caused each earlier failure as the
+    go said (a next lead's retire rule counts them); the lead's is its own."""
+    if state.is_lead:
+        return state
+    assert attempt.number >= state.attempt, (attempt.number, state.attempt)  # never an older go than it waited for
+    return replace(state, attempt=attempt.number, cause_hosts=attempt.causes)
+
+
 def _joined(state: AgentState, event: Joined) -> AgentState:
     if state.is_lead or state.phase != Phase.SETUP:
         return state  # the lead's welcome is its own; a host joins once
@@ -215,9 +254,11 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
 
 __all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "Event", "FAILURE_WINDOW_S", "FailOver",
            "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LeadState", "LocalExit",
-           "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
+           "MarkShared", "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
            "Phase", "Progress", "REPORT_WAIT_S", "RUNNING", "Rejoin", "Release", "Report", "ReportDone",
            "RestartCalled", "SETUP", "STACKS_WAIT_S", "STOP_HEARD_S", "STOP_MARGIN_S", "Say", "SendStacks", "SetupFailed",
-           "ShareProgress", "StacksGathered", "StacksWanted", "Started", "StopPart", "Tick", "Verdict", "Watch",
-           "active_workers", "attempt_to_join", "promoted", "lead_state", "next_deadline", "follower_state", "root_cause", "step",
+           "ShareMark", "ShareProgress", "StacksGathered", "StacksWanted", "Started", "StopPart", "Tick", "Verdict", "Watch",
+           "active_workers", "attempt_to_join", "promoted", "lead_state", "next_deadline", "follower_state", "root_cause", "take_seat",
+           "toward",
+           "step",
            "stop_wait"]

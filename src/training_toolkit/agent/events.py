@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Union
 
-from training_toolkit.cluster.events import (PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady,
-                                             RestartCalled, StacksWanted, Verdict)
+from training_toolkit.cluster.events import (MarkShared, PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress,
+                                             PeerReady, RestartCalled, StacksWanted, Verdict)
 from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.core.records import record
 from training_toolkit.job.report import Outcome
@@ -156,7 +156,7 @@ class PartEnded:
 
 Event = Union[LocalExit, GotSignal, PartStopped, Started, Joined, SetupFailed, Tick, Progress, StacksGathered, PartEnded,
               BarrierOpened, PeerDone, PeerFailed, PeerJoined, PeerLost, PeerProgress, PeerReady, RestartCalled,
-              StacksWanted, Verdict]
+              StacksWanted, Verdict, MarkShared]
 
 
 # Actions: what the shell does ------------------------------------------------------------------------
@@ -217,6 +217,14 @@ class ShareProgress:
 
 
 @record
+class ShareMark:
+    """The lead: tell every other host a checkpoint was marked on ``host`` in ``attempt`` (``MarkShared``)."""
+
+    host: str
+    attempt: int
+
+
+@record
 class GatherStacks:
     """The lead: read this host's ranks' stacks and ask every host for theirs; then ``StacksGathered``."""
 
@@ -228,10 +236,12 @@ class SendStacks:
 
 @record
 class AnnounceRestart:
-    """The lead: tell every host to stop its part and meet for ``attempt``."""
+    """The lead: tell every host to stop its part and meet for ``attempt``; ``cause``: whose ranks failed (None: no
+    one host's), which every host keeps for the retire rule should it lead later."""
 
     attempt: int
     reason: str
+    cause: str | None = None
 
 
 @record
@@ -277,5 +287,5 @@ class Say:
     line: str
 
 
-Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, GatherStacks, SendStacks,
+Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, ShareMark, GatherStacks, SendStacks,
                AnnounceRestart, StopPart, Rejoin, Release, Say]

@@ -36,14 +36,15 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
             if state.phase == Phase.STOPPING:  # already stopping for a restart: it takes place under the next lead
                 return replace(state, lead_lost=event.host), ()
             state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None,
-                            lead_lost=event.host)
+                            lead_lost=event.host, cause_hosts=(*state.cause_hosts, None))  # no one host's ranks
             return state, (StopPart(state.attempt),)
         # this host's own failure, if any, is the best cause
         return end(state, own or Outcome(EXIT_CLUSTER_ERROR, f"{state.host}: {event.reason}"))
     if isinstance(event, RestartCalled):
         if event.attempt != state.attempt + 1 or state.phase != Phase.RUNNING or state.stop_signal is not None:
             return state, ()
-        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, event.reason), failures=(), deadline=None)
+        state = replace(state, phase=Phase.STOPPING, causes=(*state.causes, event.reason), failures=(), deadline=None,
+                        cause_hosts=(*state.cause_hosts, event.cause))  # kept should this host lead later
         return state, (StopPart(state.attempt),)
     if isinstance(event, Progress):
         return state, (ShareProgress(event.heartbeat, event.checkpoint),) if state.phase == Phase.RUNNING else ()

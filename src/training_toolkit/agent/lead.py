@@ -140,7 +140,7 @@ def conclude(state: AgentState, failures: tuple[Failure, ...]) -> tuple[AgentSta
     if restartable and state.attempt - state.first_attempt < state.max_restarts:
         reason = cause.reason or f"exit code {cause.exit_code}"
         assert state.lead is not None
-        state = replace(led(state, stall_deadline=None, cause_hosts=(*state.lead.cause_hosts, root.host)),
-                        phase=Phase.STOPPING, causes=(*state.causes, reason), failures=(), deadline=None)
-        return state, (AnnounceRestart(state.attempt + 1, reason), StopPart(state.attempt))
+        state = replace(led(state, stall_deadline=None), phase=Phase.STOPPING, causes=(*state.causes, reason),
+                        cause_hosts=(*state.cause_hosts, root.host), failures=(), deadline=None)
+        return state, (AnnounceRestart(state.attempt + 1, reason, root.host), StopPart(state.attempt))
     return announce(state, with_causes(state, cause))

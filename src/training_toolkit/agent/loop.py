@@ -44,7 +44,7 @@ from training_toolkit.job.report import Outcome
 from training_toolkit.runspec import Blamed, failure_of as described_failure, Local, RunContext, RunnerSpec, Seating
 
 if TYPE_CHECKING:
-    from training_toolkit.cluster.membership import Seat
+    from training_toolkit.cluster.seat import Seat
     from training_toolkit.cluster.timing import ChannelSettings
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
@@ -124,23 +124,25 @@ class HostAgent:
         """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's: ``Seating``)."""
         return self.stall.process_env(env, self.attempt)
 
+    def introduction(self) -> dict[str, str]:
+        """What this host tells the others about itself, as its runner has it now (``RunnerSpec.introduction``)."""
+        return dict(self.spec.introduction()) if self.spec.introduction else {}
+
     # The template -----------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        spec = self.spec
         if self.secret is None and self.is_lead and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
         try:  # a host that cannot take part joins all the same, to tell the job why
-            introduction, unusable = (({}, self.ctx.setup_error) if self.ctx.setup_error else
-                                      (dict(spec.introduction()) if spec.introduction else {}, None))
+            introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
         except ToolkitError as exc:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
         with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, the hold, the seat, ...
-            job.callback(self.stall.close)
-            job.callback(end_leftovers)
+            job.callback(end_leftovers)  # last: what is left once every owner ended its own (the stall watch's
+            job.callback(self.stall.close)  # tripwire is its own, not a process the job left behind)
             job.callback(membership.close)
             job.callback(self.recorder.close)
             with SignalForwarder(self._on_signal):
@@ -202,6 +204,7 @@ class HostAgent:
         return carry.carry_out(self, actions)
 
     def _seat(self, attempt: Attempt) -> None:
+        self.state = decisions.take_seat(self.state, attempt)
         self.seats.seat(attempt, self._attempts())
         self.recorder.seated(attempt)
 
@@ -214,8 +217,9 @@ class HostAgent:
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
         attempt, stopping = self.state.attempt, self.state.phase == Phase.STOPPING
-        self.state, actions = decisions.step(self.state, event, time.monotonic())
-        self.recorder.step(event, actions, attempt, stopping)
+        wall, now = time.time(), time.monotonic()  # one instant: the decision's clock and the record's
+        self.state, actions = decisions.step(self.state, event, now)
+        self.recorder.step(event, actions, attempt, stopping, at=wall)
         return actions
 
     def step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:

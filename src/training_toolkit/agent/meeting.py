@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
-from training_toolkit.agent.succession import successors
+from training_toolkit.agent.decisions import attempt_to_join, toward
+from training_toolkit.agent.succession import has_majority, successors, term, waits
 from training_toolkit.core.errors import ClusterError, Interrupted, LeadLost
 from training_toolkit.job.attempt import seated
 from training_toolkit.core.log import log
@@ -58,10 +59,13 @@ def follow_next_lead(agent, lost: str) -> None:
     """A host back in a running job, waiting for its first seat, its lead ``lost``: join the next lead, the first
     host in the platform's order that answers as the lead of the attempt it waits for.  It was no member of the last
     attempt (it knows none of them), so it never leads; the new lead's first barrier seats it where the job needs it
-    (``barrier.Barrier.needed``)."""
+    (``barrier.Barrier.needed``).  Each candidate is given the waits it may take to lead (``succession.waits``, every
+    host of the job counted as a member: this host knows no better)."""
+    wait_s = _failover_wait_s(agent)
+    _introduce(agent)
     for candidate in successors(agent.hosts, agent.hosts, (lost, agent.host)):
         agent.check_stop()
-        if _follows(agent, candidate):
+        if _follows(agent, candidate, waits(agent.hosts, agent.hosts, lost, candidate) * wait_s):
             log(f"{agent.host}: following {candidate}, the lead after {lost}, as a spare for attempt {agent.attempt + 1}")
             return
     raise ClusterError(f"{agent.host}: no host leads the job after {lost} was lost")
@@ -81,23 +85,70 @@ def restart_barrier(agent) -> Attempt:
 
 
 def next_lead(agent, lost: str) -> Attempt:
-    """The barrier of the agent's (new) attempt under the next lead after ``lost``: the ``Attempt`` it starts."""
+    """The barrier of the agent's (new) attempt under the next lead after ``lost``: the ``Attempt`` it starts.  A
+    next lead lost in turn before its go (during its first barrier) is passed over as one that never answered: the
+    members after it are tried, this host's own turn included, while a majority of the members is left, each for its
+    own attempt (``succession.term``: the lost one's go may have started its attempt on other hosts)."""
     assert agent.membership is not None
-    wait_s = _failover_wait_s(agent)
-    members = agent.seats.members
-    attempt = agent.attempt
-    for candidate in successors(agent.hosts, members, (lost,)):
+    gone, first = [lost], agent.attempt
+    _introduce(agent)
+    while True:
+        try:
+            return _under_next_lead(agent, lost, gone, first)
+        except _LostBeforeItsGo as again:
+            agent.check_stop()  # a stop that came meanwhile (it ended the wait): stopped, never a failover
+            log(f"{agent.host}: {again.lead} was lost too, before attempt {agent.attempt + 1} started here (its go may "
+                f"have reached others): the next member leads the attempt after it")
+            gone.append(again.lead)
+
+
+class _LostBeforeItsGo(Exception):
+    def __init__(self, lead: str):
+        super().__init__(lead)
+        self.lead = lead
+
+
+def _under_next_lead(agent, lost: str, gone: list[str], first: int) -> Attempt:
+    """One search for the next lead after ``lost``, skipping the members ``gone`` (``lost`` and any next lead lost
+    before its go): the first that answers as the lead of its attempt (``succession.term``: ``first`` for the first
+    successor, one more for each after it), or this host at its own turn."""
+    members, wait_s = agent.seats.members, _failover_wait_s(agent)
+    for candidate in successors(agent.hosts, members, gone):
         agent.check_stop()  # a stop between candidates ends the search (``Stopped``)
+        waited = waits(agent.hosts, members, lost, candidate) * wait_s
+        _toward(agent, term(agent.hosts, members, lost, candidate, first), lost)
         if candidate == agent.host:
-            log(f"{agent.host}: leading the job from attempt {attempt + 1} ({lost} lost)")
+            log(f"{agent.host}: leading the job from attempt {agent.attempt + 1} ({', '.join(gone)} lost)")
             take_lead(agent, lost)
-            expected = tuple(host for host in members if host not in (lost, agent.host))
-            return barrier(agent, wait_s, members=members, expected=expected, needed=agent.seats.min_hosts)
-        if _follows(agent, candidate):
-            log(f"{agent.host}: following {candidate}, the lead of attempt {attempt + 1} ({lost} lost)")
-            return agent.membership.barrier(attempt, wait_s)
+            expected = tuple(host for host in members if host not in (*gone, agent.host))
+            return barrier(agent, waited, members=members, expected=expected, needed=agent.seats.min_hosts)
+        if _follows(agent, candidate, waited):
+            log(f"{agent.host}: following {candidate}, the lead of attempt {agent.attempt + 1} ({', '.join(gone)} lost)")
+            try:
+                return agent.membership.barrier(agent.attempt, waited)
+            except LeadLost:
+                left = successors(agent.hosts, members, (*gone, candidate))
+                if not has_majority(left, members):  # no lead could gather one: the job ends, named
+                    raise ClusterError(f"{agent.host}: no majority to lead the job: {len(left)} of its {len(members)} "
+                                       f"members left after losing {', '.join((*gone, candidate))}") from None
+                raise _LostBeforeItsGo(candidate) from None
     # no member left to lead (this host is not one: a spare the lost lead retired, say)
-    raise ClusterError(f"no member of {', '.join(members)} leads the job after {lost} was lost")
+    raise ClusterError(f"no member of {', '.join(members)} leads the job after {', '.join(gone)} was lost")
+
+
+def _toward(agent, number: int, lost: str) -> None:
+    """The agent on its way to attempt ``number`` (``decisions.toward``), if a restart is left for it."""
+    if number - agent.state.first_attempt > agent.state.max_restarts:
+        raise ClusterError(f"{agent.host}: no restart left to lead the job on after {lost} was lost (attempt "
+                           f"{number + 1}, past the {agent.state.max_restarts} restarts allowed)")
+    agent.state = toward(agent.state, number)
+
+
+def _introduce(agent) -> None:
+    """Before this host looks for the next lead (to join it, or to become it): it tells what it learnt since it joined
+    (``Membership.introduce``), once for the search.  A host that could not take part never gets here: its setup's
+    failure ended the job."""
+    agent.membership.introduce(agent.introduction())
 
 
 def _failover_wait_s(agent) -> float:
@@ -106,18 +157,21 @@ def _failover_wait_s(agent) -> float:
     return agent.ctx.settings.peer_timeout_s + agent.ctx.grace_s + STOP_MARGIN_S
 
 
-def _follows(agent, candidate: str) -> bool:
-    """Whether ``candidate`` answered as the lead of the agent's attempt (its seat now follows it); a stop that ended
-    the join ends the search (``Stopped``)."""
+def _follows(agent, candidate: str, wait_s: float | None = None) -> bool:
+    """Whether ``candidate`` answered as the lead of the agent's attempt or a newer one (its seat now follows it, and
+    the agent is on its way to the lead's attempt); a stop that ended the join ends the search (``Stopped``)."""
     assert agent.membership is not None
     try:
-        agent.membership.follow(candidate, agent.attempt, _failover_wait_s(agent))
+        agent.membership.follow(candidate, agent.attempt, _failover_wait_s(agent) if wait_s is None else wait_s)
     except Interrupted:
         agent.check_stop()  # the stop that ended the join
         raise
     except ClusterError as exc:
         log(f"{agent.host}: {candidate} does not lead the job: {exc}")
         return False
+    # a lead at a newer attempt than this host asked for (it counted more members before it, or went on): this host is
+    # ready for that one, which the lead's barrier waits for
+    agent.state = toward(agent.state, attempt_to_join(*agent.membership.job_attempt))
     return True
 
 
@@ -148,7 +202,7 @@ def barrier(agent, deadline_s: float | None, alive_only: bool = False, members: 
         agent.in_barrier = False
     release = next(action for action in actions if isinstance(action, Release))
     attempt = agent.seats.choose(agent.attempt, agent.attempt == agent.state.first_attempt, release,
-                                agent.state.lead.cause_hosts if agent.state.lead else ())
+                                agent.state.cause_hosts)
     agent.membership.release(attempt)
     return attempt
 

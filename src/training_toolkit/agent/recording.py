@@ -7,7 +7,8 @@ late report of an attempt already over is none), the loss of an active host (a s
 said, not a fault), a stall (the lead's gathering of stacks), a stopping signal.  Progress: the
 first of each attempt only (a restart too: the lead's call, not its own rejoin after it), as the stall watch sees it (no watch, no progress: the record then has
 each host's start of its processes).  Checkpoints: every mark a rank made (``agent/progress.py``), its host's
-own and, on the lead, every host's.  Restarts: the lead's call, a follower's rejoin, a failover.
+own and every other host's: the lead hears each host's, and tells every host each one (``MarkShared``), so that a
+new lead's record has the marks made before it took over.  Restarts: the lead's call, a follower's rejoin, a failover.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import (AnnounceRestart, FailOver, Finish, GatherStacks, GotSignal, LocalExit,
                                            PeerFailed, PeerLost, PeerProgress, Progress, Rejoin, Started)
-from training_toolkit.cluster.events import Verdict
+from training_toolkit.cluster.events import MarkShared, Verdict
 from training_toolkit.core.log import log
 from training_toolkit.supervise.process import STOPPING_SIGNALS
 from training_toolkit.record import schema
@@ -51,7 +52,10 @@ def observed(event, actions: Sequence, attempt: int, active: Sequence[str], host
         of = event.attempt if isinstance(event, Progress) else attempt
         found.append(("progress", {"attempt": of, "heartbeat": event.heartbeat}))
         if event.checkpoint:
-            found.append(("checkpoint", {"attempt": of, "host": getattr(event, "host", host)}))
+            found.append(("checkpoint", {"attempt": of, "host": getattr(event, "host", host), "at": None}))
+    elif isinstance(event, MarkShared) and event.host != host:
+        at = None if event.at is None else round(event.at, 3)  # another host's, when the lead told of it
+        found.append(("checkpoint", {"attempt": event.attempt, "host": event.host, "at": at}))
     elif isinstance(event, Started):
         found.append(("started", {"attempt": attempt}))
     for action in actions:
@@ -72,7 +76,7 @@ def _fault(attempt: int, kind: str, host: str | None, reason: str | None, at: fl
 
 
 class Recorder:
-    """This host's record, written as the agent steps (``step``) and seats (``seated``); never raises."""
+    """This host's record, written as the agent steps (``step``) and seats (``seated``: the attempt it was seated in); never raises."""
 
     def __init__(self, output_data_dir: Path, host: str, stall_s: float | None = None, startup_s: float | None = None,
                  clock=time.time):
@@ -96,13 +100,15 @@ class Recorder:
         self._write([("attempt", {"attempt": attempt.number, "lead": attempt.lead, "active": list(attempt.active),
                                   "spares": list(attempt.spares)})])
 
-    def step(self, event, actions: Sequence, attempt: int, stopping: bool = False) -> None:
+    def step(self, event, actions: Sequence, attempt: int, stopping: bool = False, at: float | None = None) -> None:
+        """``at``: the wall-clock instant the step was decided (its entries' time), so that the record's spans are
+        the decisions' own (a stall stamped 4 s after the progress it followed, not 4 s less the write's delay)."""
         if isinstance(event, Verdict) and event.summary:
             self.lead_summary = event.summary
         found = [item for item in observed(event, actions, attempt, self._active, self.host, stopping)
                  if self._new(item)]
         if found:
-            self._write(found)
+            self._write(found, at)
 
     def _new(self, item: Observed) -> bool:
         """An attempt's first progress only, and its restart once (the lead's call, then its own rejoin)."""
@@ -115,8 +121,8 @@ class Recorder:
         self._once.add(key)
         return True
 
-    def _write(self, found: list[Observed]) -> None:
-        now = self._clock()
+    def _write(self, found: list[Observed], at: float | None = None) -> None:
+        now = self._clock() if at is None else at
         for kind, fields in found:
             if kind == "fault" and fields["fault"] == "stall":  # no progress since then
                 span = self.stall_s if ("progress", fields["attempt"]) in self._once else self.startup_s

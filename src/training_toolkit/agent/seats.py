@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
-from training_toolkit.job.attempt import Attempt, seated
+from training_toolkit.job.attempt import MAX_CAUSES, Attempt, seated
 from training_toolkit.core.errors import ClusterError, ConfigError
 from training_toolkit.core.log import log
 from training_toolkit.runspec import RunContext, RunnerSpec, for_attempt, with_hosts, write_resource_config
@@ -76,7 +76,7 @@ class Seats:
     def choose(self, number: int, first: bool, release: Release, cause_hosts: Sequence[str | None]) -> Attempt:
         """The lead, its barrier passed: attempt ``number`` (the first roster at barrier 0, else the next)."""
         chosen = self.first_choice() if first else self.next_choice(release.ready, release.why, cause_hosts)
-        return Attempt(number, chosen.active, chosen.spares)
+        return Attempt(number, chosen.active, chosen.spares, chosen.retired, tuple(cause_hosts)[-MAX_CAUSES:])
 
     def first_choice(self) -> roster.Roster:
         """Barrier 0: the first roster (every host joined and ready)."""
@@ -103,8 +103,8 @@ class Seats:
         """This host leads from now on, its lead ``lost``: it takes the lost lead's seat (``roster.led_by``)."""
         from training_toolkit.agent import roster
 
-        self.is_lead = True  # the last attempt as every host took it (a host retired by the lost lead is a spare now)
-        last = roster.Roster(self.attempt.active, self.attempt.spares)
+        self.is_lead = True  # the last attempt as every host took it, the hosts the lost lead retired included
+        last = roster.Roster(self.attempt.active, self.attempt.spares, self.attempt.retired)
         self.roster = roster.led_by(last, self.host) if last.active[0] == lost else last
 
     def next_choice(self, alive: frozenset, why: Mapping[str, str], cause_hosts: Sequence[str | None]) -> roster.Roster:
@@ -206,10 +206,13 @@ class SoloSeat:
     def announce(self, verdict: object) -> None:
         pass
 
-    def restart(self, attempt: int, reason: str) -> None:
+    def restart(self, attempt: int, reason: str, cause: str | None = None) -> None:
         pass
 
     def progress(self, heartbeat: bool, checkpoint: bool = False) -> None:
+        pass
+
+    def share_mark(self, host: str, attempt: int) -> None:
         pass
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from training_toolkit.agent.progress import ProgressWatch
     from training_toolkit.supervise.deadman import Deadman
     from training_toolkit.stalls import stacks
-    from training_toolkit.cluster.membership import Seat
+    from training_toolkit.cluster.seat import Seat
     from training_toolkit.runspec import Local
     from training_toolkit.stalls.stackreport import RankStack
 

@@ -48,7 +48,6 @@ class LeadState:
     wait_for_peers: bool = False  # on its own success, wait for every host's own success?
     done: frozenset[str] = frozenset()  # hosts that reported their part done
     succeeded: bool = False  # its own part succeeded, waiting for the others (wait_for_peers)
-    cause_hosts: tuple[str | None, ...] = ()  # whose own processes caused each earlier attempt's failure (``roster.to_retire``)
     watch: Watch | None = None  # stalls are watched for
     stall_deadline: float | None = None  # monotonic: no progress by then is a stall
     heartbeats: bool = False  # a heartbeat came this attempt: from now on only heartbeats are progress
@@ -77,6 +76,8 @@ class AgentState:
     max_restarts: int = 0  # restarts this job makes itself, from ``first_attempt`` on
     first_attempt: int = 0  # where the platform started the job (JobSet's restart-attempt): its restarts are its own
     causes: tuple[str, ...] = ()  # every earlier attempt's cause, in order
+    cause_hosts: tuple[str | None, ...] = ()  # whose own processes caused each (``roster.to_retire``): the lead's
+    #   at its restarts, a follower's from the last go (``Attempt.causes``), so that a next lead has them
     own_end_on_stop: bool = False  # a job of one seat: a stopped script's own exit is the verdict (the reference's)
     # stopped by a signal: how long the lead waits for every host's part to stop (the grace period and a
     # margin), and a follower for the verdict after its report; 0: the first report is as good as all
@@ -106,8 +107,8 @@ def follower_state(host: str, max_restarts: int = 0, first_attempt: int = 0, sto
 
 def promoted(state: AgentState, workers, wait_for_peers: bool = False, watch: Watch | None = None) -> AgentState:
     """A follower that takes the lead (its lead was lost, ``succession``): what the job has learnt travels in its
-    state (the attempt, the platform's first attempt and so the restarts used, every earlier cause); what only a
-    lead keeps starts afresh."""
+    state (the attempt, the platform's first attempt and so the restarts used, every earlier cause and whose ranks
+    caused it); what only a lead keeps starts afresh."""
     return replace(state, lead=LeadState(frozenset(workers), wait_for_peers, watch=watch), failover=False,
                    lead_lost=None)
 

@@ -6,7 +6,7 @@ admitted by address: ``algo-2`` only from an address that the name
 ``algo-2`` resolves to on the first host (looked up again when a claimant's
 address is not among them: a pod replaced under its name has a new one), the
 first such claimant wins and keeps the seat (the server lets the same address take it again before the
-host said ready: ``ControlServer._stale_seat``); anything else is refused
+host said ready: ``ControlServer._handshake``); anything else is refused
 before its handshake.  This trusts
 the network to deliver packets from the address they claim (an outsider
 cannot take over a host's address); docs/security.md says what that does

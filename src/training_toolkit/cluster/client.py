@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from queue import SimpleQueue
 
 from training_toolkit.cluster import wire
-from training_toolkit.cluster.events import PeerLost, RestartCalled, StacksWanted, Verdict
+from training_toolkit.cluster.events import MarkShared, PeerLost, RestartCalled, StacksWanted, Verdict, reported_time
 from training_toolkit.cluster.link import Link, Refused, start_thread
 from training_toolkit.cluster.timing import HEARTBEAT_S, JOIN_ATTEMPT_S, TIMEOUT_S
 from training_toolkit.core.errors import ClusterError, Interrupted, JobFailed, LeadLost
+from training_toolkit.job.attempt import Attempt
 
 # Retries while the lead is not listening yet: a refused connection costs nothing, and every host
 # waits for the slowest join, so retry often (a doubling 50 ms backoff cost up to 100 ms per job start).
@@ -68,9 +69,7 @@ class ControlClient:
         self.introduction: dict[str, str] = {}
         self.job_attempt: tuple[int, bool] = (0, False)  # the job's attempt at the welcome, and whether it had started
         self.hosts: tuple[str, ...] = ()  # the job's hosts, from the welcome
-        self._go = -1  # the last attempt the lead started
-        self._active: tuple[str, ...] = ()  # its active hosts
-        self._spares: tuple[str, ...] = ()  # and its spares (its members: both)
+        self._went = Attempt(-1, ())  # the last attempt the lead started, as its go said it
         self.peers: dict[str, dict[str, str]] = {}  # every seated host's introduction, from the last go
         self._ended: Verdict | str | None = None
         self._state = threading.Condition()  # its lock is an RLock: ``interrupt`` may take it from a signal handler
@@ -157,15 +156,22 @@ class ControlClient:
                 message = self._link.recv(wire.MAX_WELCOME)  # a go lists every host's introduction
                 kind = message.get("t")
                 if kind == "go":
-                    go, active = wire.attempt(message), wire.active(message, self.hosts)
+                    active = wire.active(message, self.hosts)
                     spares, intros = wire.spares(message, self.hosts, active), wire.introductions(message, self.hosts)
+                    went = Attempt(wire.attempt(message), active, spares, wire.retired(message, self.hosts,
+                                   (*active, *spares)), wire.causes(message, self.hosts))
                     with self._state:
-                        self._go, self._active, self._spares, self.peers = go, active, spares, intros
+                        self._went, self.peers = went, intros
                         self._state.notify_all()
                 elif kind == "restart":
-                    self._post(RestartCalled(wire.attempt(message), wire.text(message, "reason") or ""))
+                    self._post(RestartCalled(wire.attempt(message), wire.text(message, "reason") or "",
+                                             wire.cause(message, self.hosts)))
                 elif kind == "stacks?":
                     self._post(StacksWanted())
+                elif kind == "mark":
+                    marked = wire.text(message, "host", limit=255)
+                    if marked in self.hosts:  # a stranger's name is no mark (its own: the record's rule drops it)
+                        self._post(MarkShared(marked, wire.attempt(message), reported_time(message.get("at"), time.time())))
                 elif kind == "verdict":
                     verdict = Verdict(wire.exit_code(message), wire.text(message, "reason", optional=True),
                                       wire.text(message, "host", limit=255, optional=True),
@@ -225,13 +231,14 @@ class ControlClient:
 
     def wait_go(self, deadline_s: float, attempt: int = 0) -> tuple[str, ...]:
         """Wait for the lead to start ``attempt``; its active hosts."""
-        return self.wait_seats(deadline_s, attempt)[0]
+        return self.wait_seats(deadline_s, attempt).active
 
-    def wait_seats(self, deadline_s: float, attempt: int = 0) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Wait for the lead to start ``attempt``; its active hosts and its spares, as its go said them."""
+    def wait_seats(self, deadline_s: float, attempt: int = 0) -> Attempt:
+        """Wait for the lead to start ``attempt`` (or a newer one: it went on without this host meanwhile); the
+        attempt its go started, as the go said it (no active hosts: a channel that names none, a test's)."""
         end = time.monotonic() + deadline_s
         with self._state:
-            while self._go < attempt:
+            while self._went.number < attempt:
                 if isinstance(self._ended, Verdict):
                     verdict = self._ended
                     raise JobFailed(verdict.reason or f"the job ended with code {verdict.exit_code}", verdict.exit_code,
@@ -243,7 +250,7 @@ class ControlClient:
                 if left <= 0:
                     raise ClusterError(f"the lead {self.lead} did not start the job within {deadline_s:g} s")
                 self._state.wait(min(left, 1.0))
-            return self._active, self._spares
+            return self._went
 
     def interrupt(self) -> None:
         """End a join or a wait for the go now, with ``Interrupted``: the agent got a stopping signal during setup.

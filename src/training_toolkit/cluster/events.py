@@ -53,11 +53,25 @@ class PeerProgress:
 
 
 @record
+class MarkShared:
+    """Other hosts: the lead says a checkpoint was marked on ``host`` (its own ranks', or another host's it heard of),
+    so that every host's record has the job's marks, should the lead be lost (``record/cost.py``).  ``attempt``: the
+    mark's; ``at``: when the lead told of it, by its clock (``reported_time``), so that a mark handled late (a follower
+    waiting for a go handles it after) counts when it was made."""
+
+    host: str
+    attempt: int = 0
+    at: float | None = None
+
+
+@record
 class RestartCalled:
-    """Other hosts: the lead restarts the job; ``attempt`` is the new one."""
+    """Other hosts: the lead restarts the job; ``attempt`` is the new one, ``cause`` whose ranks failed (None: no one
+    host's)."""
 
     attempt: int
     reason: str
+    cause: str | None = None
 
 
 @record

@@ -219,9 +219,13 @@ class ListenerGuard:
     def _pids(self) -> list[int]:
         """The processes below train, and below the spec's other roots (in order, once each)."""
         found = procfs.tree(self.root)
+        seen = set(found)
         if self.spec.roots is not None:
             for root in self.spec.roots():
-                found += [root, *procfs.tree(root)]
+                if root not in seen:  # a root below another (MPI's ranks' parents, below their daemon): walked once
+                    below = [root, *procfs.tree(root)]
+                    found += below
+                    seen.update(below)
         return list(dict.fromkeys(found))
 
     def _carry_out(self, action: Attach | Cut) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from training_toolkit.job.attempt import Attempt
 from training_toolkit.cluster import elsewhere
@@ -27,55 +27,8 @@ if TYPE_CHECKING:
 
 VERDICT_LINGER_S = 10.0
 
-
 #: A host other than the first waits this much longer than the barrier's deadline for the lead's word.
 FIRST_HOST_MARGIN_S = 5.0
-
-
-class Seat(Protocol):
-    """What an agent needs of its seat: ``Membership``, or a test's fake.
-
-    ``hosts``: after ``open``, the job's hosts in rank order as the lead gave them (its own on the lead).
-    """
-
-    is_lead: bool
-    hosts: tuple[str, ...]
-
-    @property
-    def job_id(self) -> str: ...
-
-    @property
-    def introductions(self) -> Mapping[str, Mapping[str, str]]: ...
-
-    @property
-    def job_attempt(self) -> tuple[int, bool]: ...
-
-    def open(self) -> None: ...
-
-    def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt: ...
-
-    def release(self, attempt: Attempt) -> None: ...
-
-    def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
-                       stopped: bool = False) -> None: ...
-
-    def restart(self, attempt: int, reason: str) -> None: ...
-
-    def progress(self, heartbeat: bool, checkpoint: bool = False) -> None: ...
-
-    def request_stacks(self, timeout_s: float) -> Mapping[str, object]: ...
-
-    def send_stacks(self, stacks: list) -> None: ...
-
-    def report_done(self, exit_code: int) -> None: ...
-
-    def fail(self, reason: str, exit_code: int, at: float | None = None) -> None: ...
-
-    def announce(self, verdict: Verdict) -> None: ...
-
-    def interrupt(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class Membership:
@@ -167,7 +120,8 @@ class Membership:
     def barrier(self, attempt: int = 0, deadline_s: float | None = None) -> Attempt:
         """A host other than the lead: say it is ready for ``attempt``, and wait for the lead's go.
 
-        The attempt as the go tells it (its active hosts in rank order, its spares).  The lead's
+        The attempt as the go tells it (its number, its active hosts in rank order, its spares): a go newer than
+        ``attempt`` is the lead's, which went on without this host meanwhile, and this host takes it.  The lead's
         barrier is the agent's decision (``agent.barrier``), on what its server posts; it then ``release``s.
         """
         deadline_s = self.settings.join_timeout_s if deadline_s is None else deadline_s
@@ -175,13 +129,12 @@ class Membership:
         self._client.ready(attempt)
         # the lead decides the barrier and names who is missing; this host's own deadline, a
         # margin later, is for a first host that went silent (its verdict would otherwise race ours)
-        active, spares = self._client.wait_seats(deadline_s + FIRST_HOST_MARGIN_S, attempt)
-        return Attempt(attempt, active or self.hosts, spares)
+        return self._client.wait_seats(deadline_s + FIRST_HOST_MARGIN_S, attempt)  # the welcome named its hosts
 
     def release(self, attempt: Attempt) -> None:
-        """The lead: the barrier passed; every host hears the attempt (its active hosts, its spares) and starts."""
+        """The lead: the barrier passed; every host hears the attempt (``Attempt``: every field) and starts."""
         if self._server:
-            self._server.release(attempt.active, attempt.spares)
+            self._server.release(attempt)
 
     def report_failure(self, reason: str, exit_code: int, at: float | None = None, attempt: int = 0,
                        stopped: bool = False) -> None:
@@ -189,15 +142,20 @@ class Membership:
         if self._client:
             self._client.failed(reason, exit_code, at, attempt, stopped)
 
-    def restart(self, attempt: int, reason: str) -> None:
-        """The lead: every host stops its part and meets at the barrier of ``attempt``."""
+    def restart(self, attempt: int, reason: str, cause: str | None = None) -> None:
+        """The lead: every host stops its part and meets at the barrier of ``attempt`` (``cause``: whose ranks failed)."""
         if self._server:
-            self._server.restart(attempt, reason)
+            self._server.restart(attempt, reason, cause)
 
     def progress(self, heartbeat: bool, checkpoint: bool = False) -> None:
         """Other hosts: tell the lead this host saw progress (``checkpoint``: a rank marked a checkpoint saved)."""
         if self._client:
             self._client.progress(heartbeat, checkpoint)
+
+    def share_mark(self, host: str, attempt: int) -> None:
+        """The lead: every other host hears a checkpoint was marked on ``host`` in ``attempt`` (``MarkShared``)."""
+        if self._server:
+            self._server.mark(host, attempt)
 
     def request_stacks(self, timeout_s: float) -> Mapping[str, object]:
         """The lead: every other host's ranks' stacks, as sent (checked by the caller), within ``timeout_s``."""
@@ -249,6 +207,12 @@ class Membership:
                                                                 self._events, **self._kw),
                                      hosts, self.settings.first_attempt)
 
+    def introduce(self, introduction: Mapping[str, str]) -> None:
+        """What this host tells the leads it joins from now on, and the hosts that join it should it lead
+        (``follow``, ``take_lead``): what it learnt since it joined (MPI: the job's ranks per host, which a host made
+        again after the lead's loss can learn from no one else).  Its present link keeps what it said."""
+        self._kw["introduction"] = dict(introduction)
+
     def take_lead(self, attempt: int) -> None:
         """This host leads from ``attempt`` on (its lead was lost, ``agent/succession.py``): its link to the lost lead
         closes, and it serves the job's channel, under the job's id, the others' barrier of ``attempt`` to come."""
@@ -257,12 +221,11 @@ class Membership:
         job_id = self.job_id
         if self._client:
             self._client.close()
-            self._client = None
         others = [host for host in self.hosts if host != self.current]
         server = ControlServer(self._secret, others, self.settings.port, self._events, job_id=job_id,
                                hosts=self.hosts, first_attempt=attempt, **self._kw)
         server.start()
-        self._server, self.is_lead, self._took_over = server, True, True
+        self._server, self._client, self.is_lead, self._took_over = server, None, True, True
 
     def follow(self, lead: str, attempt: int, deadline_s: float) -> None:
         """Join ``lead``'s channel, the next lead after this host's was lost, for ``attempt``: the same job (its id),

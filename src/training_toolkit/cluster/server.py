@@ -21,6 +21,7 @@ from training_toolkit.cluster.link import Link, Refused, close_quietly, listen, 
 from training_toolkit.cluster.reader import LinkReader
 from training_toolkit.cluster.timing import HANDSHAKE_TIMEOUT_S, HEARTBEAT_S, TIMEOUT_S
 from training_toolkit.core.log import log as log_line
+from training_toolkit.job.attempt import Attempt
 
 
 class ControlServer:
@@ -164,8 +165,10 @@ class ControlServer:
             reject(link, "authentication failed")
             # The reason leaves out the name the peer sent: refusals are logged once per (address, reason).
             raise Refused("failed authentication" + (" (a different job secret?)" if self._secret else ""))
-        with self._state:
-            stale = self._stale_seat(host, address)
+        with self._state:  # the seat it may take again (``admission.may_retake``): its link
+            stale = self._links.get(host)
+            if stale is None or not may_retake(stale.peer, address, self._ready.get(host, -1), self._attempt):
+                stale = None
             seated = [h for h in [*self._links, *self._joining] if h != host or stale is None]
             reason = "the job is over" if self._closed.is_set() else self._admission.seat(host, address, seated=seated)
             if reason is None:
@@ -209,12 +212,6 @@ class ControlServer:
             stale.close()  # the reader hears it end; no loss: it is no longer the host's link
         return host
 
-    def _stale_seat(self, host: str, address: str) -> Link | None:
-        """The seat ``host`` may take again (``admission.may_retake``): its link, else None."""
-        link = self._links.get(host)
-        ok = link is not None and may_retake(link.peer, address, self._ready.get(host, -1), self._attempt)
-        return link if ok else None
-
     def _on_message(self, host: str, message: dict) -> None:
         kind = message["t"]
         attempt = wire.attempt(message)
@@ -240,7 +237,7 @@ class ControlServer:
         link.close()
         with self._state:
             if self._closed.is_set() or self._links.get(host) not in (link, None):
-                return  # the job is over, or the seat was taken again (_stale_seat): no loss
+                return  # the job is over, or the seat was taken again (a stale seat retaken): no loss
             self._links.pop(host, None)
             self._state.notify_all()
         self._events.put(PeerLost(host, reason, time.time()))
@@ -249,19 +246,22 @@ class ControlServer:
         while not self._closed.wait(self._heartbeat_s):
             self._send_all("ping")
 
-    def release(self, active: Sequence[str] | None = None, spares: Sequence[str] = ()) -> None:
-        """Start the attempt: every host hears its active hosts (None: all the job's) and its spares (waiting for a
-        seat; a lost or retired host is neither)."""
+    def release(self, attempt: Attempt | None = None) -> None:
+        """Start the attempt: every host hears ``attempt`` (None: every host of the job active), its number the channel's."""
         with self._state:  # and every seated host's introduction (MPI's keys for tree spawn), encoded once for all
             self._released, intros = self._attempt, dict(self.introductions)  # each host's is replaced, never changed
-        fields = {"intros": intros, "active": list(active or self.hosts), "spares": list(spares)}
+        fields = {"intros": intros, **wire.seats(attempt or Attempt(self._attempt, self.hosts))}
         self._send_all("go", wire.shared_fields(fields), n=self._attempt)
 
-    def restart(self, attempt: int, reason: str) -> None:
+    def restart(self, attempt: int, reason: str, cause: str | None = None) -> None:
         """Every host: stop your part, and meet at the barrier of ``attempt`` (readies and failures start afresh)."""
         with self._state:
             self._attempt = attempt
-        self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT])
+        self._send_all("restart", n=attempt, reason=reason[:wire.MAX_TEXT], cause=cause)
+
+    def mark(self, host: str, attempt: int) -> None:
+        """Every host: a checkpoint was marked on ``host`` in ``attempt``, now by this clock (``host`` ignores it)."""
+        self._send_all("mark", host=host, n=attempt, at=time.time())
 
     def request_stacks(self, timeout_s: float) -> dict[str, object]:
         """Ask every joined host for its ranks' stacks; what came within ``timeout_s``, by host (unchecked)."""

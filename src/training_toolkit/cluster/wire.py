@@ -23,10 +23,15 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-PROTOCOL = 7  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
+from training_toolkit.job.attempt import MAX_CAUSES, Attempt
+
+PROTOCOL = 9  # 3: the welcome carries the job's attempt (a host that rejoins takes part in its next); 4: its hosts;
 #              5: each go carries the attempt's active hosts (the others are spares);
 #              6: each go carries every seated host's introduction (each host's ssh keys, for MPI's tree spawn);
-#              7: each go carries the attempt's spares (its members: the active hosts and the spares)
+#              7: each go carries the attempt's spares (its members: the active hosts and the spares);
+#              8: what the job learnt (each go: the hosts retired, the last failures' causes; each restart: its
+#                 cause), and the lead's word of each checkpoint marked (``mark``);
+#              9: each ``mark`` carries its attempt and the lead's time
 MAX_FRAME = 64 * 1024  # bytes in one line, newline included
 MAX_WELCOME = 1024 * 1024  # bytes in the welcome, which lists every host (only a joining host reads one)
 MAX_HOSTS = 100_000
@@ -81,10 +86,13 @@ def exit_code(message: dict, key: str = "code") -> int:
     return value
 
 
+MAX_ATTEMPT = 10_000  # an attempt number
+
+
 def attempt(message: dict, key: str = "n") -> int:
     """The job attempt a message belongs to (0 when absent: a host of a version before restarts)."""
     value = message.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ATTEMPT:
         raise FrameError(f"field {key!r} is not an attempt number")
     return value
 
@@ -124,6 +132,42 @@ def spares(message: dict, job: tuple[str, ...] | list[str], active: tuple[str, .
     if not set(value) <= set(job) or set(value) & set(active):
         raise FrameError("field 'spares' is not a list of the job's hosts outside the attempt's active ones")
     return value
+
+
+def seats(attempt: Attempt) -> dict[str, list]:
+    """A go's fields for ``attempt`` (its number goes as every message's): what ``active``, ``spares``, ``retired`` and
+    ``causes`` read back."""
+    return {"active": list(attempt.active), "spares": list(attempt.spares), "retired": list(attempt.retired),
+            "causes": list(attempt.causes)}
+
+
+def retired(message: dict, job: tuple[str, ...] | list[str], seated: tuple[str, ...]) -> tuple[str, ...]:
+    """A go's retired hosts (none when absent): hosts of the job the lead no longer seats, neither active nor spare."""
+    value = hosts(message, "retired") if "retired" in message else ()
+    if not set(value) <= set(job) or set(value) & set(seated):
+        raise FrameError("field 'retired' is not a list of the job's hosts outside the attempt's active ones and spares")
+    return value
+
+
+def causes(message: dict, job: tuple[str, ...] | list[str]) -> tuple[str | None, ...]:
+    """A go's causes (none when absent): for the last earlier attempts, the host whose ranks caused each failure, or
+    null (``MAX_CAUSES`` at most: the retire rule reads the last few)."""
+    value = message.get("causes", [])
+    if not isinstance(value, list) or len(value) > MAX_CAUSES or not all(_is_cause(item, job) for item in value):
+        raise FrameError(f"field 'causes' is not a list of at most {MAX_CAUSES} of the job's hosts or nulls")
+    return tuple(value)
+
+
+def cause(message: dict, job: tuple[str, ...] | list[str]) -> str | None:
+    """A restart's cause (null when absent): the host whose ranks failed, or null (no one host's)."""
+    value = message.get("cause")
+    if not _is_cause(value, job):
+        raise FrameError("field 'cause' is neither a host of the job nor null")
+    return value
+
+
+def _is_cause(value: object, job: tuple[str, ...] | list[str]) -> bool:
+    return value is None or (isinstance(value, str) and value in job)
 
 
 def welcome_signed(job_id: str, intro: dict, at: dict, members: list[str] | tuple[str, ...]) -> tuple[str, ...]:

@@ -47,18 +47,18 @@ HEARTBEAT_DIR_VAR = "TRAINING_TOOLKIT_HEARTBEAT_DIR"  # where a rank may touch a
 STACKS_DIR_VAR = "TRAINING_TOOLKIT_STACKS_DIR"  # where a rank's faulthandler writes its stack (stackhook)
 NETSHIM_ALLOW_VAR = "TRAINING_TOOLKIT_NETSHIM_ALLOW"  # the accept() shim's job addresses (native/netshim.c)
 NETSHIM_PORTS_VAR = "TRAINING_TOOLKIT_NETSHIM_PORTS"  # the local ports it checks, LOW-HIGH (unset: every port)
-STOP_FLAG_VAR = "TRAINING_TOOLKIT_STOP_FLAG"  # Open MPI's runtime: while this file exists, a stop is on (native/stophold.c)
-RESTART_FLAG_VAR = "TRAINING_TOOLKIT_RESTART_FLAG"  # Open MPI's runtime: while this file exists, a SIGTERM holds nothing
-RANK_STOP_FLAG_VAR = "TRAINING_TOOLKIT_RANK_STOP_FLAG"  # a rank's: the same file, for its MPI_Abort
+RANK_STOP_FLAG_VAR = "TRAINING_TOOLKIT_RANK_STOP_FLAG"  # a rank's: while this file exists, its host stops its ranks
 RANK_RESTART_FLAG_VAR = "TRAINING_TOOLKIT_RANK_RESTART_FLAG"  # a rank's: its host stops it for a restart (no hold)
-RANK_STOP_WAIT_VAR = "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"  # a rank's end after a SIGTERM waits for one of those files
-RANK_PID_VAR = "TRAINING_TOOLKIT_RANK_PID"  # the rank's own process (native/rank_exec.c sets it, stophold.c reads it)
+RANK_STOP_WAIT_VAR = "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"  # SIGTERMs within it are one stop; a rank's end after one
+#                                                           waits as long for one of those files (native/rank_exec.c)
+RANK_PID_VAR = "TRAINING_TOOLKIT_RANK_PID"  # the rank's own process (native/rank_exec.c sets it, rank_stop.c reads it)
+RANK_PARENT_VAR = "TRAINING_TOOLKIT_RANK_PARENT"  # its parent, training-toolkit-rank, told of its first SIGTERM
 RANK_FILE_VAR = "TRAINING_TOOLKIT_RANK_FILE"  # this host's MPI ranks' file (native/rank_exec.c, runners/rank_env.py)
 SSH_CONFIG_VAR = "TRAINING_TOOLKIT_SSH_CONFIG"  # this host's job ssh config, for Open MPI's rsh agent (native/ssh_agent.c)
 RANK_ATTEMPT_VAR = "TRAINING_TOOLKIT_RANK_ATTEMPT"  # in that file: the attempt it is of (native/rank_exec.c waits for it)
 INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
-                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, STOP_FLAG_VAR, RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_RESTART_FLAG_VAR,
-                      RANK_STOP_WAIT_VAR, RANK_PID_VAR, RANK_FILE_VAR, SSH_CONFIG_VAR, RANK_ATTEMPT_VAR)
+                      NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, RANK_STOP_FLAG_VAR, RANK_RESTART_FLAG_VAR,
+                      RANK_STOP_WAIT_VAR, RANK_PID_VAR, RANK_PARENT_VAR, RANK_FILE_VAR, SSH_CONFIG_VAR, RANK_ATTEMPT_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 

@@ -2,7 +2,8 @@
 
 Each barrier's outcome is an ``Attempt`` (torch's rendezvous hands its agent one
 ``RendezvousInfo`` the same way): its number, the active hosts in rank order and
-the spares.  The lead is the first active host: it holds the attempt's barrier
+the spares, and what the job has learnt up to it (the hosts retired, whose ranks caused each earlier
+failure), which every host so knows should it lead the next.  The lead is the first active host: it holds the attempt's barrier
 and verdict, and the runners put their coordinator there (mpirun and rank 0, the
 chief, ``MASTER_ADDR``, MultiWorkerMirrored's worker 0).  What each rank sees
 and everything that addresses or admits peers is computed from (job, attempt)
@@ -21,6 +22,10 @@ from collections.abc import Sequence
 from training_toolkit.core.records import record
 
 
+#: How many earlier failures' causes an attempt carries, the last ones: the retire rule reads two (``roster``).
+MAX_CAUSES = 16
+
+
 @record
 class Attempt:
     """One attempt of the job: ``number`` (from the platform's first attempt on), its hosts, as every host takes them."""
@@ -28,6 +33,10 @@ class Attempt:
     number: int
     active: tuple[str, ...]  # rank order, the lead first
     spares: tuple[str, ...] = ()  # joined, running nothing this attempt, in the order they are called
+    # what the job has learnt, as its lead knew it at this attempt's go, so that a next lead knows it too:
+    retired: tuple[str, ...] = ()  # hosts the lead retired (their ranks failed in a row: ``roster.to_retire``)
+    causes: tuple[str | None, ...] = ()  # whose own ranks caused the last earlier failures (None: no one host's;
+    #   at most MAX_CAUSES, oldest first)
 
     @property
     def lead(self) -> str:

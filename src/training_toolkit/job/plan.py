@@ -129,6 +129,16 @@ def for_hosts(plan: LaunchPlan, hosts: tuple[str, ...], source: str) -> LaunchPl
     return plan._replace(hosts=tuple(hosts), options=_fit(plan.options, len(hosts), source))
 
 
+def with_processes_per_host(plan: LaunchPlan, per_host: int, source: str) -> LaunchPlan:
+    """``plan`` (MPI's) with ``per_host`` processes on each host, fitted to its hosts: the job's count where this
+    host's own hyperparameters name none (an MPIJob worker's: the slots are in the launcher's hostfile alone)."""
+    options = plan.options
+    assert isinstance(options, MpiOptions), options
+    if options.processes_per_host == per_host:
+        return plan
+    return plan._replace(options=_fit(options._replace(processes_per_host=per_host), len(plan.hosts), source))
+
+
 def _fit(options: RunnerOptions, host_count: int, source: str) -> RunnerOptions:
     """The options' counts for ``host_count`` hosts, each checked here once (the job's hosts and every attempt's)."""
     if isinstance(options, MpiOptions):

@@ -12,10 +12,11 @@ from training_toolkit.core.errors import ToolkitError
 
 HOSTNAME_LIBRARY = "libtrainingtoolkit_hostname.so"  # preloaded into every MPI rank: gethostname() is its host
 NETSHIM_LIBRARY = "libtrainingtoolkit_netshim.so"  # preloaded into Open MPI's runtime and ranks: outsiders' connections closed
-STOPHOLD_LIBRARY = "libtrainingtoolkit_stophold.so"  # preloaded into Open MPI's runtime: its kills held during a stop
+RANK_STOP_LIBRARY = "libtrainingtoolkit_rankstop.so"  # preloaded into ranks: one stop; MPI_Abort during a stop ends its rank alone
 RANK_PROGRAM = "training-toolkit-rank"  # what every MPI rank runs: its command and environment from its host's file
 DEADMAN_PROGRAM = "training-toolkit-deadman"  # ends what must not outlive its owner when the owner dies (supervise/deadman.py)
 SSH_AGENT_PROGRAM = "training-toolkit-ssh"  # mpirun's and every daemon's rsh agent: ssh with its host's job config
+TERM_BLOCKED_PROGRAM = "training-toolkit-term-blocked"  # Open MPI 5's daemons start with SIGTERM blocked through it
 
 HERE = Path(__file__).parent  # absolute already (a module's __file__ is): nothing read at import
 

@@ -15,10 +15,13 @@
  * The rank's environment is FILE's, plus what Open MPI's runtime gave this process to
  * find its peers (OMPI_*, PMIX_*, PRTE_*, OPAL_*, ORTE_*, its *_NO_BACKTRACE flags); the
  * runtime's LD_LIBRARY_PATH entries (Open MPI 5 puts its own lib dir there) come before
- * FILE's; PWD is the rank's directory, TRAINING_TOOLKIT_RANK_PID its process (native/stophold.c).
- * Nothing else of the inherited environment (sshd's session) survives, so a rank sees the same on
- * every host.  Then it enters CWD and execs the command: no
- * process stays between the runtime and the user's program, and no Python starts.
+ * FILE's; PWD is the rank's directory, TRAINING_TOOLKIT_RANK_PID its process and TRAINING_TOOLKIT_RANK_PARENT
+ * this one's (native/rank_stop.c).  Nothing else of the inherited environment (sshd's session) survives, so a
+ * rank sees the same on every host.  Then it enters CWD and starts the command as its child, and stays its
+ * parent (run_rank, below): it passes the rank the signals the runtime or the platform sends it, and passes the
+ * rank's end on to the runtime as the rank's own (the same code, or a death by the same signal), except during a
+ * stop of its host's: then the end is held, so that Open MPI's runtime, which ends the whole job when one rank
+ * ends badly, never sees it (docs/resilience.md).  Nothing of ours runs inside the runtime, and no Python starts.
  *
  * --attempt N (mpirun's line: the attempt it launches): FILE must hold the entry
  * TRAINING_TOOLKIT_RANK_ATTEMPT=N, which its host's train writes once it knows the attempt's hosts
@@ -29,6 +32,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +44,11 @@
 #define MAGIC "training-toolkit-rank-1"
 #define LIBPATH "LD_LIBRARY_PATH="
 #define RANK_FILE_VAR "TRAINING_TOOLKIT_RANK_FILE"
-#define RANK_PID_VAR "TRAINING_TOOLKIT_RANK_PID" /* native/stophold.c */
+#define RANK_PID_VAR "TRAINING_TOOLKIT_RANK_PID"       /* native/rank_stop.c: the rank's own process */
+#define RANK_PARENT_VAR "TRAINING_TOOLKIT_RANK_PARENT" /* and this one, its parent, which it tells of a SIGTERM */
+#define RANK_STOP_FLAG_VAR "TRAINING_TOOLKIT_RANK_STOP_FLAG"
+#define RANK_RESTART_FLAG_VAR "TRAINING_TOOLKIT_RANK_RESTART_FLAG"
+#define STOP_WAIT_VAR "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"
 #define ATTEMPT_ENTRY "TRAINING_TOOLKIT_RANK_ATTEMPT="
 #define ATTEMPT_WAIT_S 60
 
@@ -55,13 +65,19 @@ static int fail(const char *what, const char *path)
     return 127;
 }
 
+/* Whether `text` starts with `prefix`. */
+static int starts(const char *text, const char *prefix)
+{
+    return strncmp(text, prefix, strlen(prefix)) == 0;
+}
+
 static int is_runtime(const char *entry)
 {
     for (int i = 0; RUNTIME_PREFIXES[i]; i++)
-        if (strncmp(entry, RUNTIME_PREFIXES[i], strlen(RUNTIME_PREFIXES[i])) == 0)
+        if (starts(entry, RUNTIME_PREFIXES[i]))
             return 1;
     for (int i = 0; RUNTIME_NAMES[i]; i++)
-        if (strncmp(entry, RUNTIME_NAMES[i], strlen(RUNTIME_NAMES[i])) == 0)
+        if (starts(entry, RUNTIME_NAMES[i]))
             return 1;
     return 0;
 }
@@ -187,6 +203,107 @@ static char *read_attempt(const char *path, const char *attempt, size_t *size)
     }
 }
 
+/* The value of the first of entries[0..count) that starts with `prefix` (NAME=), else NULL. */
+static const char *entry_value(char **entries, size_t count, const char *prefix)
+{
+    for (size_t i = 0; i < count; i++)
+        if (starts(entries[i], prefix))
+            return entries[i][strlen(prefix)] ? entries[i] + strlen(prefix) : NULL;
+    return NULL;
+}
+
+static int exists(const char *path)
+{
+    return path != NULL && access(path, F_OK) == 0;
+}
+
+/* The signals this process passes to its rank (Open MPI's runtime signals its own child: mpirun passes SIGUSR1,
+   SIGUSR2, SIGTSTP/SIGCONT on; a platform's SIGTERM, SIGINT, SIGHUP), and SIGCHLD, its rank's end: all
+   waited for with sigwaitinfo, blocked from before the fork, so none is lost and no handler runs. */
+static const int PASSED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP, SIGALRM, 0};
+
+/* The rank's end, as its parent (this process) passes it on: its exit code, or its death by the same signal, with
+   no core of this process.  So Open MPI's runtime sees exactly what it would have seen of the rank itself. */
+static int mirror(int status)
+{
+    if (WIFEXITED(status))
+        _exit(WEXITSTATUS(status));
+    int sig = WTERMSIG(status);
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    sigprocmask(SIG_UNBLOCK, &only, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
+/* Wait `ms` for the next signal of `set` (discarded: the rank is gone, nothing is passed on). */
+static void pause_ms(const sigset_t *set, long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000 * 1000};
+    sigtimedwait(set, NULL, &t);
+}
+
+/* Start the rank as this process's child and stay its parent: pass it the signals above, and pass its end on to
+   the runtime, unless its host stops the job.  Then the end is held (this process stays) while the host's stop
+   flag exists, so that Open MPI's runtime never sees a rank end during a stop and ends no other rank for it: the
+   stop is its host's train's, which ends what is left (docs/resilience.md, "A stop keeps every rank's save").
+
+   A stop is known from the stop flag (its host's train makes it before it signals its ranks), or from a SIGTERM
+   this process had, from the platform (Slurm signals every process of the job) or from the rank, told by its
+   library (native/rank_stop.c) as it takes its first: then the end waits, `wait_ms` at most, for the host's
+   decision: the stop flag (held), or the restart flag (a restart's stop: the runtime is to see every end). */
+static int run_rank(char **command, char **env, char *rank_pid, char *rank_parent, const char *stop_flag,
+                    const char *restart_flag, long wait_ms)
+{
+    sigset_t set, before;
+    sigemptyset(&set);
+    for (int i = 0; PASSED[i]; i++)
+        sigaddset(&set, PASSED[i]);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, &before);
+    pid_t parent = getpid();
+    pid_t child = fork();
+    if (child < 0)
+        return fail("cannot start the rank for", command[0]);
+    if (child == 0) {
+        snprintf(rank_pid, 48, RANK_PID_VAR "=%ld", (long)getpid());
+        snprintf(rank_parent, 48, RANK_PARENT_VAR "=%ld", (long)parent);
+        sigprocmask(SIG_SETMASK, &before, NULL);
+        environ = env; /* execvp looks the command up on the rank's own PATH */
+        execvp(command[0], command);
+        _exit(fail("cannot run", command[0]));
+    }
+    int status = 0, stop_seen = 0;
+    for (;;) {
+        siginfo_t info;
+        int sig = sigwaitinfo(&set, &info);
+        if (sig < 0)
+            continue; /* EINTR: a stop/continue of this process */
+        if (sig == SIGCHLD) {
+            pid_t ended = waitpid(child, &status, WNOHANG);
+            if (ended == child)
+                break;
+            continue;
+        }
+        if (sig == SIGTERM)
+            stop_seen = 1;
+        if (info.si_pid != child) /* the rank's own note of its SIGTERM is not sent back */
+            kill(child, sig);
+    }
+    if (stop_seen || exists(stop_flag)) {
+        double until = now_s() + (double)wait_ms / 1000.0;
+        while (now_s() < until && !exists(stop_flag) && !exists(restart_flag))
+            pause_ms(&set, 10);
+        while (exists(stop_flag)) /* held: its host's train ends the runtime, or removes the flag at the job's end */
+            pause_ms(&set, 50);
+    }
+    return mirror(status);
+}
+
 int main(int argc, char **argv)
 {
     const char *attempt = NULL;
@@ -243,7 +360,7 @@ int main(int argc, char **argv)
     size_t inherited = 0;
     while (environ[inherited])
         inherited++;
-    char **env = malloc((inherited + file_count + 4) * sizeof(char *));
+    char **env = malloc((inherited + file_count + 6) * sizeof(char *));
     if (!saved || !env)
         return fail("out of memory for", argv[1]);
     for (size_t i = 0; i < file_count; i++)
@@ -254,7 +371,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < inherited; i++) {
         if (is_runtime(environ[i]))
             env[n++] = environ[i];
-        else if (strncmp(environ[i], LIBPATH, strlen(LIBPATH)) == 0)
+        else if (starts(environ[i], LIBPATH))
             runtime_libs = environ[i] + strlen(LIBPATH);
     }
     size_t runtime_count = n;
@@ -268,10 +385,10 @@ int main(int argc, char **argv)
     runtime_count = n;
     for (size_t i = 0; i < file_count; i++) {
         const char *entry = saved[i];
-        if (!strchr(entry, '=') || present(env, runtime_count, entry) || strncmp(entry, ATTEMPT_ENTRY, strlen(ATTEMPT_ENTRY)) == 0
-            || strncmp(entry, RANK_PID_VAR "=", strlen(RANK_PID_VAR "=")) == 0)
-            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it; its pid is its own */
-        if (runtime_libs && strncmp(entry, LIBPATH, strlen(LIBPATH)) == 0) {
+        if (!strchr(entry, '=') || present(env, runtime_count, entry) || starts(entry, ATTEMPT_ENTRY)
+            || starts(entry, RANK_PID_VAR "=") || starts(entry, RANK_PARENT_VAR "="))
+            continue; /* the attempt's entry is the file's, for --attempt: the rank does not see it; its pids are its own */
+        if (runtime_libs && starts(entry, LIBPATH)) {
             char *merged = merge_paths(runtime_libs, entry + strlen(LIBPATH));
             if (!merged)
                 return fail("out of memory for", argv[1]);
@@ -287,14 +404,16 @@ int main(int argc, char **argv)
             return fail("out of memory for", argv[1]);
         env[n++] = merged;
     }
-    /* the process the rank is (exec keeps the pid): the stop hold tells it from the children it starts */
-    static char rank_pid[40];
-    snprintf(rank_pid, sizeof rank_pid, RANK_PID_VAR "=%ld", (long)getpid());
+    const char *stop_flag = entry_value(saved, file_count, RANK_STOP_FLAG_VAR "=");
+    const char *restart_flag = entry_value(saved, file_count, RANK_RESTART_FLAG_VAR "=");
+    const char *wait_text = entry_value(saved, file_count, STOP_WAIT_VAR "=");
+    long wait_ms = wait_text ? strtol(wait_text, NULL, 10) : 0;
+    /* the rank's own pid and its parent's (this process): set in the child, once it has one */
+    static char rank_pid[48], rank_parent[48];
     env[n++] = rank_pid;
+    env[n++] = rank_parent;
     env[n] = NULL;
     if (chdir(cwd) != 0)
         return fail("cannot enter the code directory", cwd);
-    environ = env; /* execvp looks the command up on the rank's own PATH */
-    execvp(command[0], command);
-    return fail("cannot run", command[0]);
+    return run_rank(command, env, rank_pid, rank_parent, stop_flag, restart_flag, wait_ms);
 }

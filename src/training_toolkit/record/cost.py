@@ -45,7 +45,7 @@ def cost(entries: Sequence[dict]) -> dict:
         attempts.append({"attempt": number, "lead": seats[number]["lead"], "active": seats[number]["active"],
                          "spares": seats[number]["spares"], "barrier_t": start,
                          "to_progress_s": _span(start, first), "running_s": _span(first, stop)})
-    marks = sorted(e["t"] for e in entries if e["kind"] == "checkpoint")
+    marks = sorted(_marked_at(e) for e in entries if e["kind"] == "checkpoint")
     faults = []
     for i, number in enumerate(numbers):
         cause = next((e for e in entries if e["kind"] == "fault" and e["attempt"] == number), None) or \
@@ -100,6 +100,12 @@ def _first_each(entries: Sequence[dict], kind: str) -> dict[int, dict]:
         if item["kind"] == kind:
             found.setdefault(item["attempt"], item)
     return found
+
+
+def _marked_at(mark: dict) -> float:
+    """When a checkpoint was marked: by the lead's clock for a mark it told of (``at``), else when this host saw it."""
+    at = mark.get("at")  # a record of a version before marks were stamped has none
+    return at if isinstance(at, (int, float)) else mark["t"]
 
 
 def _span(start: float | None, stop: float | None) -> float | None:

@@ -25,7 +25,8 @@ KINDS = {
     "attempt": ("attempt", "lead", "active", "spares"),  # a barrier passed: the attempt, as every host has it
     "started": ("attempt",),  # this host started its processes of the attempt (a spare starts none)
     "progress": ("attempt", "heartbeat"),  # the attempt's first progress this host saw (the stall watch's)
-    "checkpoint": ("attempt", "host"),  # a rank on ``host`` marked a checkpoint saved (agent/progress.py)
+    "checkpoint": ("attempt", "host", "at"),  # a rank on ``host`` marked a checkpoint saved (agent/progress.py); ``at``:
+    #                                          when, for a mark the lead told of (its clock); null: at ``t``
     "fault": ("attempt", "fault", "host", "reason", "at"),  # a fault this host saw (``FAULTS``)
     "restart": ("attempt", "reason", "lost"),  # the job goes on to ``attempt`` (``lost``: a failover's lost lead)
     "verdict": ("exit_code", "reason"),  # the job's end, as this host ends

@@ -31,25 +31,26 @@ from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
 from training_toolkit.core.log import log
+from training_toolkit.core import names
 from training_toolkit.core.names import LAUNCH_SLURM, OPENMPI4
+from training_toolkit.job import plan
 from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.core.redact import redact
 from training_toolkit.job.report import Outcome
-from training_toolkit.config.settings import STOP_FLAG_VAR
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import judged, mpi_failure
-from training_toolkit.runners.mpi_launch import (BTL_PORTS, RANK_TAG_VAR, build_command, has_mpi4py, home,
-                                                 job_addresses, mpi_flavor, mpi_options, mpirun_preload, netshim,
-                                                 rank_environment, restart_flag, runtime_flags, slurm_environment,
-                                                 slurm_paths, stophold_library, user_command)
+from training_toolkit.runners.mpi_launch import (BTL_PORTS, PER_HOST_INTRO, RANK_TAG_VAR, build_command, has_mpi4py,
+                                                 job_addresses, job_per_host, missing_home, mpi_flavor, mpi_options,
+                                                 mpirun_preload, netshim, rank_environment, restart_flag,
+                                                 slurm_environment, slurm_paths, user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
 from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.supervise.stopping import stop_processes
 from training_toolkit.supervise.deadman import Deadman
 
-STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/stophold.c)
+STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/rank_exec.c)
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
@@ -72,11 +73,12 @@ class MpiHost:
 
     A stopping signal on any host goes straight to that host's ranks (with the
     grace period, so they can checkpoint), not through mpirun, whose own
-    SIGTERM handling would kill every rank after a second.  A rank's death, on
-    the other hand, makes mpirun end the job at once (no kill timeout), except
-    during a stop: then the runtime's kills are held (``_hold_kills``,
-    native/stophold.c), so that the first rank to end its handler does not end
-    the others'.
+    SIGTERM handling would kill every rank after a second (mpirun and the
+    daemons start with SIGTERM blocked).  A rank's death, on the other hand,
+    makes mpirun end the job at once (no kill timeout), except during a stop:
+    then each rank's parent (``training-toolkit-rank``) holds its end from the
+    runtime (``_hold_ends``, native/rank_exec.c), so that the first rank to end
+    its handler does not end the others'.
     """
 
     def __init__(self, ctx: RunContext):
@@ -92,9 +94,24 @@ class MpiHost:
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
+        self._per_host: int | None = None  # the first host's ranks per host, where this host's job names none
 
     def introduction(self) -> dict[str, str]:
-        return self.ssh.introduction() if self.ssh is not None else {}
+        own = {PER_HOST_INTRO: str(mpi_options(self.ctx).processes_per_host)}
+        return {**(self.ssh.introduction() if self.ssh is not None else {}), **own}
+
+    def _job_per_host(self, seat: Seating) -> int | None:
+        """``job_per_host`` for this host, from the first host's introduction (its lead at the first barrier)."""
+        said = (seat.introductions or {}).get(seat.attempt.lead, {}).get(PER_HOST_INTRO, "")
+        named = names.MPI_PROCESSES_PER_HOST in seat.ctx.job.framework_params
+        return job_per_host(named, seat.leads, mpi_options(seat.ctx).processes_per_host, said)
+
+    def _as_the_job_runs(self, ctx: RunContext) -> RunContext:
+        """``ctx`` with the job's ranks per host (``_job_per_host``), as every host's mpirun runs it."""
+        if self._per_host is None:
+            return ctx
+        return ctx._replace(plan=plan.with_processes_per_host(ctx.plan, self._per_host,
+                                                               str(ctx.job.paths.hyperparameters_file)))
 
     @contextmanager
     def held(self, seat: Seating):
@@ -107,7 +124,8 @@ class MpiHost:
     def prepare(self, seat: Seating) -> None:
         """Every host, spares included (a spare may be seated later): the rank file's place, and sshd on a host that
         does not lead, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
-        self.ctx = self._attempt = seat.ctx
+        self._per_host = self._job_per_host(seat)
+        self.ctx = self._attempt = self._as_the_job_runs(seat.ctx)
         self.rank_tag = seat.job_id
         self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
         # the daemons' shim (sshd's sessions) and sshd's from= (each host's own, for its key) resolved once
@@ -118,11 +136,10 @@ class MpiHost:
             return
         assert self._rank_file is not None
         shim = self._shim
-        # the daemons mpirun starts through this sshd: this host's ranks' file, the shim and the stop hold, set by
-        # this host (sshd's sessions get nothing else)
+        # the daemons mpirun starts through this sshd: this host's ranks' file and the shim, set by this host (sshd's
+        # sessions get nothing else)
         session_env = {rank_env.RANK_FILE_VAR: str(self._rank_file),
-                       PRELOAD: ":".join([shim.library, stophold_library()] if shim else [stophold_library()]),
-                       **(shim.environment() if shim else {}), **runtime_flags(self._stop_flag())}
+                       **({PRELOAD: shim.library, **shim.environment()} if shim else {})}
         self.ssh.prepare(seat, session_env, by_host)
 
     def _write_rank_file(self, seat: Seating) -> None:
@@ -137,7 +154,7 @@ class MpiHost:
 
     def _rank_file_data(self, seat: Seating, shim: Shim | None, attempt: int | None) -> bytes:
         # the attempt and the stall watch's variables (the agent's job_env) are this host's too
-        ctx = seat.ctx
+        ctx = self._as_the_job_runs(seat.ctx)
         env = rank_environment(ctx, self.rank_tag, seat.job_env(ctx.script_env), shim,
                                stop_flag=str(self._stop_flag()), attempt=attempt)
         return rank_env.encode_rank_file(str(ctx.code_dir), self._command, env)
@@ -163,7 +180,7 @@ class MpiHost:
         addresses, and pins their host keys (``SshPart.trust``: tree spawn); a spare (never asked) admits nobody.
         """
         assert self._rank_file is not None
-        self._attempt = seat.ctx
+        self._attempt = self._as_the_job_runs(seat.ctx)
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
         if self.ssh is not None and not seat.leads:
@@ -172,19 +189,20 @@ class MpiHost:
         return shim
 
     def _stop_flag(self) -> Path:
-        """While this file exists, Open MPI's runtime on this host sees no rank end and kills none (native/stophold.c)."""
+        """While this file exists, this host's ranks' parents hold their ends from the runtime (native/rank_exec.c)."""
         assert self._rank_file is not None
         return self._rank_file.parent / STOP_FLAG_NAME
 
-    def _hold_kills(self) -> None:
+    def _hold_ends(self) -> None:
         """From now on the stop is this host's train's: a rank that ends first no longer makes the runtime end the rest.
 
         Open MPI aborts the job when a rank exits non-zero (Open MPI 4's orte_abort_on_non_zero_status,
         PRRTE's default), dies of a signal, exits without MPI_Finalize or calls MPI_Abort (``python -m
         mpi4py`` after a non-zero SystemExit): its daemons kill every rank and exit, and a rank that
-        initialised MPI ends when its daemon does.  Each host, before its ranks get the signal, keeps its
-        own runtime from seeing a rank's end and from killing one, and its ranks' MPI_Abort from reaching
-        it (native/stophold.c); the grace period and the SIGKILL after it are train's.
+        initialised MPI ends when its daemon does.  Each host, before its ranks get the signal, makes its stop
+        flag: each rank's parent then keeps the rank's end from the runtime (native/rank_exec.c), and a rank's
+        MPI_Abort ends that rank alone (native/rank_stop.c); the grace period and the SIGKILL after it are
+        train's, and so is the runtime's end (the agent's stop of mpirun; a daemon ends with it).
         """
         if self._rank_file is not None:
             self._stop_flag().touch(mode=0o600, exist_ok=True)
@@ -195,25 +213,21 @@ class MpiHost:
         self.leads = seat.leads
         if not seat.leads:
             return []
-        ctx = seat.ctx
+        ctx = self._as_the_job_runs(seat.ctx)
         assert self._rank_file is not None
         if self.ssh is not None:  # every other active host answers, with this attempt's keys written
             self.ssh.lead(seat)
         flavor = mpi_flavor(ctx.settings.mpi_flavor, ctx.environ)
         command = build_command(ctx, self.ssh.layout if self.ssh else None, flavor, seat.attempt.number)
-        if flavor == OPENMPI4:
-            command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
+        command = [*BLOCK_SIGTERM, *command]  # what the plan shows, started with SIGTERM blocked
         preload, extra = mpirun_preload(ctx, shim)
-        preload.append(stophold_library())  # mpirun is the lead's daemon: it kills its own ranks
-        extra.update(runtime_flags(self._stop_flag()))
         extra[rank_env.RANK_FILE_VAR] = str(self._rank_file)  # for the ranks it starts on this host
         if self.ssh is not None:
             extra.update(self.ssh.agent_environment())  # its rsh agent's config (native/ssh_agent.c)
         if self.via_slurm:
             extra.update(slurm_environment(ctx, self._slurm_order))
-            extra.update(slurm_paths(self._rank_file, self._stop_flag(), self.host))
-            if not ctx.environ.get("HOME"):  # a batch script may have none; Open MPI 5's opal_init fails without
-                extra["HOME"] = home()
+            extra.update(slurm_paths(self._rank_file, self.host))
+            extra.update(missing_home(ctx.environ))
         env = rank_env.mpirun_environment(ctx.environ, preload, extra)
         return [Proc("mpirun", tuple(command), env, str(ctx.code_dir), program=False)]
 
@@ -228,9 +242,9 @@ class MpiHost:
     def stop_part(self, locals_: Sequence[Local]) -> None:
         """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.
 
-        No hold here (``_hold_kills``): mpirun must see its ranks end to end by itself, and a restart's
+        No hold here (``_hold_ends``): mpirun must see its ranks end to end by itself, and a restart's
         stop has no verdict after which train would end it.  The restart flag tells the ranks so: their end
-        after the SIGTERM waits for no hold (native/stophold.c).
+        after the SIGTERM waits for no hold (native/rank_exec.c).
         """
         if self._rank_file is not None:
             restart_flag(self._stop_flag()).touch(mode=0o600, exist_ok=True)
@@ -241,7 +255,7 @@ class MpiHost:
 
         Other signals the agent passes to mpirun, which passes SIGUSR1/2 to every rank.
         """
-        self._hold_kills()
+        self._hold_ends()
         stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum, on_kill=_name_the_left)
 
     def _ranks(self, locals_: Sequence[Local]) -> list[int]:
@@ -252,11 +266,12 @@ class MpiHost:
         return procfs.marked_descendants(os.getpid(), marker, mpirun)
 
     def daemons(self) -> list[int]:
-        """Through Slurm: this host's Open MPI daemon (what mpirun's environment marks), for the listener guard."""
+        """Through Slurm: this host's Open MPI daemon (what mpirun's environment marks), for the listener guard; its
+        ranks' parents below it carry the same mark (the guard walks a root already below another once)."""
         if self._rank_file is None:
             return []
-        flag = slurm_paths(self._rank_file, self._stop_flag(), self.host)[STOP_FLAG_VAR]
-        return procfs.marked(f"{STOP_FLAG_VAR}={flag}".encode()) if not self.leads else []
+        path = slurm_paths(self._rank_file, self.host)[rank_env.RANK_FILE_VAR]
+        return procfs.marked(f"{rank_env.RANK_FILE_VAR}={path}".encode()) if not self.leads else []
 
     def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
         """mpirun's failed end, blamed on the failing rank's host (None: mpirun's own end, this host's)."""

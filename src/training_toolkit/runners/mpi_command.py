@@ -24,6 +24,7 @@ class MpiJob:
     interface: str
     rank_command: tuple[str, ...]  # what each rank runs: the rank program and its host's file, nothing of the job
     rsh_agent: tuple[str, ...]  # e.g. ("/.../native/training-toolkit-ssh",): the same string on every host
+    term_blocked: str = "training-toolkit-term-blocked"  # its path: Open MPI 5's daemons start through it
     custom_options: tuple[str, ...] = ()  # mpirun's part of the custom options (mpi_options: no --NCCL_DEBUG, no -x)
     as_root: bool = False
     via_slurm: bool = False  # the daemons start through Slurm (plm slurm: ``srun --overlap``), not over rsh_agent
@@ -35,11 +36,12 @@ class MpiJob:
 SLURM_SRUN_ARGS = "--overlap"
 
 #: A stop signal goes to the ranks alone, with their grace (runners/mpi.py); where the platform sends it to
-#: every process of the job itself (Slurm's scancel and --time), Open MPI 4's mpirun and orted took it as an
-#: abort and killed the ranks at once (mpirun even crashed).  Both start with SIGTERM blocked (coreutils'
-#: env); Open MPI unblocks every signal in the ranks it starts, so they alone take it
-#: (test/integration/platforms/test_slurm.py).  Open MPI 5's prted is not blocked: under Slurm its ranks kept
-#: their saves all the same (the stop hold; test_slurm.py's Open MPI 5 scancel test).
+#: every process of the job itself (Slurm's scancel and --time), Open MPI's runtime takes it as an abort and
+#: ends every rank: Open MPI 4's mpirun and orted at once (mpirun even crashed), Open MPI 5's prterun and prted
+#: with SIGCONT, 0.25 s, SIGTERM, 0.25 s, SIGKILL, and no setting changes either (docs/notes/mpi-runtime-spike.md).
+#: So mpirun and every daemon of both flavours start with SIGTERM blocked (coreutils' env; the daemons through
+#: the launch agent, over ssh and through Slurm alike: native/term_blocked.c for Open MPI 5's); Open MPI unblocks every signal in the ranks it starts,
+#: so they alone take it (test/integration/platforms/test_slurm.py, test_rank_parent_runtime.py).
 BLOCK_SIGTERM = ("env", "--block-signal=TERM")
 
 
@@ -116,9 +118,14 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
         # directly with their own grace period (runners/mpi.py)
         cmd += ["--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",
                 "--mca", "orte_launch_agent", " ".join([*BLOCK_SIGTERM, "orted"])]
-    # Open MPI 5 needs neither: PRRTE aborts on a non-zero exit by default (state_base_error_non_zero_exit=1)
-    # and its kill sequence is fixed (SIGCONT, 0.25 s, SIGTERM, 0.25 s, SIGKILL; no parameter).  Nor does
-    # it need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with
+    else:
+        # Open MPI 5 needs neither setting: PRRTE aborts on a non-zero exit by default
+        # (state_base_error_non_zero_exit=1) and its kill sequence is fixed (no parameter); its daemon is
+        # started blocked as Open MPI 4's, by a program of ours: PRRTE cuts an agent's value at its first "=" when
+        # it passes it on to a daemon (tree spawn), and finds "prted" in the agent to put its own path there
+        cmd += ["--prtemca", "prte_launch_agent", f"{job.term_blocked} prted"]
+    # Nor does Open MPI 5
+    # need --prefix: the wheel's mpirun sets OPAL_PREFIX from its own location and PRRTE (built with
     # prefix-by-default) starts the remote prted by absolute path with PRTE_PREFIX/LD_LIBRARY_PATH set,
     # so the install must only sit at the same path on every host.
     if keep_fqdn:

@@ -30,15 +30,14 @@ from training_toolkit.job.plan import MpiOptions
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
-from training_toolkit.runners.one_stop import stop_window, stophold_library
+from training_toolkit.runners.one_stop import rank_stop_library, stop_window
 from training_toolkit.runspec import RunContext
-from training_toolkit.config.settings import (RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RESTART_FLAG_VAR,
-                                       STOP_FLAG_VAR, without_secrets)
+from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, without_secrets
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
 SLURMD_NODE_VAR = "SLURMD_NODENAME"  # what slurmstepd sets for every task: the node's name
-NODE_PLACEHOLDER = "%n"  # in the daemons' paths: native/rank_exec.c and stophold.c put the node's name there
+NODE_PLACEHOLDER = "%n"  # in the daemons' rank file path: native/rank_exec.c puts the node's name there
 job_addresses = netaddr.job_addresses
 
 
@@ -47,13 +46,26 @@ def mpi_options(ctx: RunContext) -> MpiOptions:
     assert isinstance(options, MpiOptions), options
     return options
 
+PER_HOST_INTRO = "mpi_processes_per_host"  # in each host's introduction: its own count of ranks per host
+
+
+def job_per_host(named: bool, leads: bool, own: int, said: str) -> int | None:
+    """The ranks per host the job runs with where they are not this host's own ``own`` (None: they are): the count
+    the first host ``said`` in its introduction, if this host's hyperparameters ``named`` none and it does not lead.
+    Every host's mpirun then runs the job's count, whichever host leads: an MPIJob's launcher alone has the slots
+    (its hostfile), and a worker that leads after its loss runs mpirun with them (docs/kubernetes.md)."""
+    if named or leads or not (said.isascii() and said.isdigit()) or not 0 < int(said) <= 4096:
+        return None
+    return None if int(said) == own else int(said)
+
+
 def mpi_flavor(configured: str | None, environ) -> str:
     """The setting's flavour, else what ``mpirun --version`` says (at run time only, never in ``plan``)."""
     if configured:
         return configured
+    env = {**without_secrets(environ), **missing_home(environ)}  # without one, Open MPI 5's says no version at all
     try:
-        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20,
-                             env=without_secrets(environ))
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20, env=env)
     except FileNotFoundError:
         raise ClusterError("mpirun not found on PATH (install Open MPI)") from None
     except subprocess.TimeoutExpired:
@@ -89,9 +101,10 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
 
     The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
-    ``stop_flag``: during a stop (the file exists) a rank's MPI_Abort ends that rank alone (native/stophold.c);
-    a rank's end after a SIGTERM waits (``STOP_HEARD_S`` at most) for that file or the restart flag beside it
-    (``restart_flag``), so that it cannot end before its host's runtime holds, where the platform signals it first.
+    ``stop_flag``: while the file exists, its host stops its ranks: each rank's parent holds the rank's end from
+    the runtime, and a rank's MPI_Abort ends that rank alone (native/rank_exec.c, native/rank_stop.c); a rank's
+    end after a SIGTERM waits (``STOP_HEARD_S`` at most) for that file or the restart flag beside it
+    (``restart_flag``: a restart's stop, nothing held), where the platform signals the rank before its host does.
     ``attempt``: the attempt these ranks are of (``rank_env.ATTEMPT_VAR``), what mpirun's ``--attempt`` waits for;
     None: of no attempt (the file a host writes before any attempt's hosts are known).
     """
@@ -104,7 +117,7 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
         preload.append(shim.library)
         extra.update(shim.environment(BTL_PORTS))
     if stop_flag is not None:
-        preload.append(stophold_library())
+        preload.append(rank_stop_library())
         extra[RANK_STOP_FLAG_VAR] = stop_flag
         extra[RANK_RESTART_FLAG_VAR] = str(restart_flag(Path(stop_flag)))
         extra.update(stop_window())
@@ -143,14 +156,9 @@ RESTART_FLAG_NAME = "restarting"  # beside the stop flag: this host's train stop
 
 
 def restart_flag(stop_flag: Path) -> Path:
-    """The file that tells a rank its host stops it for a restart, not a stop (nothing held: native/stophold.c)."""
+    """The file that tells a rank's parent its host stops it for a restart, not a stop (nothing held:
+    native/rank_exec.c)."""
     return stop_flag.with_name(RESTART_FLAG_NAME)
-
-
-def runtime_flags(stop_flag: Path) -> dict[str, str]:
-    """What Open MPI's runtime on a host (mpirun, a daemon) is told of its host's stop: the stop flag, and the restart
-    flag beside it, under which a SIGTERM it gets is a restart's end and holds nothing (native/stophold.c)."""
-    return {STOP_FLAG_VAR: str(stop_flag), RESTART_FLAG_VAR: str(restart_flag(stop_flag))}
 
 
 def hostname_preload(host: str) -> str | None:
@@ -207,18 +215,21 @@ def slurm_environment(ctx: RunContext, slurm_order: tuple[str, ...] | None = Non
         env["SLURM_CONF"] = ctx.environ["SLURM_CONF"]
     return env
 
-def slurm_paths(rank_file: Path, stop_flag: Path, host: str) -> dict[str, str]:
-    """The rank file's and the runtime's flags' paths for every daemon through Slurm: this host's name in them is
-    ``%n``, which each daemon and rank completes with its node's ``SLURMD_NODENAME`` (slurmstepd sets it for
-    the daemons; mpirun, this host's daemon, gets this host's).  Every host names its directory alike
-    (``rank_env.node_rank_file_path``) under the same parent (docs/slurm.md)."""
-    def template(path: Path) -> str:
-        text = str(path)
-        assert text.count(host) >= 1, (text, host)
-        head, _, tail = text.rpartition(host)
-        return f"{head}{NODE_PLACEHOLDER}{tail}"
-    flags = {name: template(Path(path)) for name, path in runtime_flags(stop_flag).items()}
-    return {rank_env.RANK_FILE_VAR: template(rank_file), **flags, SLURMD_NODE_VAR: host}
+def slurm_paths(rank_file: Path, host: str) -> dict[str, str]:
+    """The rank file's path for every daemon through Slurm: this host's name in it is ``%n``, which each daemon's
+    ranks complete with their node's ``SLURMD_NODENAME`` (slurmstepd sets it for the daemons; mpirun, this host's
+    daemon, gets this host's).  Every host names its directory alike (``rank_env.node_rank_file_path``) under the
+    same parent (docs/slurm.md).  The same value marks this job's daemons on every node (``runners/mpi.py``)."""
+    text = str(rank_file)
+    assert text.count(host) >= 1, (text, host)
+    head, _, tail = text.rpartition(host)
+    return {rank_env.RANK_FILE_VAR: f"{head}{NODE_PLACEHOLDER}{tail}", SLURMD_NODE_VAR: host}
+
+
+def missing_home(environ: Mapping[str, str]) -> dict[str, str]:
+    """``HOME`` for mpirun where ``environ`` has none (a batch script may have none): Open MPI 5's opal_init fails
+    without it."""
+    return {} if environ.get("HOME") else {"HOME": home()}
 
 
 def home() -> str:
@@ -242,6 +253,7 @@ def build_command(ctx: RunContext, layout: SshLayout | None, flavor: str, attemp
         interface=ctx.job.resource.network_interface_name,
         rank_command=(str(native.path_of(native.RANK_PROGRAM)), rank_env.ATTEMPT_FLAG, str(attempt)),
         rsh_agent=(str(native.path_of(native.SSH_AGENT_PROGRAM)),) if layout is not None else (),
+        term_blocked=str(native.path_of(native.TERM_BLOCKED_PROGRAM)),
         custom_options=options.custom.mpirun_args,
         as_root=os.geteuid() == 0,
         via_slurm=layout is None,

@@ -74,10 +74,13 @@ class SshPart:
         return self._ssh_dir
 
     def introduction(self) -> dict[str, str]:
-        keys_dir = self.settings.ssh_keys
-        mounted = load_keys(keys_dir) if keys_dir else None
-        self._client = mounted.client if mounted else generate_keypair(f"training-toolkit-client@{self.host}")
-        self._host_key = mounted.host if mounted else generate_keypair(f"training-toolkit-host@{self.host}")
+        """This host's public keys, made (or loaded) at the first call: the same for the whole job, however often a
+        host introduces itself (to each lead it joins: ``Membership.introduce``)."""
+        if self._client is None or self._host_key is None:
+            keys_dir = self.settings.ssh_keys
+            mounted = load_keys(keys_dir) if keys_dir else None
+            self._client = mounted.client if mounted else generate_keypair(f"training-toolkit-client@{self.host}")
+            self._host_key = mounted.host if mounted else generate_keypair(f"training-toolkit-host@{self.host}")
         return {INTRO_CLIENT_KEY: self._client.public, INTRO_HOST_KEY: self._host_key.public}
 
     def agent_environment(self) -> dict[str, str]:

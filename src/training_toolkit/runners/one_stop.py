@@ -3,10 +3,10 @@
 Slurm's scancel and ``--time`` signal every process of the job themselves, and each host's ``train`` passes the
 stop on to its processes as well: a process of the user's script then gets SIGTERM twice, milliseconds apart, and
 Python runs its handler again, inside the first run (the save begun anew) or after it (saved twice).  The stop
-hold's library (native/stophold.c), preloaded into the process, makes every SIGTERM within ``STOP_HEARD_S`` of its
+rank's stop library (native/rank_stop.c), preloaded into the process, makes every SIGTERM within ``STOP_HEARD_S`` of its
 first one stop: the script's handler runs once; a later SIGTERM is the script's again.  The library acts in the
 process it is first loaded into (it names itself in ``TRAINING_TOOLKIT_RANK_PID``), not in what that process
-starts.  MPI ranks get it from their rank file everywhere (runners/mpi_launch.py), with their stop hold.
+starts.  MPI ranks get it from their rank file everywhere (runners/mpi_launch.py).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from training_toolkit.runspec import Proc, RunnerSpec, Seating
 
 
-def stophold_library() -> str:
-    """The library that holds Open MPI's reaction to a rank's end while a host stops its ranks (native/stophold.c)."""
-    return str(native.path_of(native.STOPHOLD_LIBRARY))
+def rank_stop_library() -> str:
+    """The library that makes SIGTERMs that come together one stop, and a rank's stop its own (native/rank_stop.c)."""
+    return str(native.path_of(native.RANK_STOP_LIBRARY))
 
 
 def stop_window() -> dict[str, str]:
     """A process's SIGTERMs within this many milliseconds of its first are one stop (and an MPI rank's end after a
-    SIGTERM waits up to as long for its host's decision)."""
+    SIGTERM waits up to as long for its host's decision: native/rank_exec.c)."""
     return {RANK_STOP_WAIT_VAR: str(round(STOP_HEARD_S * 1000))}
 
 
@@ -38,7 +38,7 @@ def one_stop_environment(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a process of the user's script that the platform signals itself (``settings.one_stop``)."""
     from training_toolkit.runners.netshim import PRELOAD, preload_list  # (socket's import: under Slurm only)
 
-    return {**env, PRELOAD: preload_list(env.get(PRELOAD), [stophold_library()]), **stop_window()}
+    return {**env, PRELOAD: preload_list(env.get(PRELOAD), [rank_stop_library()]), **stop_window()}
 
 
 def with_one_stop(spec: RunnerSpec, on: bool) -> RunnerSpec:

@@ -39,7 +39,7 @@ from training_toolkit.supervise import pidfd, procfs
 KILL_WAIT_S = 1.0
 
 #: A process that ended by a stopping signal before its host's train heard one: how long its end waits for the
-#: host's own signal (the agent: ``agent.decisions``; an MPI rank, for its runtime's hold: native/stophold.c).
+#: host's own signal (the agent: ``agent.decisions``; an MPI rank's parent, for its hold: native/rank_exec.c).
 #: Slurm (scancel, --time), a terminal's ^C and local's stops signal every process of the job at once, and a
 #: handler that exits at once can end before train's own handler has run (seen under Slurm at a load of 25).
 STOP_HEARD_S = 2.0

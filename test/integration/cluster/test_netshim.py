@@ -8,7 +8,8 @@ algo-2's orted connect to mpirun (read off the bridge), then holds a connection 
 every listener of both hosts and sends 4 KiB of garbage to each.  With the shim
 (the default) the job succeeds and ends as soon as its ranks do, with no complaint
 of Open MPI in its output; with ``TRAINING_TOOLKIT_NETSHIM=off`` the replay reaches
-mpirun in the guard's window and the job dies (exit 205, or, since mpirun launches its daemons as a tree,
+mpirun in the guard's window and the job dies (in one of two tries: the guard's cut, 20 ms or more after the
+connection, once came before mpirun read the replay, in a full suite on 2 cores) (exit 205, or, since mpirun launches its daemons as a tree,
 1 in about half the runs: "ORTE was unable to reliably start one or more daemons"), which shows the test
 can fail.
 
@@ -108,10 +109,9 @@ def mpi_job(tmp_path, go, shim: str, flavor: str) -> LocalJob:
                     env=env, train=(*NO_NET_ADMIN, *default_train()), outsiders=("stranger",))
 
 
-@pytest.mark.parametrize(("flavor", "shim"), [("openmpi4", "on"), ("openmpi4", "off"),
-                                              pytest.param("openmpi5", "on", marks=pytest.mark.openmpi5),
-                                              pytest.param("openmpi5", "off", marks=pytest.mark.openmpi5)])
-def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, flavor, shim):
+def attacked(tmp_path: Path, flavor: str, shim: str) -> tuple[list, str, dict]:
+    """The job under the attack: its results, its output, and what the attack saw (``attack``)."""
+    tmp_path.mkdir()
     go = tmp_path / "go"
     job = mpi_job(tmp_path, go, shim, flavor)
     state: dict = {}
@@ -127,6 +127,21 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
             state["proc"].wait()
     log = out.getvalue().decode(errors="replace")
     assert "error" not in state, (state["error"], log[-3000:])
+    return results, log, state
+
+
+@pytest.mark.parametrize(("flavor", "shim"), [("openmpi4", "on"), ("openmpi4", "off"),
+                                              pytest.param("openmpi5", "on", marks=pytest.mark.openmpi5),
+                                              pytest.param("openmpi5", "off", marks=pytest.mark.openmpi5)])
+def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, flavor, shim):
+    where = tmp_path / "1"
+    results, log, state = attacked(where, flavor, shim)
+    if shim == "off" and [r.exit_code for r in results] == [0, 0]:
+        # the guard's cut came before the runtime read the replay: a race the guard may win (its look is every 20 ms,
+        # docs/security.md); the attack once more, which must then do its harm
+        print(f"{flavor}, shim off: the guard cut the replay before the runtime read it; once more")
+        where = tmp_path / "2"
+        results, log, state = attacked(where, flavor, shim)
     assert "cannot attach a socket filter" in log, log[-3000:]  # the guard could only cut, as in a container
     print(f"{flavor}, shim {shim}: exit codes {[r.exit_code for r in results]}")
     if shim == "off":  # the replay reached the runtime in the guard's window, and ended the job
@@ -150,12 +165,12 @@ def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refu
         assert not ours_running()
         return
     assert "interrupted" not in state, state["interrupted"]
-    replayed = json.loads((tmp_path / "replay.json").read_text())
+    replayed = json.loads((where / "replay.json").read_text())
     print(f"replay: {replayed}")
     assert [r.exit_code for r in results] == [0, 0], ([r.failure for r in results], log[-3000:])
     # connected (the kernel completes it), then closed by the shim before mpirun read a byte
     assert "answered 0 bytes" in replayed["replay"] or "ConnectionReset" in replayed["replay"], replayed
-    tried = json.loads((tmp_path / "ports.json").read_text())
+    tried = json.loads((where / "ports.json").read_text())
     assert len(tried) > 4, tried  # both hosts' runtime, BTL and sshd listeners, over IPv4 and IPv6
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1] and all(info["waited"] for info in ranks.values()), ranks

@@ -56,6 +56,14 @@ class Node:
             assert self.dead.wait(60), f"{pod}: its node never died"
         return self._never(pod, exit_code)
 
+    def run(self, pods, tmp_path: Path, hyperparameters, env: dict, timeout_s: float) -> dict:
+        """The pods' job with this node lost (and its pod made again); each pod's result by name, once the test's
+        thread saw nothing go wrong."""
+        results = {r.host: r for r in k8s.run(pods, tmp_path, hyperparameters, env=env, timeout_s=timeout_s,
+                                              kubelet=self.kubelet, operator=self.operator, before_start=self.start)}
+        assert not self.errors, self.errors
+        return results
+
     def env(self, **extra) -> dict:
         return {**BASE, "SHARED_DIR": str(self.shared), "HOLD_FILE": str(self.shared / "release"), **extra}
 
@@ -99,6 +107,15 @@ class Node:
         return f"{address}:" in done.stdout
 
 
+def ended_with_the_new_leads_verdict(tmp_path: Path, made_again: str, lead: str) -> None:
+    """The pod made again ended with the job's verdict, 0, and the summary of the lead that took over, as that lead
+    did (its termination message: what the operator reads)."""
+    message = k8s.termination_log(tmp_path / "cluster", made_again)
+    assert message == k8s.termination_log(tmp_path / "cluster", lead), message
+    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
+        message
+
+
 def seen(shared: Path, attempt: int) -> list[tuple[int, str]]:
     infos = [json.loads(f.read_text()) for f in shared.glob(f"seen-{attempt}-*.json")]
     return sorted((i["rank"], i["host"]) for i in infos)
@@ -113,10 +130,7 @@ def test_a_lost_pods_seat_goes_to_the_waiting_spare_and_the_pod_made_again_waits
     src = source_dir(tmp_path, "torch_spares.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
     node = Node(tmp_path, seated=3)
-    results = {r.host: r for r in k8s.run(
-        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), timeout_s=420,
-        kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
-    assert not node.errors, node.errors
+    results = node.run(pods, tmp_path, hps("torch_spares.py", src), node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), 420)
     assert node.replaced == [-9] and node.rejoined_at is not None
     for pod in (MASTER, "ptj-worker-1", "ptj-worker-2", LOST):  # the pod made again too: it heard the verdict
         assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
@@ -155,20 +169,27 @@ def test_a_pod_made_again_is_seated_at_the_next_restart_while_the_job_is_below_i
     assert f"listener guard: {LOST} now at" in out, out[-3000:]  # torch's store admits its new address
 
 
+def tfjob_with_a_pod_lost(tmp_path: Path, first: str, lost: str) -> Node:
+    """A TFJob (Chief + 2 Workers, ``MAX_HOSTS=2``: worker 1 the spare) running the parameter server (``ps_spares.py``),
+    ``lost``'s pod lost with its node at epoch 3 and made again, ``first`` leading the job after it; every pod, the one
+    made again included (it waited as a spare and heard the verdict), ended 0."""
+    src = source_dir(tmp_path, "ps_spares.py")
+    pods = k8s.tfjob("tfj", "ns1", {"Chief": 1, "Worker": 2})
+    node = Node(tmp_path, seated=2, first=first, lost=lost, progress="epoch-0")
+    env = node.env(TRAINING_TOOLKIT_MAX_HOSTS="2", TRAINING_TOOLKIT_GRACE_PERIOD="5", TF_CPP_MIN_LOG_LEVEL="2",
+                   EPOCHS="12", EPOCH_S="0.5", TRAINING_TOOLKIT_MAX_RESTARTS="1")
+    results = node.run(pods, tmp_path, hps("ps_spares.py", src), env, 480)
+    assert node.replaced == [-9]
+    for pod in pods:
+        assert results[pod.name].exit_code == 0, (pod.name, results[pod.name].exit_code, results[pod.name].failure)
+    return node
+
+
 @pytest.mark.tensorflow
 def test_a_tfjob_parameter_server_job_seats_its_spare_worker_in_a_lost_workers_place(tmp_path):
     """TFJob Chief + 2 Workers, ``MAX_HOSTS=2``: worker 1 is the spare; worker 0's pod (worker 0, ps 1) is lost."""
-    src = source_dir(tmp_path, "ps_spares.py")
-    pods = k8s.tfjob("tfj", "ns1", {"Chief": 1, "Worker": 2})
     chief, lost, spare = (f"tfj-{t}.ns1.svc" for t in ("chief-0", "worker-0", "worker-1"))
-    node = Node(tmp_path, seated=2, first="tfj-chief-0", lost="tfj-worker-0", progress="epoch-0")
-    env = node.env(TRAINING_TOOLKIT_MAX_HOSTS="2", TRAINING_TOOLKIT_GRACE_PERIOD="5", TF_CPP_MIN_LOG_LEVEL="2",
-                   EPOCHS="12", EPOCH_S="0.5", TRAINING_TOOLKIT_MAX_RESTARTS="1")
-    results = {r.host: r for r in k8s.run(pods, tmp_path, hps("ps_spares.py", src), env=env, timeout_s=480,
-                                          kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
-    assert not node.errors, node.errors
-    for pod in pods:  # the pod made again too: it waited as a spare and heard the verdict
-        assert results[pod.name].exit_code == 0, (pod.name, results[pod.name].exit_code, results[pod.name].failure)
+    node = tfjob_with_a_pod_lost(tmp_path, first="tfj-chief-0", lost="tfj-worker-0")
     first = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-0-*.json")}
     assert first["seen-0-worker-0.json"]["host"] == lost and len(first) == 2  # the spare ran nothing
     second = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-1-*.json")}
@@ -189,10 +210,7 @@ def test_the_master_pods_node_lost_the_job_fails_over_and_the_master_made_again_
     src = source_dir(tmp_path, "torch_spares.py")
     pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
     node = Node(tmp_path, seated=3, first="ptj-worker-0", lost=MASTER)
-    results = {r.host: r for r in k8s.run(
-        pods, tmp_path, hps("torch_spares.py", src), env=node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), timeout_s=420,
-        kubelet=node.kubelet, operator=node.operator, before_start=node.start)}
-    assert not node.errors, node.errors
+    results = node.run(pods, tmp_path, hps("torch_spares.py", src), node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), 420)
     assert node.replaced == [-9] and node.rejoined_at is not None
     for pod in ("ptj-worker-0", "ptj-worker-1", "ptj-worker-2", MASTER):  # the Master made again: the job's verdict
         assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
@@ -200,10 +218,7 @@ def test_the_master_pods_node_lost_the_job_fails_over_and_the_master_made_again_
     assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-2"), (2, "ptj-worker-1")]
     assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
     assert not list(node.shared.glob("seen-2-*")), "no restart was made for the Master that came back"
-    message = k8s.termination_log(tmp_path / "cluster", MASTER)  # the job's verdict, and its new lead's summary
-    assert message == k8s.termination_log(tmp_path / "cluster", "ptj-worker-0"), message
-    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
-        message
+    ended_with_the_new_leads_verdict(tmp_path, MASTER, "ptj-worker-0")
     out = capfd.readouterr().out
     assert "ptj-worker-0: leading the job from attempt 2" in out, out[-3000:]
     assert f"{MASTER}: the job runs without this host" in out, out[-3000:]
@@ -234,7 +249,60 @@ def test_a_master_pod_made_again_after_the_work_is_done_hears_the_verdict_and_ne
     assert node.replaced == [-9]
     assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-1")]  # shrunk to 2 under the new lead
     assert not list(node.shared.glob("seen-2-*")), "the Master made again started no work"
-    message = k8s.termination_log(tmp_path / "cluster", MASTER)  # the verdict it heard late, with the lead's summary
-    assert message == k8s.termination_log(tmp_path / "cluster", "ptj-worker-0"), message
-    assert message.startswith("training completed (exit code 0)\ntraining-toolkit: summary: attempts=2 faults=1 "), \
-        message
+    ended_with_the_new_leads_verdict(tmp_path, MASTER, "ptj-worker-0")
+
+
+@pytest.mark.mpi
+@pytest.mark.sshd
+def test_an_mpijobs_launcher_lost_mpirun_fails_over_and_the_launcher_made_again_joins_and_ends_with_the_verdict(
+        tmp_path, capfd):
+    """An MPIJob (mpi-operator v2beta1, the launcher a worker too): the launcher pod, where mpirun ran, lost with its
+    node.  mpj-worker-0 leads attempt 2 and runs mpirun there, ranks 0-1 on its host, the spare in its old seat; the
+    launcher Job's pod made again (its hostname, a new address, the hostfile mounted again) finds the job running,
+    joins as a spare and exits with the job's verdict, 0: the launcher Job's, and so the MPIJob's (docs/kubernetes.md).
+    """
+    src = source_dir(tmp_path, "mpi_spares.py")
+    launcher = "mpj-launcher"
+    pods = k8s.mpijob("mpj", "ns1", workers=3, slots=2)  # 4 pods: 3 hosts and a spare
+    fqdn = {p.name: f"{p.name}.mpj.ns1.svc" for p in pods}
+    node = Node(tmp_path, seated=6, first="mpj-worker-0", lost=launcher)
+    results = node.run(pods, tmp_path, hps("mpi_spares.py", src), node.env(TRAINING_TOOLKIT_MAX_HOSTS="3"), 480)
+    assert node.replaced == [-9] and node.rejoined_at is not None
+    for pod in (launcher, "mpj-worker-0", "mpj-worker-1", "mpj-worker-2"):  # the launcher made again: the verdict, 0
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    first = seen(node.shared, 0)
+    assert first == [(0, fqdn[launcher]), (1, fqdn[launcher]), (2, fqdn["mpj-worker-0"]), (3, fqdn["mpj-worker-0"]),
+                     (4, fqdn["mpj-worker-1"]), (5, fqdn["mpj-worker-1"])], first
+    second = seen(node.shared, 1)  # mpirun from mpj-worker-0; the spare in mpj-worker-0's old seat
+    assert second == [(0, fqdn["mpj-worker-0"]), (1, fqdn["mpj-worker-0"]), (2, fqdn["mpj-worker-2"]),
+                      (3, fqdn["mpj-worker-2"]), (4, fqdn["mpj-worker-1"]), (5, fqdn["mpj-worker-1"])], second
+    assert all(i["world"] == 6 and i["start"] >= 3 for i in infos(node.shared, 1))  # resumed from the checkpoint
+    assert not list(node.shared.glob("seen-2-*")), "no restart was made for the launcher that came back"
+    ended_with_the_new_leads_verdict(tmp_path, launcher, "mpj-worker-0")
+    out = capfd.readouterr().out
+    assert f"{fqdn['mpj-worker-0']}: leading the job from attempt 2" in out, out[-3000:]  # the hostfile's names
+    assert f"{fqdn[launcher]}: the job runs without this host" in out, out[-3000:]
+
+
+@pytest.mark.tensorflow
+def test_a_tfjobs_chief_pod_lost_the_chief_fails_over_and_the_chief_made_again_joins_and_ends_with_the_verdict(
+        tmp_path):
+    """TFJob Chief + 2 Workers, ``MAX_HOSTS=2`` (worker 1 the spare), parameter servers: the Chief's pod, the lead
+    running the chief, lost with its node.  tfj-worker-0 leads attempt 2 and runs the chief there (``TF_CONFIG``'s
+    chief is the attempt's lead), the spare its old seat as worker 0; the operator makes the Chief pod again
+    (``restartPolicy: ExitCode``, a dead node's pod), which joins as a spare and exits with the verdict, 0: with a
+    Chief replica the TFJob succeeds when the Chief pod does (docs/kubernetes.md)."""
+    chief, lead, spare = (f"tfj-{t}.ns1.svc" for t in ("chief-0", "worker-0", "worker-1"))
+    node = tfjob_with_a_pod_lost(tmp_path, first="tfj-worker-0", lost="tfj-chief-0")
+    assert node.rejoined_at is not None
+    first = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-0-*.json")}
+    assert first["seen-0-chief-0.json"]["host"] == chief and len(first) == 2  # the spare ran nothing
+    second = {f.name: json.loads(f.read_text()) for f in node.shared.glob("seen-1-*.json")}
+    assert second["seen-1-chief-0.json"]["host"] == lead and second["seen-1-worker-0.json"]["host"] == spare, second
+    assert all(t["cluster"] == {"chief": [f"{lead}:2222"], "worker": [f"{spare}:2222"],
+                                "ps": [f"{lead}:2223", f"{spare}:2223"]} for t in second.values()), second
+    assert second["seen-1-chief-0.json"]["start"] >= 3  # the chief resumed from the lost chief's checkpoint
+    done = json.loads((node.shared / "done-1.json").read_text())
+    assert abs(done["w"] - 3.0) < 0.3 and abs(done["b"] + 1.0) < 0.3, done
+    assert not list(node.shared.glob("seen-2-*")), "no restart was made for the Chief that came back"
+    ended_with_the_new_leads_verdict(tmp_path, "tfj-chief-0", "tfj-worker-0")

@@ -13,6 +13,7 @@ import json
 import pwd
 import re
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_a_one_node_job(tmp_path):
     assert seen["SM_HOSTS"] == '["node1"]' and seen["SM_CURRENT_HOST"] == "node1"
     assert seen["SM_NETWORK_INTERFACE_NAME"] == "eth0" and json.loads(seen["SM_HPS"])["epochs"] == 3
     # Slurm signals the script too: its repeated SIGTERMs are one stop (runners/one_stop.py), the script the rank
-    assert seen["LD_PRELOAD"].endswith("libtrainingtoolkit_stophold.so") and seen["one_stop"] is True, seen
+    assert seen["LD_PRELOAD"].endswith("libtrainingtoolkit_rankstop.so") and seen["one_stop"] is True, seen
     assert f"slurm: job {job} step 0: host node1 of node1" in out
 
 
@@ -229,7 +230,7 @@ def test_mpi_under_slurm_uses_no_sshd_and_no_ssh(tmp_path):
         assert not [c for c in info["cmdlines"] if c.split(" ", 1)[0].rsplit("/", 1)[-1] in ("ssh", "sshd")]
         assert info["listening"] == [] and info["ssh_dirs"] == [], (rank, info)
     # node2's ranks: under orted, started by Slurm for the daemons' step (srun --overlap), not by an sshd
-    assert looks[2]["ancestors"][:2] == ["orted", "slurmstepd"], looks[2]["ancestors"]
+    assert looks[2]["ancestors"][:3] == ["training-toolki", "orted", "slurmstepd"], looks[2]["ancestors"]  # its parent, ours
     assert "mpirun" in looks[0]["ancestors"] and "slurmstepd" in looks[0]["ancestors"], looks[0]["ancestors"]
     assert "ssh:" not in out, out
 
@@ -251,10 +252,15 @@ if os.environ.get("SAVE_DELAY"):
     signal.signal(signal.SIGTERM, save)
     open(os.path.join(os.environ["SM_MODEL_DIR"], f"waiting-{{rank}}"), "w").write("up")
     time.sleep(120)
+grandparent = open(f"/proc/{{os.getppid()}}/stat").read().rsplit(")", 1)[1].split()[1]
 procs = sorted({{open(f"/proc/{{p}}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()
                  and os.path.exists(f"/proc/{{p}}/comm")}})
 json.dump({{"rank": rank, "size": int(os.environ["OMPI_COMM_WORLD_SIZE"]), "hostname": socket.gethostname(),
-           "parent": open(f"/proc/{{os.getppid()}}/comm").read().strip(), "processes": procs}},
+           "parent": open(f"/proc/{{os.getppid()}}/comm").read().strip(),
+           "grandparent": open(f"/proc/{{grandparent}}/comm").read().strip(),
+           "grandparent_blocked": [int(line.split()[1], 16) for line in open(f"/proc/{{grandparent}}/status")
+                                   if line.startswith("SigBlk:")][0],
+           "processes": procs}},
           open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{{rank}}.json"), "w"))
 """
 
@@ -289,7 +295,8 @@ def test_open_mpi_5_under_slurm(tmp_path, fail):
     assert sorted(ranks) == [0, 1, 2, 3] and {r["size"] for r in ranks.values()} == {4}, out
     assert [ranks[i]["hostname"] for i in range(4)] == ["node1", "node1", "node2", "node2"]
     assert all(not {"sshd", "ssh"} & set(r["processes"]) for r in ranks.values()), ranks
-    assert ranks[2]["parent"] == "prted", ranks[2]
+    assert (ranks[2]["parent"], ranks[2]["grandparent"]) == ("training-toolki", "prted"), ranks[2]  # its parent, ours
+    assert ranks[2]["grandparent_blocked"] & (1 << (signal.SIGTERM - 1)), ranks[2]  # prted: SIGTERM blocked
 
 
 @pytest.mark.mpi

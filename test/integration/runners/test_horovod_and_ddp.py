@@ -33,7 +33,7 @@ def test_horovod_tensorflow_on_2_hosts_x_2(tmp_path):
 
 
 @pytest.mark.torch
-def test_torch_ddp_on_2_hosts_x_2(tmp_path):
+def test_torch_ddp_on_2_hosts_x_2(tmp_path, capfd):
     src = source_dir(tmp_path, "torch_ddp_train.py")
     job = LocalJob(hosts=H2, env=ENV, hyperparameters=hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True,
                                                           sagemaker_distributed_processes_per_host=2))
@@ -45,9 +45,10 @@ def test_torch_ddp_on_2_hosts_x_2(tmp_path):
                for rank, info in ranks.items())
     assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
     assert all(info["last_loss"] < info["first_loss"] for info in ranks.values())
+    assert "left behind" not in capfd.readouterr().out  # every process ended by its owner, the toolkit's own too
 
 
-def test_a_failing_torch_distributed_process_stops_every_host(tmp_path):
+def test_a_failing_torch_distributed_process_stops_every_host(tmp_path, capfd):
     src = tmp_path / "src"
     src.mkdir()
     (src / "dp.py").write_text(
@@ -62,6 +63,7 @@ def test_a_failing_torch_distributed_process_stops_every_host(tmp_path):
         assert r.failure.splitlines()[0] == "algo-2 rank 3: dp.py exited with code 1: rank 3 gives up"
     ended = [r.ended_at for r in results]
     assert max(ended) - min(ended) < 3
+    assert "left behind" not in capfd.readouterr().out  # the ranks were stopped, not found left over
 
 
 @pytest.mark.horovod

@@ -67,7 +67,7 @@ def test_custom_options_host_names_and_nccl_defaults_on_hosts_named_aws(tmp_path
     ranks = rank_files(results)
     assert sorted(ranks) == [0, 1, 2, 3]
     preload = (f"{native.path_of(native.HOSTNAME_LIBRARY)}:{native.path_of(native.NETSHIM_LIBRARY)}:"
-               f"{native.path_of(native.STOPHOLD_LIBRARY)}")
+               f"{native.path_of(native.RANK_STOP_LIBRARY)}")
     for rank, info in ranks.items():
         host = H2[rank // 2]
         assert (info["host"], info["python"], info["mpi"], info["c"]) == (host, host, host, host), info
@@ -87,8 +87,8 @@ def test_nccl_debug_defaults_to_info_and_the_platforms_value_is_kept(tmp_path):
     for info in rank_files(results).values():
         assert (info["env"]["NCCL_DEBUG"], info["env"]["NCCL_MIN_NRINGS"]) == ("INFO", "8")
         # these hosts' kernel names are their own: gethostname() is the kernel's, only the accept() shim is preloaded,
-        # and the stop hold (its MPI_Abort, during a stop)
-        assert info["env"]["LD_PRELOAD"] == f"{native.path_of(native.NETSHIM_LIBRARY)}:{native.path_of(native.STOPHOLD_LIBRARY)}"
+        # and the rank's stop library (one stop; its MPI_Abort, during a stop)
+        assert info["env"]["LD_PRELOAD"] == f"{native.path_of(native.NETSHIM_LIBRARY)}:{native.path_of(native.RANK_STOP_LIBRARY)}"
         assert info["python"] == info["host"]
 
 

@@ -101,13 +101,26 @@ def test_other_hosts_share_progress_and_send_stacks():
     assert run(state, (1.0, StacksWanted()))[1] == [SendStacks()]
 
 
+def test_the_lead_tells_every_host_each_checkpoint_marked_in_any_phase_a_follower_only_records_them():
+    from training_toolkit.agent.decisions import MarkShared, ShareMark
+
+    lead = replace(master(watch=WATCH), attempt=2)  # each mark with its attempt
+    assert run(lead, (1.0, Progress(True, 2, checkpoint=True)))[1] == [ShareMark("algo-1", 2)]  # its own ranks'
+    assert run(lead, (1.0, PeerProgress("algo-2", True, checkpoint=True)))[1] == [ShareMark("algo-2", 2)]
+    assert run(lead, (1.0, PeerProgress("algo-2", True)))[1] == []  # progress alone is no mark
+    stopping = replace(lead, phase=Phase.STOPPING)  # a save in a stop's grace is a mark too
+    assert run(stopping, (1.0, PeerProgress("algo-2", True, checkpoint=True)))[1] == [ShareMark("algo-2", 2)]
+    assert run(worker(), (1.0, MarkShared("algo-3")))[1] == []  # the record's (recording.observed), no decision
+    assert run(worker(), (1.0, Progress(True, 0, checkpoint=True)))[1] == [ShareProgress(True, checkpoint=True)]
+
+
 # Restarts ----------------------------------------------------------------------------------------------
 
 
 def test_a_failure_with_restarts_left_stops_every_host_then_meets_at_the_next_barrier():
     state, actions = run(master(max_restarts=2), (1.0, PeerFailed("algo-2", RANK3.reason, 137, at=100.0)),
                          (1.0 + FAILURE_WINDOW_S, Tick()))
-    assert actions == [AnnounceRestart(1, RANK3.reason), StopPart(0)]
+    assert actions == [AnnounceRestart(1, RANK3.reason, "algo-2"), StopPart(0)]  # whose ranks failed, told
     assert state.phase == Phase.STOPPING and state.causes == (RANK3.reason,) and state.attempt == 0
     # this attempt's own processes ending while stopped are expected, not failures
     state, actions = run(state, (2.0, LocalExit("script", ExitStatus(-15), 2.0)))
@@ -203,7 +216,7 @@ def test_a_job_of_one_host_has_no_reports_to_wait_for():
     state, actions = run(state, (1.0, LocalExit("rank 1", KILLED, 1.0, RANK3)))
     assert actions == [] and state.deadline == 1.0  # no window: the next Tick concludes
     state, actions = run(state, (1.0, Tick()))
-    assert actions == [AnnounceRestart(1, RANK3.reason), StopPart(0)]
+    assert actions == [AnnounceRestart(1, RANK3.reason, "algo-1"), StopPart(0)]
 
 
 def test_a_worker_whose_restart_barrier_fails_reports_it_bare_and_ends_with_every_cause():
@@ -258,9 +271,25 @@ def test_a_platform_restart_is_where_the_attempts_start_and_the_restarts_are_the
     state = step(lead_state("algo-1", ("algo-2",), max_restarts=1, first_attempt=1), Started(("script",)), 0.0)[0]
     assert state.attempt == 1
     state, actions = run(state, (1.0, LocalExit("script", KILLED, 1.0, RANK3, attempt=1)), (2.0, Tick()))
-    assert actions == [AnnounceRestart(2, RANK3.reason), StopPart(1)]  # its one restart is left
+    assert actions == [AnnounceRestart(2, RANK3.reason, "algo-1"), StopPart(1)]  # its one restart is left
     state, actions = run(state, (3.0, PartEnded(1)), (4.0, Started(("script",))),
                          (5.0, LocalExit("script", KILLED, 5.0, RANK3, attempt=2)), (6.0, Tick()))
     assert actions[0] == Rejoin(2, RANK3.reason)
     verdict = actions[-1].outcome
     assert verdict.reason == f"{RANK3.reason} (attempt 3 of 3; earlier: attempt 2: {RANK3.reason})"
+
+
+def test_a_follower_takes_the_attempt_its_leads_go_started_and_what_the_job_learnt_the_lead_its_own():
+    import pytest
+
+    from training_toolkit.agent.decisions import take_seat as seated
+    from training_toolkit.job.attempt import Attempt
+
+    waiting = replace(follower_state("algo-2", 3), attempt=1, phase=Phase.BARRIER, cause_hosts=("algo-3",))
+    assert seated(waiting, Attempt(1, ("algo-1", "algo-2"), causes=("algo-3",))) == waiting
+    went = seated(waiting, Attempt(3, ("algo-1", "algo-2"), causes=("algo-3", None, "algo-4")))
+    assert (went.attempt, went.cause_hosts) == (3, ("algo-3", None, "algo-4"))  # the lead went on twice meanwhile
+    lead = replace(lead_state("algo-1", ("algo-2",), max_restarts=3), attempt=1, cause_hosts=("algo-2",))
+    assert seated(lead, Attempt(2, ("algo-1",))) is lead  # the lead numbers the attempts and keeps the causes itself
+    with pytest.raises(AssertionError):
+        seated(waiting, Attempt(0, ("algo-1",)))  # an older go is never taken (the seat waits for its own or newer)

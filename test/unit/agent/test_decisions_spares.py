@@ -121,7 +121,7 @@ def test_a_failure_reported_by_a_host_with_no_part_is_said_not_the_jobs():
 def test_each_restart_records_whose_own_processes_caused_it(events, want):
     state = master(wait_for_peers=False, max_restarts=2)
     state, actions = run(state, *[(1.0 + i * 0.1, e) for i, e in enumerate(events)], (2.0, Tick()))
-    assert state.lead.cause_hosts == want and state.phase.name == "STOPPING"
+    assert state.cause_hosts == want and state.phase.name == "STOPPING"
 
 
 def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for_the_waiting_spare():
@@ -135,8 +135,8 @@ def test_mpiruns_failures_blamed_on_a_workers_ranks_twice_in_a_row_retire_it_for
         state, _ = run(state, (1.0, LocalExit("mpirun", FAILED, 100.0, said, attempt, host="algo-2")), (2.0, Tick()))
         assert state.phase.name == "STOPPING"
         state, _ = run(state, (3.0, PartEnded(attempt)), (4.0, Started(("mpirun",), H[:2])))
-    assert state.lead.cause_hosts == ("algo-2", "algo-2")
-    retire = roster.to_retire(state.lead.cause_hosts)
+    assert state.cause_hosts == ("algo-2", "algo-2")
+    retire = roster.to_retire(state.cause_hosts)
     assert retire == frozenset({"algo-2"})
     turn = roster.next_roster(roster.Roster(H[:2], ("algo-3",)), frozenset(H[:3]), retire=retire)
     assert turn == roster.Turn(roster.Roster(("algo-1", "algo-3"), (), ("algo-2",)),

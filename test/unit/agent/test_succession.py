@@ -12,8 +12,8 @@ import pytest
 from helpers.steps import run
 from training_toolkit.agent.barrier import Barrier, Failed, Passed, Roll, Waiting, decide
 from training_toolkit.agent.decisions import (FailOver, Finish, GotSignal, PartEnded, Phase, Rejoin, Started, StopPart,
-                                              follower_state, promoted, step)
-from training_toolkit.agent.succession import has_majority, majority, may_go_on, successors
+                                              follower_state, promoted, step, toward)
+from training_toolkit.agent.succession import has_majority, majority, may_go_on, successors, term, waits
 from training_toolkit.cluster.events import PeerLost, RestartCalled
 from training_toolkit.job.report import Outcome
 from training_toolkit.agent.roster import Roster, led_by, next_roster
@@ -38,6 +38,45 @@ def test_the_successors_are_the_members_left_in_the_platforms_order():
     assert successors(H4, ("algo-3", "algo-1", "algo-4"), {"algo-1"}) == ("algo-3", "algo-4")
     assert successors(H4, H4, {"algo-1", "algo-2"}) == ("algo-3", "algo-4")  # a successor that did not answer
     assert successors(H4, ("algo-2",), {"algo-2"}) == ()
+
+
+def test_the_kth_successor_is_waited_for_k_plus_one_waits_counted_from_the_lead_every_member_saw_lost():
+    H5 = (*H4, "algo-5")
+    assert [waits(H5, H5, "algo-1", host) for host in H5[1:]] == [1, 2, 3, 4]
+    assert waits(H5, ("algo-1", "algo-3", "algo-5"), "algo-1", "algo-5") == 2  # members only: algo-3 before it
+    with pytest.raises(ValueError):
+        waits(H5, H5, "algo-1", "algo-1")  # the lost lead is nobody's successor
+
+
+def test_the_kth_successor_leads_the_kth_attempt_after_the_lost_leads_whoever_asks_it():
+    """algo-1 lost in attempt 0 (every member fails over to attempt 1).  algo-2 then lost with its go sent to algo-4
+    and algo-5 only: they fail over from attempt 1 (to 2, their members attempt 1's, algo-1 not among them); algo-3,
+    which never had the go, passes algo-2 over: both ask algo-3 for attempt 2, and algo-4 for 3."""
+    H5 = (*H4, "algo-5")
+    assert [term(H5, H5, "algo-1", host, 1) for host in H5[1:]] == [1, 2, 3, 4]
+    started = H5[1:]  # algo-2's go: its members
+    assert [term(H5, started, "algo-2", host, 2) for host in ("algo-3", "algo-4")] == [2, 3]
+    assert [term(H5, H5, "algo-1", host, 1) for host in ("algo-3", "algo-4")] == [2, 3]  # algo-3's own view: the same
+
+
+def test_a_host_on_its_way_to_an_attempt_never_goes_back():
+    state = follower_state("algo-3", 3)
+    assert toward(state, 2).attempt == 2 and toward(toward(state, 2), 1).attempt == 2 and toward(state, 0) == state
+
+
+def test_a_next_leads_attempt_past_the_restarts_allowed_ends_the_job_named():
+    from types import SimpleNamespace
+
+    from training_toolkit.agent import meeting
+    from training_toolkit.core.errors import ClusterError
+
+    agent = SimpleNamespace(host="algo-4", state=follower_state("algo-4", 2, first_attempt=1))
+    meeting._toward(agent, 3, "algo-1")  # the platform started the job at attempt 1: 2 restarts take it to 3
+    assert agent.state.attempt == 3
+    with pytest.raises(ClusterError, match=r"^algo-4: no restart left to lead the job on after algo-1 was lost "
+                                           r"\(attempt 5, past the 2 restarts allowed\)$"):
+        meeting._toward(agent, 4, "algo-1")
+    assert agent.state.attempt == 3
 
 
 @pytest.mark.parametrize("last, lead, alive, want", [
@@ -72,6 +111,15 @@ def test_a_follower_stopping_for_a_restart_when_its_lead_is_lost_meets_the_next_
     stopping, _ = step(follower(), RestartCalled(1, "algo-3 rank 2: boom"), 1.0)
     state, actions = run(stopping, (2.0, PeerLost("algo-1", "lost the lead algo-1 (closed)")), (3.0, PartEnded(0)))
     assert actions == [FailOver(1, "algo-3 rank 2: boom", "algo-1")]
+
+
+def test_a_follower_keeps_whose_ranks_caused_each_restart_and_a_lost_lead_as_no_ones():
+    restarted, _ = step(follower(), RestartCalled(1, "algo-3 rank 2: boom", "algo-3"), 1.0)
+    assert restarted.cause_hosts == ("algo-3",)  # should it lead later, the retire rule counts it
+    lost, _ = step(restarted, PeerLost("algo-1", "closed"), 2.0)
+    assert lost.cause_hosts == ("algo-3",)  # that same restart, under the next lead: not a failure of its own
+    lead_lost, _ = step(follower(), PeerLost("algo-1", "closed"), 2.0)
+    assert lead_lost.cause_hosts == (None,)  # the lead's loss: no one host's ranks (it breaks a run)
 
 
 @pytest.mark.parametrize("state", [
@@ -172,3 +220,16 @@ def test_a_lead_without_a_majority_stops_only_where_a_follower_could_lead():
     # a majority behind it: it goes on
     assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(
         frozenset({"algo-1", "algo-3"}), {}, ()) == Roster(("algo-1", "algo-3"))
+
+
+def test_a_new_lead_keeps_the_hosts_the_lost_lead_retired():
+    from training_toolkit.job.attempt import Attempt
+
+    seats = seats_of(H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2"})
+    seats.attempt = Attempt(2, ("algo-1", "algo-2", "algo-3"), (), ("algo-4",), ("algo-4", "algo-4"))
+    seats.host = "algo-2"
+    seats.take_lead("algo-1")
+    assert seats.roster == Roster(("algo-2", "algo-1", "algo-3"), (), ("algo-4",))  # retired still, not a spare
+    # algo-1's seat, rank 1 now, is not given to algo-4: the job shrinks to its minimum instead
+    assert seats.next_choice(frozenset({"algo-2", "algo-3", "algo-4"}), {}, ("algo-4", "algo-4", None)) == Roster(
+        ("algo-2", "algo-3"), (), ("algo-4",))

@@ -15,6 +15,7 @@ from training_toolkit.cluster.events import PeerFailed
 from training_toolkit.cluster.server import ControlServer
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
 from training_toolkit.core.errors import ClusterError, JobFailed
+from training_toolkit.job.attempt import Attempt
 
 from helpers.first_host import FirstHost
 
@@ -80,6 +81,33 @@ def test_a_client_waits_for_the_go_of_its_own_attempt(job):
     with pytest.raises(ClusterError, match="did not start the job"):
         c1.wait_go(0.5, 1)  # the go of attempt 0 came before: not this one
     assert time.monotonic() - t0 >= 0.5
+
+
+def test_a_client_late_for_its_attempt_hears_the_newer_one_the_lead_started(job):
+    srv, first, [(c1, _), (c2, _)] = job
+    c1.hosts = ("w1", "w2")  # what Membership takes from the welcome
+    first.restart(1, "w2: boom")
+    first.restart(2, "w2: boom again")  # the lead went on twice while w1 was slow to come back
+    c2.ready(2)
+    srv.release(Attempt(2, ("w2",), ("w1",)))
+    c1.ready(1)
+    assert c1.wait_seats(5, 1) == Attempt(2, ("w2",), ("w1",))  # the go's attempt, not the one w1 waited for
+
+
+def test_the_leads_marks_reach_every_host_of_the_job(job):
+    srv, _, [(c1, e1), (c2, e2)] = job
+    for c in (c1, c2):
+        c.hosts = ("m", "w1", "w2")  # what Membership takes from the welcome
+    before = time.time()
+    srv.mark("w1", 2)
+    srv.mark("m", 3)
+    after = time.time()
+    told = [get(e2), get(e2), get(e1), get(e1)]  # each host hears every mark, its own too: its record drops it
+    assert [(m.host, m.attempt) for m in told] == [("w1", 2), ("m", 3), ("w1", 2), ("m", 3)]
+    assert all(before <= m.at <= after for m in told)  # when the lead told of it, by its clock
+    srv.mark("stranger", 3)  # no host of the job: no mark, and the link stands
+    srv.mark("w2", 3)
+    assert get(e1).host == "w2"
 
 
 def test_progress_and_stops_are_told_to_the_first_host(job):
@@ -275,7 +303,7 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
             clients[host] = c
             c.ready(0)
         assert first.wait_ready(5) == frozenset(hosts)
-        srv.release(("m", "w1", "w2"))
+        srv.release(Attempt(0, ("m", "w1", "w2"), ("w3",)))
         assert {h: c.wait_go(5, 0) for h, c in clients.items()} == {h: ("m", "w1", "w2") for h in hosts[1:]}
         clients["w1"].close()  # w1 is lost: its seat goes to the spare w3
         assert first.get().host == "w1"
@@ -285,7 +313,7 @@ def test_a_restarts_barrier_with_spares_waits_only_for_the_linked_hosts_and_the_
         alive = first.wait_ready(5, alive_only=True)  # no failure for w1's loss, and no wait for it
         assert alive == frozenset({"m", "w2", "w3"})
         assert "w1" in first.why
-        srv.release(("m", "w3", "w2"))
+        srv.release(Attempt(1, ("m", "w3", "w2")))
         assert clients["w2"].wait_go(5, 1) == clients["w3"].wait_go(5, 1) == ("m", "w3", "w2")
     finally:
         for c in clients.values():

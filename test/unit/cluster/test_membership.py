@@ -86,3 +86,24 @@ def test_the_jobs_addresses_name_a_host_that_does_not_resolve(monkeypatch, resol
             netaddr.job_addresses(("l", "w0", "w1"))
     else:
         assert netaddr.job_addresses(("l", "w0", "w1")) == expected
+
+
+def test_a_host_that_takes_the_lead_introduces_itself_with_what_it_learnt_since_it_joined():
+    """An MPIJob's launcher lost: worker 0 leads, and a worker made again learns the job's ranks per host from it."""
+    settings = ChannelSettings(free_port(), join_timeout_s=5, heartbeat_s=0.1, peer_timeout_s=10)
+    hosts = ("127.0.0.1", "localhost", "w2")
+    first = Membership(SECRET, hosts, "127.0.0.1", settings, SimpleQueue(), {"per_host": "3"})
+    second = Membership(SECRET, hosts, "localhost", settings, SimpleQueue(), {"per_host": "1"})
+    made_again = ControlClient(SECRET, "w2", "localhost", settings.port, SimpleQueue(), heartbeat_s=0.1)
+    try:
+        first.open()
+        second.open()
+        assert second.introductions["127.0.0.1"] == {"per_host": "3"}  # the lead's, in its welcome
+        second.introduce({"per_host": "3"})  # what it took from it at its first seat
+        first.close()  # the lead lost
+        second.take_lead(1)
+        made_again.connect(5)
+        assert made_again.introduction == {"per_host": "3"}  # the new lead's welcome: the job's count, not its own
+    finally:
+        for seat in (made_again, second, first):
+            seat.close()

@@ -55,6 +55,28 @@ def test_field_readers_accept_or_refuse_with_a_frame_error(message):
             pass
 
 
+def test_a_gos_seats_read_back_as_sent_and_what_is_not_the_jobs_is_refused():
+    from training_toolkit.job.attempt import Attempt
+
+    job = ("m", "w1", "w2", "w3")
+    sent = wire.seats(Attempt(4, ("m", "w1"), ("w2",), ("w3",), ("w3", None, "w3")))
+    active = wire.active(sent, job)
+    spares = wire.spares(sent, job, active)
+    assert (active, spares, wire.retired(sent, job, (*active, *spares)), wire.causes(sent, job)) == (
+        ("m", "w1"), ("w2",), ("w3",), ("w3", None, "w3"))
+    assert (wire.retired({}, job, ()), wire.causes({}, job)) == ((), ())  # a go of a version before them
+    for bad in ({"retired": ["w1"]}, {"retired": ["x"]}, {"retired": "w3"}):
+        with pytest.raises(wire.FrameError, match="retired"):
+            wire.retired(bad, job, ("m", "w1"))  # an active host, a stranger, not a list
+    for bad in ({"causes": ["x"]}, {"causes": [3]}, {"causes": "w1"}, {"causes": [None] * 17}):
+        with pytest.raises(wire.FrameError, match="causes"):
+            wire.causes(bad, job)
+    assert [wire.cause(m, job) for m in ({}, {"cause": None}, {"cause": "w2"})] == [None, None, "w2"]
+    for bad in ({"cause": "x"}, {"cause": 3}):
+        with pytest.raises(wire.FrameError, match="cause"):
+            wire.cause(bad, job)
+
+
 def test_exit_codes_are_bytes():
     assert wire.exit_code({"code": 3}) == 3
     for bad in (-1, 256, True, "3", 3.0, None):

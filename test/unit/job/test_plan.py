@@ -183,6 +183,19 @@ def test_an_attempts_plan_fits_the_options_parsed_once_to_its_hosts():
     assert for_hosts(p, p.hosts, "hp.json") is p
 
 
+def test_the_jobs_ranks_per_host_where_this_hosts_own_differ_fitted_to_its_hosts():
+    from training_toolkit.job.plan import with_processes_per_host
+
+    p = plan({"sagemaker_mpi_enabled": "true"}, RC4)  # an MPIJob worker's: one per host, its own guess
+    assert with_processes_per_host(p, 1, "hp.json") is p
+    job = with_processes_per_host(p, 2, "hp.json")
+    assert job.options == p.options._replace(processes_per_host=2, num_processes=8) and job.hosts == p.hosts
+    fixed = plan({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": "6",
+                  "sagemaker_mpi_num_of_processes_per_host": "2"}, RC4)
+    with pytest.raises(ConfigError, match="hp.json.*6 processes do not fit 4 host"):
+        with_processes_per_host(fixed, 1, "hp.json")
+
+
 @pytest.mark.parametrize("hps, key", [
     ({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_processes": "4"}, "sagemaker_mpi_num_processes"),
     ({"sagemaker_parameter_server_enabled": "true", "sagemaker_parameter_server_num_ps": "3"},

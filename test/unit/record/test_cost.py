@@ -63,8 +63,8 @@ def test_without_progress_the_processes_start_is_the_basis_and_the_last_fault_en
     assert doc["downtime_s"] == 0.0 and doc["running_fraction"] == 0.9
 
 
-def mark(t, n, host="algo-1"):
-    return e("checkpoint", t, attempt=n, host=host)
+def mark(t, n, host="algo-1", at=None):
+    return e("checkpoint", t, attempt=n, host=host, at=at)
 
 
 def test_with_checkpoint_marks_each_fault_loses_the_work_since_the_last_mark_and_goodput_nets_it_out():
@@ -79,6 +79,14 @@ def test_with_checkpoint_marks_each_fault_loses_the_work_since_the_last_mark_and
     text = summary.line(doc)
     assert " goodput=0.7000;" in text and "and 3.000 s of work since the last checkpoint" in text
     assert re.search(summary.METRICS["toolkit:goodput"], "training-toolkit: " + text).group(1) == "0.7000"
+
+
+def test_a_mark_the_lead_told_of_counts_when_the_lead_told_not_when_this_host_handled_it():
+    # LOST_HOST's job; algo-3's mark at 107 by the lead's clock, handled here only at 111 (after algo-2's loss at 110)
+    entries = [*LOST_HOST[:4], mark(104.0, 0), *LOST_HOST[4:6], mark(111.0, 0, "algo-3", at=107.0), *LOST_HOST[6:]]
+    assert cost.cost(entries)["faults"][0]["lost_work_s"] == 3.0  # 110 - 107, not 110 - 104
+    entries[7] = mark(111.0, 0, "algo-3")  # stamped when handled: after the loss, so the work since 104 is lost
+    assert cost.cost(entries)["faults"][0]["lost_work_s"] == 6.0
 
 
 def test_an_attempt_that_marked_nothing_before_its_fault_lost_all_it_ran():

@@ -8,7 +8,7 @@ from training_toolkit.agent.events import (AnnounceRestart, FailOver, Finish, Ga
                                            Progress, Say, Started)
 from training_toolkit.agent.recording import Recorder, observed
 from training_toolkit.job.attempt import Attempt
-from training_toolkit.cluster.events import PeerFailed, PeerLost, PeerProgress, Verdict
+from training_toolkit.cluster.events import MarkShared, PeerFailed, PeerLost, PeerProgress, Verdict
 from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.record import schema
 from training_toolkit.job.report import Outcome
@@ -49,13 +49,26 @@ def test_a_stall_began_the_stall_timeout_before_it_was_seen_or_the_startups_befo
     assert stalls == [(0, 70.0), (1, 95.0)]
 
 
+def test_a_steps_entries_carry_the_instant_it_was_decided_not_the_writes(tmp_path):
+    recorder = Recorder(tmp_path, "algo-1", stall_s=4.0, clock=lambda: 500.0)
+    recorder.step(Progress(attempt=0), (), 0, at=100.25)
+    recorder.step(None, (GatherStacks(),), 0, at=104.25)
+    recorder.step(Progress(attempt=1), (), 1)  # no instant given: the recorder's clock
+    assert [(item["kind"], item["t"]) for item in recorder.entries] == [
+        ("progress", 100.25), ("fault", 104.25), ("progress", 500.0)]
+    assert recorder.entries[1]["at"] == 100.25  # the stall began the stall timeout before it was decided
+
+
 def test_progress_starts_restarts_and_the_verdict():
     assert see(Progress(heartbeat=True, attempt=1)) == [("progress", {"attempt": 1, "heartbeat": True})]
     assert see(PeerProgress("algo-2")) == [("progress", {"attempt": 1, "heartbeat": False})]
     assert see(Progress(heartbeat=True, attempt=1, checkpoint=True)) == [
-        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-1"})]
+        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-1", "at": None})]
+    # the lead told of it: its attempt and its instant, whatever this host's attempt when it handles it
+    assert see(MarkShared("algo-3", 0, 99.1234)) == [("checkpoint", {"attempt": 0, "host": "algo-3", "at": 99.123})]
+    assert see(MarkShared("algo-1", 1, 99.0)) == []  # this host's own: recorded when its rank marked it
     assert see(PeerProgress("algo-3", True, checkpoint=True)) == [
-        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-3"})]
+        ("progress", {"attempt": 1, "heartbeat": True}), ("checkpoint", {"attempt": 1, "host": "algo-3", "at": None})]
     assert see(Started(("rank",))) == [("started", {"attempt": 1})]
     assert see(None, (AnnounceRestart(2, "algo-2 failed"),)) == [
         ("restart", {"attempt": 2, "reason": "algo-2 failed", "lost": None})]

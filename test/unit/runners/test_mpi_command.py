@@ -6,6 +6,7 @@ from training_toolkit.runners.mpi_command import MpiJob, host_list, mpirun_comma
 RANK = ("/venv/native/training-toolkit-rank",)
 JOB = MpiJob(hosts=("algo-1", "algo-2"), processes_per_host=2, num_processes=4, interface="eth0",
              rank_command=RANK, rsh_agent=("/opt/tt/native/training-toolkit-ssh",),
+             term_blocked="/opt/tt/native/training-toolkit-term-blocked",
              custom_options=("--mca", "btl_tcp_eager_limit", "1024"), as_root=True)
 
 # the BTL's listeners in the range the listener guard filters (cluster/guard.py), whatever the flavour
@@ -33,7 +34,7 @@ def test_openmpi5_command_exactly():
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "--mca", "plm_ssh_agent", "/opt/tt/native/training-toolkit-ssh", "--prtemca", "routed_radix", "64",
         "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
-        *BTL_PORTS, *RANK,
+        *BTL_PORTS, "--prtemca", "prte_launch_agent", "/opt/tt/native/training-toolkit-term-blocked prted", *RANK,
     ]
 
 

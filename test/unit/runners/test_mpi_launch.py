@@ -97,3 +97,17 @@ def test_a_fixed_number_of_processes_that_a_shrink_cannot_fit_is_refused_naming_
     fixed = ctx._replace(job=job, plan=make_plan(job))
     with pytest.raises(ConfigError, match="sagemaker_mpi_num_processes.*6 processes do not fit 2 host"):
         for_attempt(fixed, Attempt(1, ("algo-1", "algo-3")))
+
+
+def test_the_ranks_per_host_are_the_first_hosts_where_this_host_names_none():
+    from training_toolkit.runners.mpi_launch import job_per_host
+
+    rows = {  # (named, leads, own, said) -> the job's count where it is not this host's own
+        (False, False, 1, "2"): 2,  # an MPIJob worker: the launcher's slots
+        (False, False, 2, "2"): None,  # the same: nothing to change
+        (True, False, 1, "2"): None,  # its own hyperparameters name a count: its own
+        (False, True, 1, "2"): None,  # the host that leads says the count, it takes none
+        (False, False, 1, ""): None,  # a first host that says none (a version before it)
+        (False, False, 1, "x"): None, (False, False, 1, "0"): None, (False, False, 1, "99999"): None,
+    }
+    assert {row: job_per_host(*row) for row in rows} == rows

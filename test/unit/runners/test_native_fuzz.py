@@ -68,7 +68,9 @@ def test_a_valid_file_makes_a_round_trip_through_the_rank_program(rank_program, 
         assert proc.returncode == 0, proc.stderr
         seen = dict(entry.split(b"=", 1) for entry in proc.stdout.split(b"\0")[:-1])
         assert seen.pop(b"TRAINING_TOOLKIT_RANK_PID").isdigit()  # the rank's own pid (the file's is left out)
-        given = {os.fsencode(k): os.fsencode(v) for k, v in env.items() if k != "TRAINING_TOOLKIT_RANK_PID"}
+        assert seen.pop(b"TRAINING_TOOLKIT_RANK_PARENT").isdigit()  # and its parent's, the rank program's
+        given = {os.fsencode(k): os.fsencode(v) for k, v in env.items()
+                 if k not in ("TRAINING_TOOLKIT_RANK_PID", "TRAINING_TOOLKIT_RANK_PARENT")}
         assert seen == {**given, b"PWD": os.fsencode(str(cwd))}
 
 

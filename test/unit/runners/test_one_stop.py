@@ -1,4 +1,4 @@
-"""one_stop.py and native/stophold.c for a process the toolkit starts itself (not an MPI rank): where the platform
+"""one_stop.py and native/rank_stop.c for a process the toolkit starts itself (not an MPI rank): where the platform
 signals every process (Slurm), its SIGTERMs within the window are one stop, and nothing of its end waits."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def start(how: str, wait_ms: int = 1500, env: dict | None = None) -> subprocess.
 
 def test_the_environment_keeps_the_users_preload_first():
     env = one_stop_environment({"LD_PRELOAD": "/u.so", "A": "b"})
-    assert env == {"LD_PRELOAD": f"/u.so:{native.path_of(native.STOPHOLD_LIBRARY)}", "A": "b",
+    assert env == {"LD_PRELOAD": f"/u.so:{native.path_of(native.RANK_STOP_LIBRARY)}", "A": "b",
                    RANK_STOP_WAIT_VAR: "2000"}
 
 

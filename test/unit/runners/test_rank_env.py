@@ -158,7 +158,8 @@ def test_the_rank_program_runs_the_files_command_with_its_environment_and_the_ru
     argv, cwd, seen, pid = json.loads(proc.stdout)
     assert argv == ["a b", ""] and cwd == "/"
     seen.pop("LC_CTYPE", None)  # Python's own locale coercion
-    assert seen.pop("TRAINING_TOOLKIT_RANK_PID") == str(pid)  # the rank is the process it execs (native/stophold.c)
+    assert seen.pop("TRAINING_TOOLKIT_RANK_PID") == str(pid)  # the rank is the process it starts (native/rank_stop.c)
+    assert seen.pop("TRAINING_TOOLKIT_RANK_PARENT") != str(pid)  # and stays its parent
     assert seen == {"PATH": "/usr/bin:/bin", "SM_HP_LEARNING-RATE": "0.1", "MULTI": "a\nb", "OMPI_COMM_WORLD_RANK": "3",
                     "PMIX_RANK": "3", "PRTE_LAUNCHED": "1", "OPAL_PREFIX": "/o", "HFI_NO_BACKTRACE": "1",
                     "TRAINING_TOOLKIT_SUPERVISOR": "t", "LD_LIBRARY_PATH": "/ompi/lib:/shared:/file/lib", "PWD": "/"}
@@ -222,10 +223,8 @@ def test_through_slurm_each_host_names_its_ranks_directory_after_its_node(tmp_pa
         rank_env.node_rank_file_path("ab12", "node1", tmp_path)
     with pytest.raises(ClusterError, match="cannot name a directory"):
         rank_env.node_rank_file_path("ab12", "../x", tmp_path)
-    paths = slurm_paths(one, one.parent / "stopping", "node1")
+    paths = slurm_paths(one, "node1")
     assert paths == {"TRAINING_TOOLKIT_RANK_FILE": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "rank.env"),
-                     "TRAINING_TOOLKIT_STOP_FLAG": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "stopping"),
-                     "TRAINING_TOOLKIT_RESTART_FLAG": str(tmp_path / "training-toolkit-ranks-ab12-%n" / "restarting"),
                      "SLURMD_NODENAME": "node1"}
 
 
