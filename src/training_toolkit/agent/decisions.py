@@ -233,7 +233,7 @@ def _setup_failed(state: AgentState, event: SetupFailed) -> tuple[AgentState, tu
 
 
 def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action, ...]]:
-    """This host's part is being stopped for a restart: only its end, the verdict or a lost first host matter."""
+    """This host's part is being stopped for a restart: only its end, the verdict or a lost lead matter."""
     if isinstance(event, PartEnded):
         if state.stop_signal is not None:  # stopped meanwhile: the platform's stop is the end
             outcome = stopped(state.host, state.stop_signal)

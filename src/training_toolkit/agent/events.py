@@ -28,7 +28,7 @@ class Phase(str, Enum):
                                                      --a failure, or the deadline on a Tick--> ENDED
         SETUP --Joined a job already past attempt 0's start (a host that rejoins)--> SETUP at the next attempt
         RUNNING --a failure, after the root-cause window--> ENDED, or STOPPING if restarts are left
-        RUNNING --no progress within the stall timeout (first host)--> GATHERING --stacks--> as a failure
+        RUNNING --no progress within the stall timeout (the lead)--> GATHERING --stacks--> as a failure
         STOPPING --this host's part of the attempt ended (PartEnded)--> BARRIER (attempt n+1)
         RUNNING, a follower --its lead lost, the job may go on (Started.failover)--> STOPPING --PartEnded-->
             BARRIER (attempt n+1, under the next lead: ``FailOver``; this host may be it)

@@ -79,7 +79,7 @@ def running(state: AgentState, event: Event, now: float) -> tuple[AgentState, tu
 
 
 def _all_parts_stopped(state: AgentState) -> tuple[AgentState, tuple[Action, ...]]:
-    """A stopped first host concludes once every host's part has stopped (or reported done): no need to wait more."""
+    """A stopped lead concludes once every host's part has stopped (or reported done): no need to wait more."""
     if (waits_for_parts(state) and state.failures
             and active_workers(state) | {state.host} <= state.lead.stopped_hosts | state.lead.done):
         return conclude(state, state.failures)

@@ -1,5 +1,5 @@
 """Meeting the job, the loop's host's part: an attempt's barrier (the lead's, a follower's, after a lost lead the
-next one's), and the roles that change on the way (a follower that takes the lead, a first host back after its loss).
+next one's), and the roles that change on the way (a follower that takes the lead, a lead back after its loss).
 
 The lead runs the loop's step on the channel's events until every host is
 ready (``Release``), then chooses the attempt (``Seats.choose``) and sends the

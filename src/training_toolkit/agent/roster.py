@@ -1,8 +1,8 @@
 """Who takes part in each attempt: the active hosts in rank order, and the spares (pure).
 
-The platform gives the job its hosts in its own order, the first host first.  With a maximum
+The platform gives the job its hosts in its own order.  With a maximum
 of M hosts below their number, the first M are active and the rest are
-**spares**: joined, heartbeating, running no ranks.  At each restart's barrier the first host
+**spares**: joined, heartbeating, running no ranks.  At each restart's barrier the lead
 chooses the next attempt's roster from the last one and the hosts that are alive then
 (``next_roster``), and every host takes it from there:
 
@@ -31,7 +31,7 @@ RETIRE_AFTER = 2  # failures in a row caused by one host's own ranks, after whic
 
 @record
 class Roster:
-    """One attempt's hosts: ``active`` in rank order (the first host first), ``spares`` in the order they are called.
+    """One attempt's hosts: ``active`` in rank order (the lead first), ``spares`` in the order they are called.
 
     ``retired``: hosts that gave their seat away after failing (``to_retire``): joined still, never seated again.
     """
@@ -93,8 +93,8 @@ def next_roster(last: Roster, alive: frozenset[str] | set[str], *, max_hosts: in
                 why: Mapping[str, str] | None = None) -> Turn | Shortfall:
     """The next attempt's roster, from the last one and the hosts alive at its barrier.
 
-    ``alive``: the hosts joined and answering (the first host always is: the caller ends the job
-    when it is lost).  ``retire``: active hosts to give their seat to a waiting spare (``to_retire``);
+    ``alive``: the hosts joined and answering (the lead always is: when the lead is lost, its
+    successor calls this on ``led_by``'s roster).  ``retire``: active hosts to give their seat to a waiting spare (``to_retire``);
     one with no spare waiting keeps its seat.  ``max_hosts`` None: as many as the last roster had;
     ``min_hosts`` None: that same number (a lost host without a spare ends the job).  ``why``: a
     lost host's reason, for the line (``algo-2 lost: no answer for 10 s``).

@@ -120,7 +120,7 @@ def led(state: AgentState, **changes) -> AgentState:
 
 
 def stop_wait(grace_s: float) -> float:
-    """How long a stopped job's first host waits for every host's part: the grace, the kill after it, the report."""
+    """How long a stopped job's lead waits for every host's part: the grace, the kill after it, the report."""
     return grace_s + STOP_MARGIN_S
 
 

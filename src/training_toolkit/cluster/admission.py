@@ -1,9 +1,9 @@
-"""Who may take a seat in the job: the first host's rules for admitting a peer, as plain decisions.
+"""Who may take a seat in the job: the lead's rules for admitting a peer, as plain decisions.
 
 With a platform secret, a peer proves it knows the secret; where it connects
 from does not matter.  Without one (as SageMaker starts jobs), a seat is
 admitted by address: ``algo-2`` only from an address that the name
-``algo-2`` resolves to on the first host (looked up again when a claimant's
+``algo-2`` resolves to on the lead (looked up again when a claimant's
 address is not among them: a pod replaced under its name has a new one), the
 first such claimant wins and keeps the seat (the server lets the same address take it again before the
 host said ready: ``ControlServer._handshake``); anything else is refused
@@ -68,7 +68,7 @@ class Addresses:
 
 
 class Admission:
-    """The first host's rules; ``seat`` and ``check_peer`` return None to admit, else the reason to refuse."""
+    """The lead's rules; ``seat`` and ``check_peer`` return None to admit, else the reason to refuse."""
 
     def __init__(self, hosts: Iterable[str], *, by_address: bool, addresses: Addresses | None = None,
                  per_address: int = 4, total: int = 64):

@@ -99,7 +99,7 @@ class ControlClient:
 
     def try_join(self, timeout: float) -> bool:
         """One join attempt, at most ``timeout`` to connect (the handshake then has its own): joined, or not (nobody
-        serves there, or it refused this host).  For a first host looking for a job that runs without it."""
+        serves there, or it refused this host).  For a host back after its loss, looking for a job that runs without it."""
         try:
             self._join(JOIN_ATTEMPT_S, connect_timeout=timeout)
         except (Refused, OSError, ValueError, ConnectionError):

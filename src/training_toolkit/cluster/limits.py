@@ -1,6 +1,6 @@
 """This process's limits, raised where a job needs more than a container starts with.
 
-The first host holds a socket per host (the control channel), and its mpirun
+The lead holds a socket per host (the control channel), and its mpirun
 an ssh session per host: about 1,000 open files for 1,000 hosts, past the soft
 limit of 1,024 that many containers start with (the hard limit is usually far
 higher).  Past the soft limit, accept() fails and the hosts past it can never
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import resource
 
-#: Open files per host a first host may need: the channel's socket, mpirun's ssh session (three
+#: Open files per host a lead may need: the channel's socket, mpirun's ssh session (three
 #: pipes) and its ssh connection's master, with room to spare.
 FILES_PER_HOST = 8
 FILES_BASE = 256

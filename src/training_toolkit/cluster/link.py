@@ -122,7 +122,7 @@ def start_thread(target, name: str, *args) -> threading.Thread:
 
 
 def listen(bind: str, port: int, hosts: int, log: Callable[[str], None]) -> socket.socket:
-    """The first host's listening socket for a job of ``hosts`` hosts (its open-files limit raised for them)."""
+    """The lead's listening socket for a job of ``hosts`` hosts (its open-files limit raised for them)."""
     needed = open_files_needed(hosts)  # a socket per host here, an ssh session per host in mpirun
     soft, hard = raise_open_files(needed)
     if soft < needed:

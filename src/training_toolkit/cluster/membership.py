@@ -128,7 +128,7 @@ class Membership:
         assert self._client is not None
         self._client.ready(attempt)
         # the lead decides the barrier and names who is missing; this host's own deadline, a
-        # margin later, is for a first host that went silent (its verdict would otherwise race ours)
+        # margin later, is for a lead that went silent (its verdict would otherwise race ours)
         return self._client.wait_seats(deadline_s + FIRST_HOST_MARGIN_S, attempt)  # the welcome named its hosts
 
     def release(self, attempt: Attempt) -> None:

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 TIMEOUT_S = PEER_TIMEOUT_S
 __all__ = ["HANDSHAKE_TIMEOUT_S", "HEARTBEAT_S", "JOIN_ATTEMPT_S", "TIMEOUT_S", "ChannelSettings"]
 HANDSHAKE_TIMEOUT_S = 5.0  # from accept to a seated host; a join that takes longer is dropped
-# How long a joining host waits for its welcome before it tries again: longer than the first host's
-# own deadline, so the first host always decides first (a host that gave up just as the first host
+# How long a joining host waits for its welcome before it tries again: longer than the lead's
+# own deadline, so the lead always decides first (a host that gave up just as the lead
 # seated it found its seat taken; 1,000 hosts joining at once).
 JOIN_ATTEMPT_S = HANDSHAKE_TIMEOUT_S + 2.0
 

@@ -106,7 +106,7 @@ def job_attempt(message: dict) -> tuple[int, bool]:
 
 
 def hosts(message: dict, key: str = "hosts") -> tuple[str, ...]:
-    """The welcome's membership: the job's hosts in rank order, the first host first, as the first host knows them."""
+    """The welcome's membership: the job's hosts in rank order, the lead first, as the lead knows them."""
     value = message.get(key)
     if (not isinstance(value, list) or len(value) > MAX_HOSTS
             or not all(isinstance(host, str) and 0 < len(host) <= 255 for host in value)):
@@ -171,13 +171,13 @@ def _is_cause(value: object, job: tuple[str, ...] | list[str]) -> bool:
 
 
 def welcome_signed(job_id: str, intro: dict, at: dict, members: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """What a welcome's MAC covers (``mac``/``verify`` parts): the job's id, the first host's introduction,
+    """What a welcome's MAC covers (``mac``/``verify`` parts): the job's id, the lead's introduction,
     the job's attempt and its hosts."""
     return ("welcome", job_id, canonical(intro), canonical(at), canonical(list(members)))
 
 
 def welcome(auth: bytes, job_id: str, intro: dict, at: dict, members: list[str]) -> dict:
-    """The first host's welcome: the job's id, its introduction, where the job is (``at``) and its hosts, signed."""
+    """The lead's welcome: the job's id, its introduction, where the job is (``at``) and its hosts, signed."""
     return {"t": "welcome", "job": job_id, "intro": intro, "at": at, "hosts": members,
             "mac": mac(auth, *welcome_signed(job_id, intro, at, members))}
 

@@ -80,7 +80,7 @@ VARIABLES = (
              "the platform's job secret (or the file `input/config/job_secret`); without one, hosts are admitted by "
              "address and every key is random (docs/security.md)"),
     Variable("TRAINING_TOOLKIT_CONTROL_PORT", "control_port", values.port, names.CONTROL_PORT, str(names.CONTROL_PORT),
-             "port of the job's control channel on the first host"),
+             "port of the job's control channel on the lead"),
     Variable("TRAINING_TOOLKIT_JOIN_TIMEOUT", "join_timeout_s", values.seconds, 180.0, "180",
              "seconds for every host to join and be ready"),
     Variable("TRAINING_TOOLKIT_HEARTBEAT", "heartbeat_s", values.seconds, names.HEARTBEAT_S, f"{names.HEARTBEAT_S:g}",

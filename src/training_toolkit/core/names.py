@@ -18,7 +18,7 @@ from typing import NamedTuple
 # Runners: each is the module ``training_toolkit.runners.<name>`` -------------------------------
 
 SINGLE = "single"  # one process: the user's script
-MPI = "mpi"  # mpirun from the first host over the toolkit's own sshd (Horovod, mpi4py, SMDDP)
+MPI = "mpi"  # mpirun from the lead over the toolkit's own sshd (Horovod, mpi4py, SMDDP)
 PARAMETER_SERVER = "parameter_server"  # TensorFlow parameter servers
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"  # TensorFlow MultiWorkerMirroredStrategy
 TORCH_DISTRIBUTED = "torch_distributed"  # torchrun's launcher: one process per device, torch.distributed's variables
@@ -39,7 +39,7 @@ MPI_PROCESSES_PER_HOST = "sagemaker_mpi_num_of_processes_per_host"
 TORCH_PROCESSES_PER_HOST = "sagemaker_distributed_processes_per_host"
 DISTRIBUTION_INSTANCE_GROUPS = "sagemaker_distribution_instance_groups"
 PS_WORKER_PORT_KEY = "sagemaker_parameter_server_worker_port"  # plan, and the TFJob platform's defaults
-PS_NAMING_KEY = "sagemaker_parameter_server_naming"  # "chief" or "master": the first host's task type
+PS_NAMING_KEY = "sagemaker_parameter_server_naming"  # "chief" or "master": the lead's task type
 MWMS_PORT_KEY = "sagemaker_multi_worker_mirrored_strategy_port"
 TORCH_MASTER_PORT_KEY = "sagemaker_distributed_master_port"
 
@@ -107,9 +107,9 @@ class DefaultPort(NamedTuple):
 
 
 PORTS = (
-    DefaultPort(CONTROL_PORT, "the job's control channel, on the first host", "`TRAINING_TOOLKIT_CONTROL_PORT`"),
+    DefaultPort(CONTROL_PORT, "the job's control channel, on the lead", "`TRAINING_TOOLKIT_CONTROL_PORT`"),
     DefaultPort(SSH_PORT, "the toolkit's own sshd, on every host but the first (MPI)", "`TRAINING_TOOLKIT_SSH_PORT`"),
-    DefaultPort(TORCH_MASTER_PORT, "torch.distributed's store (`MASTER_PORT`), on the first host",
+    DefaultPort(TORCH_MASTER_PORT, "torch.distributed's store (`MASTER_PORT`), on the lead",
                 "`sagemaker_distributed_master_port`; for MPI ranks, `MASTER_PORT`"),
     DefaultPort(TF_WORKER_PORT, "TensorFlow chief and workers (parameter servers)", "`sagemaker_parameter_server_worker_port`"),
     DefaultPort(TF_PS_PORT, "TensorFlow parameter servers", "`sagemaker_parameter_server_port`"),

@@ -84,7 +84,7 @@ def participating_hosts(job: JobSpec) -> tuple[str, ...]:
 def master_host(job: JobSpec) -> str:
     """The job's master, defined here only: the first participating host.
 
-    It is ``SM_MASTER_HOSTNAME``, the runners' first host (``LaunchPlan.lead``: the control
+    It is ``SM_MASTER_HOSTNAME``, the runners' lead (``LaunchPlan.lead``: the control
     channel's server, mpirun's host, the chief) and ``MASTER_ADDR`` for ranks.
     """
     return participating_hosts(job)[0]

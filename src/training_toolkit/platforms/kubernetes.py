@@ -35,8 +35,9 @@ from training_toolkit.config.settings import Overrides, Settings
 INTERFACE = "eth0"
 GRACE_S = 25.0  # terminationGracePeriodSeconds defaults to 30: 5 s left for the toolkit's own ending
 # A dead node's pods: NotReady after about 40 s, evicted after the default 300 s toleration, then made again (a
-# replica's missing pod): the lead keeps the verdict that long and a little more for a lost first host made again
-# after the job's work is done, so that it exits with the job's verdict (a PyTorchJob succeeds on its Master's exit)
+# replica's missing pod): the lead keeps the verdict that long and a little more for the platform's first host, lost
+# and made again after the job's work is done, so that it exits with the job's verdict (a PyTorchJob succeeds on its
+# Master's exit)
 VERDICT_WAIT_S = 420.0
 TERMINATION_LIMIT = 4096  # bytes of the termination message the kubelet keeps
 RUNS_FILE = ".training-toolkit-runs"  # in /opt/ml: one line per run of train in this pod

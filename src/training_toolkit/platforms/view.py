@@ -38,7 +38,7 @@ class JobView(NamedTuple):
     """What every platform turns its facts into; ``write_view`` lays it out as ``/opt/ml``."""
 
     platform: str
-    hosts: tuple[str, ...]  # names the job uses for its hosts, in rank order: hosts[0] is the first host
+    hosts: tuple[str, ...]  # names the job uses for its hosts, in rank order: hosts[0] is the platform's first host
     current_host: str
     interface: str | None = "eth0"  # None: resourceconfig.json names none (SageMaker's local mode)
     hyperparameters: Mapping[str, str] | None = None  # JSON text per key as SageMaker stores them; None: given

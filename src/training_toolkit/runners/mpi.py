@@ -94,14 +94,14 @@ class MpiHost:
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
         self._rank_tripwire: Deadman | None = None  # removes it, and ends this host's ranks, should train be killed
-        self._per_host: int | None = None  # the first host's ranks per host, where this host's job names none
+        self._per_host: int | None = None  # the lead's ranks per host, where this host's job names none
 
     def introduction(self) -> dict[str, str]:
         own = {PER_HOST_INTRO: str(mpi_options(self.ctx).processes_per_host)}
         return {**(self.ssh.introduction() if self.ssh is not None else {}), **own}
 
     def _job_per_host(self, seat: Seating) -> int | None:
-        """``job_per_host`` for this host, from the first host's introduction (its lead at the first barrier)."""
+        """``job_per_host`` for this host, from the lead's introduction (its first lead's, at the first barrier)."""
         said = (seat.introductions or {}).get(seat.attempt.lead, {}).get(PER_HOST_INTRO, "")
         named = names.MPI_PROCESSES_PER_HOST in seat.ctx.job.framework_params
         return job_per_host(named, seat.leads, mpi_options(seat.ctx).processes_per_host, said)

@@ -81,7 +81,7 @@ def mpirun_command(job: MpiJob, flavor: str = OPENMPI4, mpirun: str = "mpirun") 
     rsh = "plm_rsh" if flavor == OPENMPI4 else "plm_ssh"
     keep_fqdn = any("." in host for host in job.hosts)
     # With whole names kept, Open MPI 5 (PRRTE) no longer knows its own host by a dotted name and would ssh
-    # to itself: the first host, where mpirun runs, goes by its host name, the first label of its name (a pod's
+    # to itself: the lead, where mpirun runs, goes by its host name, the first label of its name (a pod's
     # hostname is the first label of its DNS name).
     named = (job.hosts[0].split(".", 1)[0], *job.hosts[1:]) if keep_fqdn else job.hosts
     cmd = [mpirun, "--host", host_list(named, job.processes_per_host, job.via_slurm), "-np", str(job.num_processes)]

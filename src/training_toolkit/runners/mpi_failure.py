@@ -9,9 +9,9 @@ blocks (ssh's first: ``ssh: Could not resolve hostname ...``; not Open MPI's own
 with its detail (Open MPI 5: "An unrecognized option was included on the mpirun
 command line: Option: --NCCL_DEBUG=WARN").  Pure functions of the output's tail.
 
-Every failure under MPI is mpirun's exit, on the first host; ``mpi_failure`` also gives the failing
+Every failure under MPI is mpirun's exit, on the lead; ``mpi_failure`` also gives the failing
 rank's host as data (``MpiFailure.host``), so that the agent counts the failure against that host
-(``roster.to_retire``), not against the first host that ran mpirun.
+(``roster.to_retire``), not against the lead that ran mpirun.
 """
 
 from __future__ import annotations

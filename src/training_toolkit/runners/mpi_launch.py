@@ -1,4 +1,4 @@
-"""What the first host runs and every rank sees in an MPI job: mpirun's line, its environment, the ranks' environment.
+"""What the lead runs and every rank sees in an MPI job: mpirun's line, its environment, the ranks' environment.
 
 Builders of values from the ``RunContext`` (the attempt's: its active hosts only, ``Seating.ctx`` for
 ``processes``), used by ``runners/mpi.py`` at run time and by ``describe`` (``training-toolkit plan``).
@@ -51,7 +51,7 @@ PER_HOST_INTRO = "mpi_processes_per_host"  # in each host's introduction: its ow
 
 def job_per_host(named: bool, leads: bool, own: int, said: str) -> int | None:
     """The ranks per host the job runs with where they are not this host's own ``own`` (None: they are): the count
-    the first host ``said`` in its introduction, if this host's hyperparameters ``named`` none and it does not lead.
+    the lead ``said`` in its introduction, if this host's hyperparameters ``named`` none and it does not lead.
     Every host's mpirun then runs the job's count, whichever host leads: an MPIJob's launcher alone has the slots
     (its hostfile), and a worker that leads after its loss runs mpirun with them (docs/kubernetes.md)."""
     if named or leads or not (said.isascii() and said.isdigit()) or not 0 < int(said) <= 4096:

@@ -1,6 +1,6 @@
 """Parameter servers: TF_CONFIG for every host, ps servers owned by the toolkit, done when the chief is.
 
-The first host runs the user's script as the chief (``master`` with legacy
+The lead runs the user's script as the chief (``master`` with legacy
 naming), the others as workers; the toolkit itself runs a CPU-only
 ``tf.distribute.Server`` for each ps task.  When the chief's script ends, the
 job ends: every worker script and ps server is stopped, on every host, at

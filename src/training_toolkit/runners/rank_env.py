@@ -8,7 +8,7 @@ of its ranks, the contract of that host (its own ``SM_CURRENT_HOST``...).  mpiru
 starts every rank as ``training-toolkit-rank`` (a C program: about a millisecond,
 where a Python wrapper took ~50 ms), which reads the file ``TRAINING_TOOLKIT_RANK_FILE``
 names: each host sets it for whatever starts its ranks there (mpirun's environment on the
-first host, its own sshd's ``SetEnv`` for the daemons elsewhere), so each host's file is at
+lead, its own sshd's ``SetEnv`` for the daemons elsewhere), so each host's file is at
 a path of that host's own choosing, in a new private directory of a random name
 (``rundir``): unique even where hosts share ``/tmp``, and where an ordinary user may write.
 The program keeps only Open MPI's runtime variables of what it inherits
@@ -118,7 +118,7 @@ def encode_rank_file(cwd: str, argv: Sequence[str], env: Mapping[str, str]) -> b
 def rank_dir_prefix(job_id: str) -> str:
     """The name of this host's ranks' directory, before its random part: the job's id (not a secret), checked."""
     if not _JOB_ID.match(job_id):
-        raise ClusterError(f"the job id {job_id!r} from the first host is not a hex string")
+        raise ClusterError(f"the job id {job_id!r} from the lead is not a hex string")
     return f"{DIR_PREFIX}{job_id}-"
 
 

@@ -38,7 +38,7 @@ class PsLayout:
         }
 
     def script_config(self, host: str) -> dict[str, Any]:
-        """TF_CONFIG for the user's script on ``host``: the chief on the first host, workers elsewhere."""
+        """TF_CONFIG for the user's script on ``host``: the chief on the lead, workers elsewhere."""
         index = self.hosts.index(host)
         task = {"type": self.naming, "index": 0} if index == 0 else {"type": "worker", "index": index - 1}
         return _config(self.cluster(), task, legacy=self.naming == MASTER)

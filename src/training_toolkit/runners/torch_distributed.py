@@ -56,7 +56,7 @@ def describe(ctx: RunContext) -> dict:
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
-    # torch's TCPStore on the first host: anyone who reaches it can read and write the rendezvous
+    # torch's TCPStore on the lead: anyone who reaches it can read and write the rendezvous
     return RunnerSpec(processes, wait_for_peers=True, guard=GuardSpec(ports=frozenset({torch_options(ctx).master_port})),
                       prepare=prepare)
 

@@ -129,7 +129,7 @@ def write_client_side(
 ) -> SshLayout:
     """What a host that logs in to others needs: the client key, every peer's pinned host key, ssh_config.
 
-    ``shared_connections``: the first host's probe leaves one connection per peer for mpirun's logins
+    ``shared_connections``: the lead's probe leaves one connection per peer for mpirun's logins
     (``ControlMaster``); a worker's logins (tree spawn: its daemon starting others) need none.
     """
     layout, _ = _prepare(directory, port)

@@ -39,7 +39,7 @@ def wait_for_ssh(
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
         return
-    from concurrent.futures import ThreadPoolExecutor  # the first host's only: 4 ms of imports (logging) for every host
+    from concurrent.futures import ThreadPoolExecutor  # the lead's only: 4 ms of imports (logging) for every host
 
     deadline = time.monotonic() + deadline_s
     prefix = ssh_command(layout, ssh=ssh)
