@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 INITIAL_BACK_OFF_S = 10.0
 MAX_BACK_OFF_S = 300.0
@@ -47,6 +47,25 @@ def restarts_again(policy: str, exit_code: int) -> bool:
     if policy not in ("Never", "OnFailure", "Always"):
         raise ValueError(f"no restartPolicy {policy!r}")
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+
+
+def retryable(exit_code: int) -> bool:
+    """training-operator's ``restartPolicy: ExitCode`` (``IsRetryableExitCode``): is a pod that ended with ``exit_code``
+    made again (negative: killed by a signal, as a dead node's pod, which has no recorded exit and reads as retryable)?
+    A code from 1 to 127 fails the job instead (``job_condition``)."""
+    return exit_code < 0 or exit_code >= 128
+
+
+def job_condition(ended: Sequence[tuple[str, int]], master: str) -> str:
+    """A PyTorchJob's condition under ``restartPolicy: ExitCode``, from its pods' ends in order (pod, exit code):
+    Failed once any pod ended with a code from 1 to 127 (and for good: a Failed job never changes), Succeeded once its
+    Master pod ended with 0, else Running (``pytorchjob_controller.go`` ``UpdateJobStatus``, as the reference reads it)."""
+    for pod, code in ended:
+        if 0 < code < 128:
+            return "Failed"
+        if pod == master and code == 0:
+            return "Succeeded"
+    return "Running"
 
 
 def within_backoff_limit(limit: int | None, job_restarts: int) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from helpers.deadhost import HostKiller, Replacement, cut, kill_when, meanwhile, wait_for
 from helpers.jobrecord import STAMP_S, cost_at, metrics, of_kind, record_at, summary_lines, wall
 from helpers.multihost import Tee, hps, run, source_dir
-from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR, EXIT_NO_MAJORITY
 from training_toolkit.local.launcher import LocalJob
 
 H3 = ("algo-1", "algo-2", "algo-3")
@@ -383,7 +383,7 @@ def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(
     assert not cutting.errors, cutting.errors
     for host in ("algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
-    assert results["algo-1"].exit_code == EXIT_CLUSTER_ERROR, results["algo-1"].failure
+    assert results["algo-1"].exit_code == EXIT_NO_MAJORITY, results["algo-1"].failure
     assert "no majority to lead the job" in results["algo-1"].failure, results["algo-1"].failure
     later = [info for attempt in (1, 2, 3) for info in seen(shared, attempt).values()]
     assert later and all(info["host"] != "algo-1" for info in later), later  # no attempt of its own after the cut

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from training_toolkit.agent.failures import Failure, lost, peer_failure, root_cause, window_ends
 from training_toolkit.agent.succession import has_majority
 from training_toolkit.cluster.events import PeerFailed, PeerJoined, PeerLost, PeerReady
-from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
+from training_toolkit.core.errors import EXIT_CLUSTER_ERROR, EXIT_NO_MAJORITY
 from training_toolkit.core.records import record, replace
 from training_toolkit.job.report import Outcome
 
@@ -133,7 +133,7 @@ def decide(first: str, roll: Roll, barrier: Barrier, now: float) -> Passed | Fai
             if has_majority({first, *ready}, barrier.members):
                 return Passed(frozenset({first, *ready}), roll.lost_why)
             behind = len({first, *ready} & set(barrier.members))
-            return Failed(Outcome(EXIT_CLUSTER_ERROR, f"{first}: no majority to lead the job: "
+            return Failed(Outcome(EXIT_NO_MAJORITY, f"{first}: no majority to lead the job: "
                                   f"{behind} of its {len(barrier.members)} members "
                                   f"({', '.join(barrier.members)}) ready within {barrier.deadline_s:g} s "
                                   f"({not_ready(roll, missing, barrier.deadline_s)})"))

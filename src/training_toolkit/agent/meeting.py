@@ -24,7 +24,7 @@ from training_toolkit.agent.events import BarrierOpened, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
 from training_toolkit.agent.decisions import attempt_to_join, toward
 from training_toolkit.agent.succession import has_majority, successors, term, waits
-from training_toolkit.core.errors import ClusterError, Interrupted, LeadLost
+from training_toolkit.core.errors import ClusterError, Interrupted, LeadLost, NoMajority
 from training_toolkit.job.attempt import seated
 from training_toolkit.core.log import log
 
@@ -129,7 +129,7 @@ def _under_next_lead(agent, lost: str, gone: list[str], first: int) -> Attempt:
             except LeadLost:
                 left = successors(agent.hosts, members, (*gone, candidate))
                 if not has_majority(left, members):  # no lead could gather one: the job ends, named
-                    raise ClusterError(f"{agent.host}: no majority to lead the job: {len(left)} of its {len(members)} "
+                    raise NoMajority(f"{agent.host}: no majority to lead the job: {len(left)} of its {len(members)} "
                                        f"members left after losing {', '.join((*gone, candidate))}") from None
                 raise _LostBeforeItsGo(candidate) from None
     # no member left to lead (this host is not one: a spare the lost lead retired, say)

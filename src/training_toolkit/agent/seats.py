@@ -16,7 +16,7 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from training_toolkit.job.attempt import MAX_CAUSES, Attempt, seated
-from training_toolkit.core.errors import ClusterError, ConfigError
+from training_toolkit.core.errors import ClusterError, ConfigError, NoMajority
 from training_toolkit.core.log import log
 from training_toolkit.runspec import RunContext, RunnerSpec, for_attempt, with_hosts, write_resource_config
 
@@ -125,7 +125,7 @@ class Seats:
         members = self.members
         if self.followers_may_lead() and not has_majority(alive, members):
             lost = [host for host in members if host not in alive]
-            raise ClusterError(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
+            raise NoMajority(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
                                f"{len(members)} members answer ({', '.join(lost)} lost); this host may be the one "
                                f"cut off from the others, so it stops")
         self.roster, self._turn = turn.roster, turn

@@ -13,6 +13,11 @@ EXIT_CLUSTER_ERROR = 69  # other hosts never joined, ssh unreachable, the job fa
 EXIT_INTERNAL = 70  # a bug in the toolkit
 EXIT_CONFIG = 78  # malformed or inconsistent /opt/ml configuration, or a bad setting
 EXIT_STALLED = 124  # no progress within the stall timeout (timeout(1)'s code for "timed out"; docs/resilience.md)
+# No majority of the job's members answers this host: it may be the one cut off, so it stops its part and leaves a job
+# that may go on without it.  128 + 75 (sysexits' EX_TEMPFAIL, "try again"), no signal's code: 128 or more, so that
+# Kubernetes' training-operator under restartPolicy ExitCode makes the pod again (a code below 128 fails the whole
+# job there, the majority's included), and the pod made again joins the job as a spare or hears its verdict.
+EXIT_NO_MAJORITY = 203
 
 
 class ToolkitError(Exception):
@@ -49,6 +54,12 @@ class ClusterError(ToolkitError):
     """Hosts could not find each other, or the job failed on another host."""
 
     exit_code = EXIT_CLUSTER_ERROR
+
+
+class NoMajority(ClusterError):
+    """No majority of the job's members answers this host (``agent/succession.py``): it may be the one cut off."""
+
+    exit_code = EXIT_NO_MAJORITY
 
 
 class Interrupted(ClusterError):

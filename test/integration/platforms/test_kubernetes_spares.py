@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from helpers import kubernetes as k8s
-from helpers.deadhost import HostKiller, wait_for
-from helpers.kubelet import Kubelet
+from helpers.deadhost import HostKiller, cut, wait_for
+from helpers.kubelet import Kubelet, job_condition, retryable
 from helpers.multihost import hps, source_dir
+from training_toolkit.core.errors import EXIT_NO_MAJORITY
 from training_toolkit.core.names import CONTROL_PORT
 
 pytestmark = [pytest.mark.root]
@@ -33,21 +34,30 @@ BASE = {"TRAINING_TOOLKIT_DNS_TIMEOUT": "60", "TRAINING_TOOLKIT_JOIN_TIMEOUT": "
 
 
 class Node:
-    """``lost``'s node dies once attempt 0 made 3 steps (``progress``); the operator makes its pod again once attempt 1
-    runs ``seated`` processes; the test's ``release`` file is made once that pod holds a link to the first host's
-    control channel."""
+    """``lost``'s node dies once attempt 0 made 3 steps (``progress``); the operator makes its pod again, by its
+    ``restartPolicy: ExitCode`` rule (``kubelet.retryable``), once attempt 1 runs ``seated`` processes; the test's
+    ``release`` file is made once that pod holds a link to the ``first`` host's control channel.  ``cut``: the node is
+    cut off instead (its link at the switch: its pod runs on and ends by itself), and the pod made again reaches the
+    others (the link mended: a node that does)."""
 
-    def __init__(self, tmp_path: Path, seated: int, first: str = MASTER, lost: str = LOST, progress: str = "step-0-0"):
+    def __init__(self, tmp_path: Path, seated: int, first: str = MASTER, lost: str = LOST, progress: str = "step-0-0",
+                 cut: bool = False):
         self.shared = tmp_path / "shared"
         self.shared.mkdir()
         self.killer = HostKiller()
         self._never = Kubelet("Never")
         self.seated = seated
-        self.first, self.lost, self.progress = first, lost, progress
+        self.first, self.lost, self.progress, self.cut = first, lost, progress, cut
+        self.cluster = None
         self.replaced: list[int] = []
         self.errors: list[BaseException] = []
         self.rejoined_at: float | None = None
         self.dead = threading.Event()  # everything in the lost pod was killed
+
+    @property
+    def ended(self) -> list[tuple[str, int]]:
+        """Every container end, in order: (pod, exit code)."""
+        return self._never.ended
 
     def kubelet(self, pod: str, exit_code: int) -> float | None:
         """The pod's restartPolicy Never (our manifests' ExitCode); a dead node's pod is looked at once nothing runs in
@@ -69,13 +79,16 @@ class Node:
 
     def start(self, cluster) -> None:
         self.killer.before_start(cluster)
+        self.cluster = cluster
         threading.Thread(target=self._kill_then_watch, args=(cluster,), daemon=True).start()
 
     def operator(self, pod: str, exit_code: int) -> float | None:
         """The pod made again (once, and not before the job went on without it); 0: its container starts at once."""
-        if pod != self.lost or self.replaced:
+        if pod != self.lost or self.replaced or not retryable(exit_code):
             return None
         self.replaced.append(exit_code)
+        if self.cut:
+            cut(self.cluster, pod, mend=True)
         end = time.monotonic() + 240
         while len(list(self.shared.glob("seen-1-*.json"))) < self.seated:  # as a node's loss takes minutes to be seen
             assert time.monotonic() < end, "attempt 2 never started"
@@ -85,7 +98,10 @@ class Node:
     def _kill_then_watch(self, cluster) -> None:
         try:
             wait_for(self.shared / self.progress, timeout_s=300, at_least=3)
-            self.killer.kill(self.lost)
+            if self.cut:
+                cut(cluster, self.lost)
+            else:
+                self.killer.kill(self.lost)
             self.dead.set()
             new = str(ipaddress.ip_address(cluster.host(self.lost).address) + k8s.REPLACED_OFFSET)
             end = time.monotonic() + 240
@@ -218,10 +234,36 @@ def test_the_master_pods_node_lost_the_job_fails_over_and_the_master_made_again_
     assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-2"), (2, "ptj-worker-1")]
     assert all(i["world"] == 3 and i["start"] >= 3 for i in infos(node.shared, 1))
     assert not list(node.shared.glob("seen-2-*")), "no restart was made for the Master that came back"
+    assert job_condition(node.ended, MASTER) == "Succeeded", node.ended
     ended_with_the_new_leads_verdict(tmp_path, MASTER, "ptj-worker-0")
     out = capfd.readouterr().out
     assert "ptj-worker-0: leading the job from attempt 2" in out, out[-3000:]
     assert f"{MASTER}: the job runs without this host" in out, out[-3000:]
+
+
+@pytest.mark.torch
+def test_a_master_pod_cut_off_exits_for_the_operator_to_make_it_again_and_the_pytorchjob_succeeds(tmp_path, capfd):
+    """The Master pod's node cut off from the others (not dead): the Master, the lead, finds no majority of the
+    members at its restart, stops its ranks and exits 203 (``EXIT_NO_MAJORITY``), a code ``restartPolicy: ExitCode``
+    retries, where 69 would have failed the whole PyTorchJob while the others went on.  ptj-worker-0 leads attempt 2
+    with the spare seated; the operator makes the Master pod again on a node that reaches the others, which joins as
+    a spare and exits with the job's verdict: no pod ended with a code that fails the job, and the PyTorchJob
+    succeeds on its Master's 0."""
+    src = source_dir(tmp_path, "torch_spares.py")
+    pods = k8s.pytorchjob("ptj", "ns1", workers=3, nproc=1)  # 4 replicas: 3 hosts and a spare
+    node = Node(tmp_path, seated=3, first="ptj-worker-0", lost=MASTER, cut=True)
+    results = node.run(pods, tmp_path, hps("torch_spares.py", src),
+                       node.env(TRAINING_TOOLKIT_MAX_HOSTS="3", TRAINING_TOOLKIT_MIN_HOSTS="1"), 420)
+    assert node.replaced == [EXIT_NO_MAJORITY] and node.rejoined_at is not None, node.replaced
+    for pod in ("ptj-worker-0", "ptj-worker-1", "ptj-worker-2", MASTER):  # the Master made again: the job's verdict
+        assert results[pod].exit_code == 0, (pod, results[pod].exit_code, results[pod].failure)
+    assert job_condition(node.ended, MASTER) == "Succeeded", node.ended
+    assert seen(node.shared, 1) == [(0, "ptj-worker-0"), (1, "ptj-worker-2"), (2, "ptj-worker-1")]
+    assert not list(node.shared.glob("seen-2-*")), "the Master cut off ran no attempt of its own, made again none"
+    ended_with_the_new_leads_verdict(tmp_path, MASTER, "ptj-worker-0")
+    out = capfd.readouterr().out
+    assert f"{MASTER}: no majority to lead the job" in out, out[-3000:]
+    assert "ptj-worker-0: leading the job from attempt 2" in out, out[-3000:]
 
 
 @pytest.mark.torch

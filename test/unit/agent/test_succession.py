@@ -179,7 +179,7 @@ def test_a_new_leads_barrier_waits_for_the_others_then_passes_with_a_majority():
 
 def test_a_new_lead_without_a_majority_at_its_deadline_ends_the_job_named():
     outcome = new_lead_barrier(("algo-3",), now=13.0)  # itself and algo-3: 2 of the 4 members, half is not more
-    assert isinstance(outcome, Failed) and outcome.outcome.exit_code == 69
+    assert isinstance(outcome, Failed) and outcome.outcome.exit_code == 203  # EXIT_NO_MAJORITY: a code to retry
     assert outcome.outcome.reason.startswith("algo-2: no majority to lead the job: 2 of its 4 members")
 
 
@@ -207,11 +207,12 @@ def seats_of(hosts, env, fixed_lead=False, active=None):
 
 
 def test_a_lead_without_a_majority_stops_only_where_a_follower_could_lead():
-    from training_toolkit.core.errors import ClusterError
+    from training_toolkit.core.errors import NoMajority
 
     cut_off = frozenset({"algo-1"})  # the lead alone: cut off, or the others dead
-    with pytest.raises(ClusterError, match="no majority to lead the job: 1 of its 3 members answer"):
+    with pytest.raises(NoMajority, match="no majority to lead the job: 1 of its 3 members answer") as raised:
         seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(cut_off, {}, ())
+    assert raised.value.exit_code == 203  # 128 or more: an operator's ExitCode policy makes the pod again
     # MPI (its lead fixed): no follower can lead, so no second job can exist: the minimum alone decides
     assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}, fixed_lead=True).next_choice(cut_off, {}, ()) == \
         Roster(("algo-1",))

@@ -12,7 +12,7 @@ from training_toolkit.local import artifacts
 from training_toolkit.local.containers import (
     CODE_DIR, LABEL_HOST, LABEL_JOB, LABEL_LAUNCHER, ContainerJob, container_job, host_names, new_job_id,
 )
-from training_toolkit.local.job import HostResult, LocalJob, host_tree, job_exit_code, lost_hosts, resource_config
+from training_toolkit.local.job import HostResult, LocalJob, host_tree, job_exit_code, lost_hosts, resource_config, summary_lines
 from training_toolkit.local.prefix import LinePrefixer
 
 
@@ -143,5 +143,19 @@ def test_the_job_exit_code_is_the_verdict_of_the_hosts_that_gave_one(tmp_path):
     killed = r(-9, "algo-1", verdict=False)  # killed whole: no verdict file
     assert lost_hosts([killed, r(0, "algo-2")]) == ["algo-1"]
     assert job_exit_code([killed, r(0, "algo-2"), r(0, "algo-3")]) == 0  # the job succeeded without it
-    assert job_exit_code([r(69, "algo-1"), r(0, "algo-2"), r(0, "algo-3")]) == 0  # a cut-off lead ends alone
+    assert job_exit_code([r(203, "algo-1"), r(0, "algo-2"), r(0, "algo-3")]) == 0  # a cut-off lead ends alone
     assert job_exit_code([killed]) == 1  # nobody gave a verdict
+
+
+def test_the_summary_names_the_hosts_lost_on_the_way_then_each_hosts_end(tmp_path):
+    killed = HostResult("algo-1", -9, False, None, tmp_path, None)  # killed whole: no verdict file
+    cut_off = HostResult("algo-2", 203, False, "algo-2: no majority to lead the job: 1 of its 3\nmore", tmp_path, None)
+    done = HostResult("algo-3", 0, True, None, tmp_path, None)
+    running = HostResult("algo-4", None, False, None, tmp_path, None)
+    assert summary_lines([killed, cut_off, done, running]) == [
+        "  lost on the way (no verdict): algo-1",
+        "  algo-1: exit -9: no verdict",
+        "  algo-2: exit 203: algo-2: no majority to lead the job: 1 of its 3",
+        "  algo-3: exit 0: success",
+        "  algo-4: did not end: no verdict"]
+    assert summary_lines([done]) == ["  algo-3: exit 0: success"]
