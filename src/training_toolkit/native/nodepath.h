@@ -1,7 +1,7 @@
 /* "%n" in a path (Slurm's launch of the daemons: every daemon gets mpirun's one environment, and each host's
    directory is named after its node) becomes this node's SLURMD_NODENAME, which slurmstepd sets for every
-   daemon and train gives mpirun (runners/mpi.py, slurm_paths).  Any other path is returned as it is; NULL where
-   "%n" is there but no node name is.  Shared by rank_exec.c (the rank file) and stophold.c (the stop flag). */
+   daemon and train gives mpirun (runners/mpi_launch.py, slurm_paths).  Any other path is returned as it is; NULL
+   where "%n" is there but no node name is.  Used by rank_exec.c (the rank file's path, $TRAINING_TOOLKIT_RANK_FILE). */
 #ifndef TRAINING_TOOLKIT_NODEPATH_H
 #define TRAINING_TOOLKIT_NODEPATH_H
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* One /proc/PID/NAME file read whole into buf (NUL-terminated) with no stdio and no malloc, so that a signal
-   handler may call it (stophold.c's trampoline).  Its length; 0 once the process is gone or on any error.
-   Shared by deadman.c (/proc/PID/stat) and stophold.c (/proc/PID/status). */
+/* One /proc/PID/NAME file read whole into buf (NUL-terminated) with no stdio and no malloc (a signal handler
+   may call it).  Its length; 0 once the process is gone or on any error.
+   Used by deadman.c (/proc/PID/stat). */
 #ifndef TRAINING_TOOLKIT_PROCREAD_H
 #define TRAINING_TOOLKIT_PROCREAD_H
 #include <fcntl.h>
