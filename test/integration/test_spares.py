@@ -210,8 +210,9 @@ def test_multi_worker_mirrored_worker_0s_host_killed_whole_fails_over_worker_0_t
 @pytest.mark.torch
 def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_path, capfd):
     """The lead (algo-1) killed whole: algo-2, the first member left in the platform's order, leads attempt 2 with
-    rank 0 and MASTER_ADDR there; the spare takes algo-2's old seat; every rank resumes from the one checkpoint."""
-    job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+    rank 0 and MASTER_ADDR there; the spare takes algo-2's old seat and algo-3 keeps its own; every rank resumes from
+    the one checkpoint."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                            **ROOM})
     killer = HostKiller()
     killing = kill_at(killer, shared, 3, "algo-1")
@@ -219,14 +220,15 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     killing.join(5)
     assert not killing.errors, killing.errors
     assert "algo-1" in killer.killed
-    for host in ("algo-2", "algo-3"):  # the new lead and the spare it seated: one verdict, the job's
+    for host in ("algo-2", "algo-3", "algo-4"):  # the new lead, a worker and the spare it seated: the job's verdict
         assert results[host].exit_code == 0, (host, results[host].failure)
     second = seen(shared, 1)
-    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-2"), (1, "algo-3")], second
-    assert all(i["hosts"] == ["algo-2", "algo-3"] and i["world"] == 2 for i in second.values()), second
+    assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-2"), (1, "algo-4"), (2, "algo-3")], \
+        second
+    assert all(i["hosts"] == ["algo-2", "algo-4", "algo-3"] and i["world"] == 3 for i in second.values()), second
     starts = {i["start"] for i in second.values()}
     assert len(starts) == 1 and starts.pop() >= 3, second  # resumed from the checkpoint, not from the start
-    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1"]
+    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]
     out = capfd.readouterr()
     text = out.out + out.err
     assert "algo-2: leading the job from attempt 2 (algo-1 lost)" in text, text[-3000:]
@@ -235,7 +237,8 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     # margin), the failover, each attempt with its lead; the one summary line on both hosts' logs
     entries = record_at(results["algo-2"].opt_ml, "algo-2")
     seats = [(i["attempt"], i["lead"], i["active"], i["spares"]) for i in of_kind(entries, "attempt")]
-    assert seats == [(0, "algo-1", ["algo-1", "algo-2"], ["algo-3"]), (1, "algo-2", ["algo-2", "algo-3"], [])]
+    assert seats == [(0, "algo-1", ["algo-1", "algo-2", "algo-3"], ["algo-4"]),
+                     (1, "algo-2", ["algo-2", "algo-4", "algo-3"], [])], seats
     lost = of_kind(entries, "fault")[0]
     killed = wall(killer.killed["algo-1"])
     assert (lost["attempt"], lost["fault"], lost["host"]) == (0, "host_lost", "algo-1"), entries
@@ -247,7 +250,7 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     cost = cost_at(results["algo-2"].opt_ml, "algo-2")
     assert cost["faults"][0]["next_attempt"] == 1 and 0 < cost["faults"][0]["lost_s"] < 60, cost
     lines = summary_lines(text)
-    assert len(lines) == 2 and len(set(lines)) == 1, lines  # the new lead's and the spare's: the lead's line
+    assert len(lines) == 3 and len(set(lines)) == 1, lines  # the new lead's, the worker's, the spare's: the lead's
     assert metrics(lines[0])["toolkit:attempts"] == "2", lines
 
 

@@ -108,7 +108,7 @@ class DefaultPort(NamedTuple):
 
 PORTS = (
     DefaultPort(CONTROL_PORT, "the job's control channel, on the lead", "`TRAINING_TOOLKIT_CONTROL_PORT`"),
-    DefaultPort(SSH_PORT, "the toolkit's own sshd, on every host but the first (MPI)", "`TRAINING_TOOLKIT_SSH_PORT`"),
+    DefaultPort(SSH_PORT, "the toolkit's own sshd, on every host but the lead (MPI)", "`TRAINING_TOOLKIT_SSH_PORT`"),
     DefaultPort(TORCH_MASTER_PORT, "torch.distributed's store (`MASTER_PORT`), on the lead",
                 "`sagemaker_distributed_master_port`; for MPI ranks, `MASTER_PORT`"),
     DefaultPort(TF_WORKER_PORT, "TensorFlow chief and workers (parameter servers)", "`sagemaker_parameter_server_worker_port`"),
