@@ -122,20 +122,22 @@ def test_the_leads_loss_fails_over_mpirun_runs_from_the_next_lead_and_the_spare_
 
 
 def test_the_leads_loss_without_a_spare_shrinks_under_the_next_lead(tmp_path):
-    """No spare, a minimum of 2 of 3: the job goes on from algo-2 over algo-2 and algo-3."""
-    job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
+    """No spare, a minimum of 2 of 4: the job goes on from algo-2 over algo-2, algo-3 and algo-4 (two workers
+    besides the new lead, so that what passes between workers can fail)."""
+    job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
     killer = HostKiller()
     killing = kill_at(killer, shared, 3, "algo-1")
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
     assert not killing.errors, killing.errors
-    for host in ("algo-2", "algo-3"):
+    for host in ("algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
     second = seen(shared, 1)
-    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3")], second
-    assert sees_hosts(second, ["algo-2", "algo-3"]), second
-    assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(4)]
+    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3"), (4, "algo-4"),
+                              (5, "algo-4")], second
+    assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
 
 
 def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_path, capfd):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helpers import kubernetes as k8s
+from helpers.deadhost import wait_for
 from helpers.kubelet import Kubelet
 from helpers.multihost import hps, rank_files, source_dir
 
@@ -40,10 +41,7 @@ def kill_train_mid_job(tmp_path, pod: str, seen: dict, victim: str | None = None
     def kill(procs):
         if victim not in procs or "killed" in seen:
             return  # a restarted container's train: left alone
-        deadline = time.monotonic() + 120
-        while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 2):
-            assert time.monotonic() < deadline, "the worker's rank never reached step 2"
-            time.sleep(0.05)
+        wait_for(progress, timeout_s=120, at_least=2)  # read once per look: the rank rewrites the file as it goes
         procs[victim].send_signal(signal.SIGKILL)
         seen["killed"] = time.monotonic()
 
