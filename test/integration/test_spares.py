@@ -185,12 +185,13 @@ def test_multi_worker_mirrored_a_spare_takes_the_seat_of_a_worker_host_killed_wh
 
 @pytest.mark.tensorflow
 def test_multi_worker_mirrored_worker_0s_host_killed_whole_fails_over_worker_0_to_the_next_lead(tmp_path):
-    """Worker 0 runs on the lead: killed whole, algo-2 leads attempt 2 as worker 0, the spare is worker 1."""
+    """Worker 0 runs on the lead: killed whole, algo-2 leads attempt 2 as worker 0, the spare takes algo-2's old seat
+    as worker 1, algo-3 stays worker 2."""
     src = source_dir(tmp_path, "mwms_spares.py")
     shared = tmp_path / "shared"
     shared.mkdir()
-    job = LocalJob(hosts=H3, env={**FAST, "SHARED_DIR": str(shared), "TF_CPP_MIN_LOG_LEVEL": "2", "DOOMED_INDEX": "0",
-                                  "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "TRAINING_TOOLKIT_MAX_HOSTS": "2",
+    job = LocalJob(hosts=H4, env={**FAST, "SHARED_DIR": str(shared), "TF_CPP_MIN_LOG_LEVEL": "2", "DOOMED_INDEX": "0",
+                                  "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "TRAINING_TOOLKIT_MAX_HOSTS": "3",
                                   "TRAINING_TOOLKIT_MAX_RESTARTS": "1"},
                    hyperparameters=hps("mwms_spares.py", src, sagemaker_multi_worker_mirrored_strategy_enabled=True))
     killer = HostKiller()
@@ -198,13 +199,14 @@ def test_multi_worker_mirrored_worker_0s_host_killed_whole_fails_over_worker_0_t
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
     assert not killing.errors, killing.errors
-    for host in ("algo-2", "algo-3"):
+    for host in ("algo-2", "algo-3", "algo-4"):
         assert results[host].exit_code == 0, (host, results[host].failure)
-    workers = {i: json.loads((shared / f"worker-1-{i}.json").read_text()) for i in (0, 1)}
-    assert [workers[i]["host"] for i in (0, 1)] == ["algo-2", "algo-3"]
-    assert all([w.split(":")[0] for w in worker["workers"]] == ["algo-2", "algo-3"] for worker in workers.values())
-    assert all(w["sm_hosts"] == ["algo-2", "algo-3"] for w in workers.values())
-    assert workers[0]["w"] == workers[1]["w"]
+    workers = {i: json.loads((shared / f"worker-1-{i}.json").read_text()) for i in (0, 1, 2)}
+    order = ["algo-2", "algo-4", "algo-3"]
+    assert [workers[i]["host"] for i in (0, 1, 2)] == order, workers
+    assert all([w.split(":")[0] for w in worker["workers"]] == order for worker in workers.values()), workers
+    assert all(w["sm_hosts"] == order for w in workers.values()), workers
+    assert workers[0]["w"] == workers[1]["w"] == workers[2]["w"], workers
 
 
 @pytest.mark.torch

@@ -21,15 +21,16 @@ from training_toolkit.local.launcher import LocalJob
 pytestmark = [pytest.mark.root, pytest.mark.tensorflow]
 
 H3 = ("algo-1", "algo-2", "algo-3")
+H4 = (*H3, "algo-4")
 BASE = {"TRAINING_TOOLKIT_JOIN_TIMEOUT": "60", "TRAINING_TOOLKIT_GRACE_PERIOD": "5", "TF_CPP_MIN_LOG_LEVEL": "2",
         "TRAINING_TOOLKIT_MAX_RESTARTS": "1", "EPOCHS": "16", "EPOCH_S": "0.5"}
 
 
-def ps_job(tmp_path: Path, env: dict) -> tuple[LocalJob, Path]:
+def ps_job(tmp_path: Path, env: dict, hosts: tuple[str, ...] = H3) -> tuple[LocalJob, Path]:
     src = source_dir(tmp_path, "ps_spares.py")
     shared = tmp_path / "shared"
     shared.mkdir()
-    return LocalJob(hosts=H3, env={**BASE, "SHARED_DIR": str(shared), **env},
+    return LocalJob(hosts=hosts, env={**BASE, "SHARED_DIR": str(shared), **env},
                     hyperparameters=hps("ps_spares.py", src, sagemaker_parameter_server_enabled=True)), shared
 
 
@@ -100,21 +101,22 @@ def test_without_a_spare_the_ps_job_shrinks_to_the_minimum_with_one_ps_fewer_and
 
 def test_the_chiefs_host_killed_whole_fails_over_the_chief_to_the_next_lead(tmp_path, capfd):
     """The lead runs the chief: killed whole, algo-2 leads attempt 2 and runs the chief there (``TF_CONFIG``'s chief
-    is the attempt's lead), the spare algo-3 takes algo-2's old seat as worker 0, the chief resumes its checkpoint."""
-    job, shared = ps_job(tmp_path, {"TRAINING_TOOLKIT_MAX_HOSTS": "2"})
+    is the attempt's lead), the spare algo-4 takes algo-2's old seat as worker 0, algo-3 stays worker 1, the chief
+    resumes its checkpoint."""
+    job, shared = ps_job(tmp_path, {"TRAINING_TOOLKIT_MAX_HOSTS": "3"}, H4)
     killer = HostKiller()
     killing = kill_at_epoch(killer, shared, 3, "algo-1")
     results = {r.host: r for r in run(job, tmp_path, timeout_s=420, before_start=killer.before_start)}
     killing.join(5)
     assert not killing.errors, killing.errors
-    for host in ("algo-2", "algo-3"):  # the new lead and the spare it seated
+    for host in ("algo-2", "algo-3", "algo-4"):  # the new lead, a worker and the spare it seated
         assert results[host].exit_code == 0, (host, results[host].failure)
     second = seen(shared, 1)
-    assert sorted(second) == ["chief-0", "worker-0"], second
-    assert second["chief-0"]["host"] == "algo-2" and second["worker-0"]["host"] == "algo-3", second
+    assert sorted(second) == ["chief-0", "worker-0", "worker-1"], second
+    assert [second[t]["host"] for t in ("chief-0", "worker-0", "worker-1")] == ["algo-2", "algo-4", "algo-3"], second
     for task in second.values():
-        assert task["cluster"] == cluster("algo-2", ["algo-3"], ["algo-2", "algo-3"]), task
-        assert task["sm_hosts"] == ["algo-2", "algo-3"], task
+        assert task["cluster"] == cluster("algo-2", ["algo-4", "algo-3"], ["algo-2", "algo-4", "algo-3"]), task
+        assert task["sm_hosts"] == ["algo-2", "algo-4", "algo-3"], task
     assert second["chief-0"]["start"] >= 3  # resumed from the checkpoint the lost chief wrote
     assert finished(shared, 1)["start"] == second["chief-0"]["start"]
     out = capfd.readouterr().out

@@ -60,6 +60,7 @@ class LinkReader:
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._added: list[_Entry] = []
+        self._given_up: list[Link] = []  # seated links to stop reading and close, on the reader's thread
         self._entries: dict[Link, _Entry] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -77,6 +78,22 @@ class LinkReader:
         the deadline (the reason then is "deadline").
         """
         self._put(_Entry(link, None, deadline, on_hello, on_fail))
+
+    def give_up(self, link: Link) -> None:
+        """Stop reading ``link`` and close it, calling nothing (a seat taken again by the host's new link).
+
+        Closed on the reader's thread once it is no longer registered: a link closed elsewhere while registered
+        leaves its descriptor in the selector, and the next link accepted, given that same descriptor by the
+        kernel, could not be registered (the reader's thread ended, and no host was heard again).
+        """
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._given_up.append(link)
+        if closed:
+            link.close()
+        else:
+            self._wake()
 
     def close(self) -> None:
         """Stop reading, calling nothing more; the links themselves are the caller's."""
@@ -111,6 +128,12 @@ class LinkReader:
                     if self._closed:
                         return
                     added, self._added = self._added, []
+                    given_up, self._given_up = self._given_up, []
+                for link in given_up:  # before any new link is registered: a descriptor freed here may be the next's
+                    entry = self._entries.get(link)
+                    if entry is not None:
+                        self._forget(entry)
+                    link.close()
                 for entry in added:
                     self._entries[entry.link] = entry
                     self._selector.register(entry.link.sock, selectors.EVENT_READ, entry)
@@ -129,6 +152,8 @@ class LinkReader:
             for entry in [*self._entries.values(), *self._added]:
                 if entry.host is None:  # a join cut short by the end of the job; seated links are the caller's
                     entry.link.close()
+            for link in self._given_up:
+                link.close()
             self._selector.close()
             self._wake_r.close()
             self._wake_w.close()

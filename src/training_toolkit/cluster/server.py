@@ -209,7 +209,7 @@ class ControlServer:
             self._state.notify_all()
         self._events.put(PeerJoined(host))
         if stale is not None:
-            stale.close()  # the reader hears it end; no loss: it is no longer the host's link
+            self._reader.give_up(stale)  # no loss: it is no longer the host's link
         return host
 
     def _on_message(self, host: str, message: dict) -> None:

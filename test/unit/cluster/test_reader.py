@@ -109,3 +109,40 @@ def test_close_ends_pending_joins_and_calls_nothing_more():
     failed = threading.Event()
     r.join(late, time.monotonic() + 30, lambda frame: None, lambda reason: failed.set())
     assert failed.is_set()  # a join after the end is refused at once
+
+
+def test_a_seated_link_given_up_is_closed_by_the_reader_and_its_descriptor_reused_at_once_reads_on(reader):
+    """A host's seat taken again by its new link (server: ``stale``): the old link is given up to the reader, which
+    stops reading it before it closes it.  Closed elsewhere while still registered, its descriptor went to the next
+    link accepted, whose register then raised in the reader's thread (``FD 17 is already registered``): the thread
+    died and no host was heard again (CI: a join then timed out)."""
+    old, old_peer = pair()
+    hellos = seat(reader, old)
+    old_peer.sendall(wire.encode({"t": "hello"}))
+    next_event(hellos)
+    number = old.sock.fileno()
+    reader.give_up(old)
+    old_peer.settimeout(5)
+    assert old_peer.recv(10) == b""  # closed, by the reader
+    new, new_peer = pair()  # the lowest free descriptor: the old link's, most often
+    reused = new.sock.fileno() == number
+    hellos = seat(reader, new, "w2")
+    new_peer.sendall(wire.encode({"t": "hello"}))
+    assert next_event(hellos) == {"t": "hello"}
+    sender = Link(new_peer, "first")
+    sender.key = KEY
+    new_peer.sendall(wire.sign(KEY, 1, "ready", {}))
+    assert next_event(reader.got) == ("message", "w2", "ready"), reused
+    with pytest.raises(Empty):  # the old link's end was no loss
+        reader.got.get(timeout=0.3)
+    old_peer.close(), new_peer.close()
+
+
+def test_a_link_given_up_after_the_end_is_closed_at_once():
+    r = LinkReader(lambda *a: None, lambda *a: None, timeout_s=1.0)
+    r.start()
+    r.close()
+    link, peer = pair()
+    r.give_up(link)
+    peer.settimeout(5)
+    assert peer.recv(10) == b""
