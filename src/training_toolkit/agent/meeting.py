@@ -68,7 +68,8 @@ def follow_next_lead(agent, lost: str) -> None:
         if _follows(agent, candidate, waits(agent.hosts, agent.hosts, lost, candidate) * wait_s):
             log(f"{agent.host}: following {candidate}, the lead after {lost}, as a spare for attempt {agent.attempt + 1}")
             return
-    raise ClusterError(f"{agent.host}: no host leads the job after {lost} was lost")
+    raise NoMajority(f"{agent.host}: no host leads the job after {lost} was lost; this host may be the one cut off "
+                     f"from the others, so it stops")
 
 
 def restart_barrier(agent) -> Attempt:
@@ -130,10 +131,11 @@ def _under_next_lead(agent, lost: str, gone: list[str], first: int) -> Attempt:
                 left = successors(agent.hosts, members, (*gone, candidate))
                 if not has_majority(left, members):  # no lead could gather one: the job ends, named
                     raise NoMajority(f"{agent.host}: no majority to lead the job: {len(left)} of its {len(members)} "
-                                       f"members left after losing {', '.join((*gone, candidate))}") from None
+                                     f"members left after losing {', '.join((*gone, candidate))}") from None
                 raise _LostBeforeItsGo(candidate) from None
-    # no member left to lead (this host is not one: a spare the lost lead retired, say)
-    raise ClusterError(f"no member of {', '.join(members)} leads the job after {', '.join(gone)} was lost")
+    # no member left to lead (this host is not one: a spare the lost lead retired, say): it may be the one cut off
+    raise NoMajority(f"no member of {', '.join(members)} leads the job after {', '.join(gone)} was lost; this host may "
+                     f"be the one cut off from the others, so it stops")
 
 
 def _toward(agent, number: int, lost: str) -> None:

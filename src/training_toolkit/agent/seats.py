@@ -118,16 +118,16 @@ class Seats:
             if host in alive and host not in (*last.active, *last.spares, *last.retired):
                 last = roster.joined(last, host)
         retire = roster.to_retire(tuple(cause_hosts)) if self.elastic else frozenset()
+        members = self.members  # the majority first: a lead cut off is short of hosts too, and may be the one cut off
+        if self.followers_may_lead() and not has_majority(alive, members):
+            lost = [host for host in members if host not in alive]
+            raise NoMajority(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
+                             f"{len(members)} members answer ({', '.join(lost)} lost); this host may be the one "
+                             f"cut off from the others, so it stops")
         turn = roster.next_roster(last, alive, max_hosts=self.max_hosts, min_hosts=self.min_hosts, retire=retire,
                                   why=why)
         if isinstance(turn, roster.Shortfall):
             raise ClusterError(turn.reason())
-        members = self.members
-        if self.followers_may_lead() and not has_majority(alive, members):
-            lost = [host for host in members if host not in alive]
-            raise NoMajority(f"{self.host}: no majority to lead the job: {len(set(alive) & set(members))} of its "
-                               f"{len(members)} members answer ({', '.join(lost)} lost); this host may be the one "
-                               f"cut off from the others, so it stops")
         self.roster, self._turn = turn.roster, turn
         return turn.roster
 

@@ -17,7 +17,7 @@ from training_toolkit.job.attempt import Attempt
 from training_toolkit.cluster import elsewhere
 from training_toolkit.cluster.events import Verdict
 from training_toolkit.cluster.timing import ChannelSettings
-from training_toolkit.core.errors import ClusterError
+from training_toolkit.core.errors import EXIT_NO_MAJORITY, ClusterError
 from training_toolkit.core.log import log
 
 if TYPE_CHECKING:
@@ -181,8 +181,10 @@ class Membership:
         if self._server:
             self._server.broadcast(verdict)
             # a lead that took over keeps it for the lost lead made again (TRAINING_TOOLKIT_VERDICT_WAIT); any other
-            # lead for the hosts still on their way, the join deadline and at most VERDICT_LINGER_S
-            self._server.linger(self.settings.verdict_wait_s if self._took_over
+            # lead for the hosts still on their way, the join deadline and at most VERDICT_LINGER_S, and so does one
+            # with no majority: its verdict is its own leaving, which a host made again has no use for (and which
+            # would hold its own pod from being made again)
+            self._server.linger(self.settings.verdict_wait_s if self._took_over and verdict.exit_code != EXIT_NO_MAJORITY
                                 else min(self.settings.join_timeout_s, VERDICT_LINGER_S))
 
     def _join_a_running_job(self) -> None:

@@ -64,6 +64,7 @@ class LinkReader:
         self._entries: dict[Link, _Entry] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._thread: int | None = None  # the reader's thread, once it runs
 
     def start(self) -> None:
         start_thread(self._loop, "control-read")
@@ -86,6 +87,12 @@ class LinkReader:
         leaves its descriptor in the selector, and the next link accepted, given that same descriptor by the
         kernel, could not be registered (the reader's thread ended, and no host was heard again).
         """
+        if threading.get_ident() == self._thread:  # a join seated on the reader's own thread (``on_hello``): now, so
+            entry = self._entries.get(link)  # that no frame of the old link is taken for the host's after this
+            if entry is not None:
+                self._forget(entry)
+            link.close()
+            return
         with self._lock:
             closed = self._closed
             if not closed:
@@ -119,6 +126,7 @@ class LinkReader:
             pass
 
     def _loop(self) -> None:
+        self._thread = threading.get_ident()
         tick = min(0.5, self._timeout_s / 4)
         next_sweep = time.monotonic() + tick
         try:
@@ -135,8 +143,13 @@ class LinkReader:
                         self._forget(entry)
                     link.close()
                 for entry in added:
+                    try:
+                        self._selector.register(entry.link.sock, selectors.EVENT_READ, entry)
+                    except (KeyError, ValueError, OSError) as exc:  # one join that cannot be read fails alone
+                        assert entry.on_fail is not None
+                        entry.on_fail(f"cannot be read: {exc}")
+                        continue
                     self._entries[entry.link] = entry
-                    self._selector.register(entry.link.sock, selectors.EVENT_READ, entry)
                 for key, _ in ready:
                     if key.data is None:
                         self._drain_wake()
@@ -149,6 +162,8 @@ class LinkReader:
                     self._sweep(now)
                     next_sweep = now + tick
         finally:
+            with self._lock:  # a join or a link given up from now on is ended at once (``_put``, ``give_up``)
+                self._closed = True
             for entry in [*self._entries.values(), *self._added]:
                 if entry.host is None:  # a join cut short by the end of the job; seated links are the caller's
                     entry.link.close()

@@ -213,6 +213,9 @@ def test_a_lead_without_a_majority_stops_only_where_a_follower_could_lead():
     with pytest.raises(NoMajority, match="no majority to lead the job: 1 of its 3 members answer") as raised:
         seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(cut_off, {}, ())
     assert raised.value.exit_code == 203  # 128 or more: an operator's ExitCode policy makes the pod again
+    # a spare and the default minimum (every seat): the lead cut off is short of hosts too, but says it may be cut off
+    with pytest.raises(NoMajority, match="no majority to lead the job: 1 of its 4 members answer"):
+        seats_of(H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3"}, active=H4[:3]).next_choice(cut_off, {}, ())
     # MPI (its lead fixed): no follower can lead, so no second job can exist: the minimum alone decides
     assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}, fixed_lead=True).next_choice(cut_off, {}, ()) == \
         Roster(("algo-1",))

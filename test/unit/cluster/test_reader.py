@@ -146,3 +146,30 @@ def test_a_link_given_up_after_the_end_is_closed_at_once():
     r.give_up(link)
     peer.settimeout(5)
     assert peer.recv(10) == b""
+
+
+def test_a_link_given_up_on_the_readers_own_thread_is_closed_at_once_and_the_new_one_reads_on(reader):
+    """As the server does: the new link's hello seats the host, and the old link is given up from that callback."""
+    old, old_peer = pair()
+    hellos = seat(reader, old)
+    old_peer.sendall(wire.encode({"t": "hello"}))
+    next_event(hellos)
+    new, new_peer = pair()
+    taken: SimpleQueue = SimpleQueue()
+
+    def on_hello(frame: dict) -> str:
+        reader.give_up(old)
+        taken.put(old.sock.fileno())  # -1: closed before the callback returned
+        new.key = KEY
+        return "w1"
+
+    reader.join(new, time.monotonic() + 5, on_hello, lambda reason: taken.put(reason))
+    new_peer.sendall(wire.encode({"t": "hello"}))
+    assert next_event(taken) == -1
+    old_peer.settimeout(5)
+    assert old_peer.recv(10) == b""
+    new_peer.sendall(wire.sign(KEY, 1, "ready", {}))
+    assert next_event(reader.got) == ("message", "w1", "ready")
+    with pytest.raises(Empty):  # the old link's end was no loss
+        reader.got.get(timeout=0.3)
+    old_peer.close(), new_peer.close()
