@@ -1,3 +1,4 @@
+"""What the control channel reads of the settings: its port and clocks, and the job secret (only the platform's)."""
 
 import pytest
 
