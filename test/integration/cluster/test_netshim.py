@@ -130,17 +130,22 @@ def attacked(tmp_path: Path, flavor: str, shim: str) -> tuple[list, str, dict]:
     return results, log, state
 
 
+CONTROL_TRIES = 4  # the negative control's attacks at most, until one reaches the runtime inside the guard's window
+
+
 @pytest.mark.parametrize(("flavor", "shim"), [("openmpi4", "on"), ("openmpi4", "off"),
                                               pytest.param("openmpi5", "on", marks=pytest.mark.openmpi5),
                                               pytest.param("openmpi5", "off", marks=pytest.mark.openmpi5)])
 def test_a_replayed_daemon_connect_and_garbage_do_nothing_where_filters_are_refused(tmp_path, flavor, shim):
     where = tmp_path / "1"
     results, log, state = attacked(where, flavor, shim)
-    if shim == "off" and [r.exit_code for r in results] == [0, 0]:
+    for again in range(2, CONTROL_TRIES + 1):
+        if shim != "off" or [r.exit_code for r in results] != [0, 0]:
+            break
         # the guard's cut came before the runtime read the replay: a race the guard may win (its look is every 20 ms,
-        # docs/security.md); the attack once more, which must then do its harm
-        print(f"{flavor}, shim off: the guard cut the replay before the runtime read it; once more")
-        where = tmp_path / "2"
+        # docs/security.md; CI saw it win twice in a row); the attack again, which must do its harm in one of the tries
+        print(f"{flavor}, shim off: the guard cut the replay before the runtime read it; try {again}")
+        where = tmp_path / str(again)
         results, log, state = attacked(where, flavor, shim)
     assert "cannot attach a socket filter" in log, log[-3000:]  # the guard could only cut, as in a container
     print(f"{flavor}, shim {shim}: exit codes {[r.exit_code for r in results]}")
