@@ -88,10 +88,7 @@ class LinkReader:
         kernel, could not be registered (the reader's thread ended, and no host was heard again).
         """
         if threading.get_ident() == self._thread:  # a join seated on the reader's own thread (``on_hello``): now, so
-            entry = self._entries.get(link)  # that no frame of the old link is taken for the host's after this
-            if entry is not None:
-                self._forget(entry)
-            link.close()
+            self._drop(link)  # that no frame of the old link is taken for the host's after this
             return
         with self._lock:
             closed = self._closed
@@ -138,10 +135,7 @@ class LinkReader:
                     added, self._added = self._added, []
                     given_up, self._given_up = self._given_up, []
                 for link in given_up:  # before any new link is registered: a descriptor freed here may be the next's
-                    entry = self._entries.get(link)
-                    if entry is not None:
-                        self._forget(entry)
-                    link.close()
+                    self._drop(link)
                 for entry in added:
                     try:
                         self._selector.register(entry.link.sock, selectors.EVENT_READ, entry)
@@ -234,6 +228,13 @@ class LinkReader:
             entry.on_fail(reason)
         else:
             self._on_lost(entry.host, entry.link, reason)
+
+    def _drop(self, link: Link) -> None:
+        """On the reader's thread: ``link`` unregistered (if it still was), then closed, calling nothing."""
+        entry = self._entries.get(link)
+        if entry is not None:
+            self._forget(entry)
+        link.close()
 
     def _forget(self, entry: _Entry) -> bool:
         if self._entries.get(entry.link) is not entry:
