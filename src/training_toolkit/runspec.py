@@ -4,8 +4,8 @@ A runner (``runners/``, one module each) imports nothing of the agent, and the
 agent nothing of a runner: ``cli`` looks the runner up (``runners.runner``),
 asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
 
-- ``RunContext``: the job as this host sees it (``with_hosts``: its hosts as the lead gave them), and as
-  an attempt runs it (``for_attempt``: computed from the job and the ``Attempt``, never parsed again).
+- ``RunContext``: the job as this host sees it (``with_hosts``: its hosts as the lead gave them, checked), and
+  as an attempt runs it (``for_attempt``: computed from the job and the ``Attempt``); the job is parsed once.
 - ``Seating``: the attempt's membership as a runner sees it: the job, the ``Attempt``
   (``job/attempt.py``), the channel's introductions, what every process of the attempt gets.
 - ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
@@ -146,7 +146,6 @@ class RunnerSpec:
     stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace
     #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
     stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
-    watched: Callable[[Sequence[Local]], list] | None = None  # processes a stall report shows (default: the locals)
     fixed_lead: bool = False  # the job cannot go on under another lead (MPI through Slurm: mpirun's srun needs the
     #   batch host, whose loss ends the allocation): the lead's loss ends the job, named (docs/resilience.md)
 
@@ -163,7 +162,8 @@ def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:
 def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
     """``ctx`` for the job's hosts as the lead gave them (once, at the join: a host's own view may be partial).
 
-    The lead's list is input from the wire: it is checked as the resource config is (``job.with_hosts``).
+    The lead's list is input from the wire: it is checked by the resource config's rule for hosts
+    (``job.with_hosts``); the runner and its options stay as parsed at the start, fitted to the hosts' count.
     """
     from training_toolkit.job import contract
     from training_toolkit.job import spec as job
@@ -172,7 +172,8 @@ def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
     spec = job.with_hosts(ctx.job, hosts)
     if spec is ctx.job:
         return ctx
-    return ctx._replace(job=spec, plan=plan.make_plan(spec), script_env=contract.script_environment(spec, ctx.environ))
+    fitted = plan.for_hosts(ctx.plan, contract.participating_hosts(spec), str(ctx.job.paths.hyperparameters_file))
+    return ctx._replace(job=spec, plan=fitted, script_env=contract.script_environment(spec, ctx.environ))
 
 
 def for_attempt(ctx: RunContext, attempt: Attempt) -> RunContext:

@@ -91,7 +91,7 @@ class HostAgent:
         self.in_barrier = False  # the lead's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
-        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, spec.watched, ctx.environ,
+        self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, ctx.environ,
                                 progress=not spec.solo)  # for the record: every job with hosts to lose
         self.recorder = Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s, config.stall_startup_s)
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)

@@ -21,7 +21,7 @@ from pathlib import Path
 from queue import SimpleQueue
 
 from training_toolkit.agent.events import Progress
-from training_toolkit.supervise import rundir
+from training_toolkit.supervise import reported, rundir
 
 INTERVAL_S = 0.5
 CHECKPOINT_MARK = "checkpoint"  # in the heartbeat directory: a rank touches it once it has saved a checkpoint
@@ -102,6 +102,6 @@ def watch_dir(job_id: str | None, parent: Path, host: str = "") -> Path:
     name = "".join(ch for ch in host[:64] if ch.isascii() and (ch.isalnum() or ch in "._-")).lstrip(".")
     prefix = DIR_PREFIX + "".join(f"{part}-" for part in (tag, name) if part)
     path = rundir.new_private_dir(prefix, parent)
-    for sub in ("stacks", "heartbeats"):
+    for sub in ("stacks", "heartbeats", reported.DIR_NAME):  # the last: ranks that are not train's children
         (path / sub).mkdir(mode=0o700, exist_ok=True)
     return path

@@ -4,7 +4,8 @@ Progress is watched in every job of more than one seat, for the job's record (ea
 progress, the script's checkpoint marks): its processes get the heartbeat directory, where a file
 touched is progress and ``checkpoint`` touched marks a checkpoint saved (``process_env``), and their
 output marks progress (``on_output``).  While stalls are watched (a stall timeout, in any job), the
-processes also get the faulthandler hook and the stack files' directory, and this host reads its
+processes also get the faulthandler hook, the stack files' directory and the directory where a rank that is
+not this host's child is reported by its parent (``supervise/reported.py``: MPI's), and this host reads its
 ranks' stacks when the lead asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).
 A job of one seat without a stall timeout gets none of it: its launch stays the reference's.
 Everything here loads the stack readers only when stalls are watched.
@@ -37,19 +38,16 @@ class StallWatch:
     (every job of more than one seat).  Neither: nothing is started, the processes get only the attempt.
 
     ``events``: the agent's queue (progress and the gathered stacks go there); ``py_spy``: the setting
-    (``stacks.pyspy_path``); ``watched``: the runner's choice of processes whose stacks show (None: every
-    local process still running); ``environ``: the toolkit's environment, which says where runtime
+    (``stacks.pyspy_path``); ``environ``: the toolkit's environment, which says where runtime
     directories go (``rundir``).
     """
 
     def __init__(self, events: SimpleQueue, timeout_s: float | None, py_spy: str | None = None,
-                 watched: Callable[[list[Local]], list[stacks.Watched]] | None = None,
                  environ: Mapping[str, str] | None = None, progress: bool = False):
         self._events = events
         self._environ = environ or {}
         self._timeout_s = timeout_s
         self._py_spy = py_spy
-        self._watched = watched
         self._progress_wanted = progress or timeout_s is not None
         self.watch_dir: Path | None = None  # this host's heartbeat and stack files, once started
         self._progress: ProgressWatch | None = None
@@ -103,13 +101,17 @@ class StallWatch:
         return lambda: seen(attempt)
 
     def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
-        """This host's processes whose stacks a stall report shows (the runner's word, else every local process)."""
-        if self._watched is not None:
-            return self._watched(list(locals_))
+        """This host's processes whose stacks a stall report shows: those that run the user's program, its own
+        children (``Local.program``: not mpirun, not a parameter server) and the ranks their parents reported."""
         from training_toolkit.stalls import stacks
+        from training_toolkit.supervise import reported
 
-        return [stacks.Watched(local.child.pid, local.rank, local.name) for local in locals_
-                if local.child.poll() is None]
+        own = [stacks.Watched(local.child.pid, local.rank, local.name) for local in locals_
+               if local.program and local.child.poll() is None]
+        if self.watch_dir is None:
+            return own
+        return own + [stacks.Watched(r.pid, r.rank, f"rank {r.rank}" if r.rank is not None else f"process {r.pid}")
+                      for r in reported.reported(self.watch_dir / reported.DIR_NAME)]
 
     def gather(self, seat: Seat, host: str, hosts: Sequence[str], locals_: Sequence[Local]) -> None:
         """The lead: its ranks' stacks and every other host's (``StacksGathered`` on the queue)."""

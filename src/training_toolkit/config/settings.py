@@ -56,9 +56,11 @@ RANK_PARENT_VAR = "TRAINING_TOOLKIT_RANK_PARENT"  # its parent, training-toolkit
 RANK_FILE_VAR = "TRAINING_TOOLKIT_RANK_FILE"  # this host's MPI ranks' file (native/rank_exec.c, runners/rank_env.py)
 SSH_CONFIG_VAR = "TRAINING_TOOLKIT_SSH_CONFIG"  # this host's job ssh config, for Open MPI's rsh agent (native/ssh_agent.c)
 RANK_ATTEMPT_VAR = "TRAINING_TOOLKIT_RANK_ATTEMPT"  # in that file: the attempt it is of (native/rank_exec.c waits for it)
+RANKS_DIR_VAR = "TRAINING_TOOLKIT_RANKS_DIR"  # where a rank's parent reports it to its host's train (supervise/reported.py)
 INTERNAL_VARIABLES = (SUPERVISOR_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, HEARTBEAT_DIR_VAR, STACKS_DIR_VAR,
                       NETSHIM_ALLOW_VAR, NETSHIM_PORTS_VAR, RANK_STOP_FLAG_VAR, RANK_RESTART_FLAG_VAR,
-                      RANK_STOP_WAIT_VAR, RANK_PID_VAR, RANK_PARENT_VAR, RANK_FILE_VAR, SSH_CONFIG_VAR, RANK_ATTEMPT_VAR)
+                      RANK_STOP_WAIT_VAR, RANK_PID_VAR, RANK_PARENT_VAR, RANK_FILE_VAR, SSH_CONFIG_VAR, RANK_ATTEMPT_VAR,
+                      RANKS_DIR_VAR)
 PREFIX = "TRAINING_TOOLKIT_"
 
 

@@ -146,7 +146,9 @@ def with_hosts(job: JobSpec, hosts: tuple[str, ...]) -> JobSpec:
     """``job`` with the hosts the lead gave (the job's membership), in its order; the same job if they agree.
 
     A host's own view may be partial (an MPIJob worker's: the launcher and itself); the lead's
-    list replaces it.  A heterogeneous cluster's groups name their hosts, so it cannot take other hosts.
+    list replaces it.  The list is input from the wire: it is checked by the resource config's own rule for
+    hosts (``check_hosts``), and nothing else of the job is parsed again.  A heterogeneous cluster's groups
+    name their hosts, so it cannot take other hosts.
     """
     if tuple(hosts) == job.resource.hosts:
         return job
@@ -154,7 +156,8 @@ def with_hosts(job: JobSpec, hosts: tuple[str, ...]) -> JobSpec:
     if job.resource.instance_groups:
         raise ConfigError(source, "hosts", f"the lead's hosts {list(hosts)} are not this host's "
                           f"{list(job.resource.hosts)}, and instance groups name their hosts")
-    return job._replace(resource=parse_resource_config({**job.resource.raw, "hosts": list(hosts)}, source))
+    check_hosts(list(hosts), job.resource.current_host, f"{source} (the lead's hosts)")
+    return on_hosts(job, tuple(hosts))
 
 
 def on_hosts(job: JobSpec, active: tuple[str, ...]) -> JobSpec:
@@ -171,19 +174,8 @@ def on_hosts(job: JobSpec, active: tuple[str, ...]) -> JobSpec:
 
 
 def parse_resource_config(raw: Mapping[str, Any], source: str) -> ResourceConfig:
-    hosts = raw.get("hosts")
-    if not isinstance(hosts, list) or not hosts:
-        raise ConfigError(source, "hosts", "expected a non-empty list of host names")
-    for host in hosts:
-        _check_host(host, source, "hosts")
-    duplicates = sorted({h for h in hosts if hosts.count(h) > 1})
-    if duplicates:
-        raise ConfigError(source, "hosts", f"duplicate host name(s) {duplicates}")
-    current = raw.get("current_host")
-    if not isinstance(current, str) or not current:
-        raise ConfigError(source, "current_host", "expected a host name")
-    if current not in hosts:
-        raise ConfigError(source, "current_host", f"{current!r} is not one of hosts {hosts}")
+    hosts, current = raw.get("hosts"), raw.get("current_host")
+    check_hosts(hosts, current, source)
     interface = raw.get("network_interface_name", DEFAULT_INTERFACE)
     if not isinstance(interface, str) or not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,32}", interface):
         raise ConfigError(source, "network_interface_name", f"expected an interface name, got {interface!r}")
@@ -205,6 +197,22 @@ def parse_resource_config(raw: Mapping[str, Any], source: str) -> ResourceConfig
         instance_groups=groups,
         raw=MappingProxyType(dict(raw)),
     )
+
+
+def check_hosts(hosts: Any, current: Any, source: str) -> None:
+    """The one rule for a job's hosts, wherever they come from (the resource config, the lead's welcome): a
+    non-empty list of valid, distinct host names, this host one of them."""
+    if not isinstance(hosts, list) or not hosts:
+        raise ConfigError(source, "hosts", "expected a non-empty list of host names")
+    for host in hosts:
+        _check_host(host, source, "hosts")
+    duplicates = sorted({h for h in hosts if hosts.count(h) > 1})
+    if duplicates:
+        raise ConfigError(source, "hosts", f"duplicate host name(s) {duplicates}")
+    if not isinstance(current, str) or not current:
+        raise ConfigError(source, "current_host", "expected a host name")
+    if current not in hosts:
+        raise ConfigError(source, "current_host", f"{current!r} is not one of hosts {hosts}")
 
 
 def _parse_groups(raw: Any, hosts: list[str], source: str) -> tuple[InstanceGroup, ...]:

@@ -29,6 +29,13 @@
  * the file is read again every 20 ms, for at most ATTEMPT_WAIT_S seconds, then the rank fails naming
  * the file and both attempts.  So no rank of attempt N starts from an earlier attempt's file (other
  * hosts, another world size).  That entry is the file's own: the rank's environment leaves it out.
+ *
+ * FILE's TRAINING_TOOLKIT_RANKS_DIR=DIR (its host's train gives it while it may want its ranks' stacks): once the
+ * rank is started, this process reports it there, as the file DIR/PID (the rank's pid) holding "RANK START\n":
+ * its job-wide rank (OMPI_COMM_WORLD_RANK, else PMIX_RANK; -1 if the runtime named none) and its start time
+ * (field 22 of /proc/PID/stat, which with the pid names one process for good).  The report is written whole
+ * (a rename) and removed once the rank has ended.  So train knows its host's ranks although they are not its
+ * children (they run under mpirun, orted/prted or Slurm's step daemon): supervise/reported.py reads them.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -50,6 +57,7 @@
 #define RANK_RESTART_FLAG_VAR "TRAINING_TOOLKIT_RANK_RESTART_FLAG"
 #define STOP_WAIT_VAR "TRAINING_TOOLKIT_RANK_STOP_WAIT_MS"
 #define ATTEMPT_ENTRY "TRAINING_TOOLKIT_RANK_ATTEMPT="
+#define RANKS_DIR_VAR "TRAINING_TOOLKIT_RANKS_DIR"
 #define ATTEMPT_WAIT_S 60
 
 extern char **environ;
@@ -217,6 +225,50 @@ static int exists(const char *path)
     return path != NULL && access(path, F_OK) == 0;
 }
 
+/* The start time of process `pid` (field 22 of its stat, clock ticks after boot), or -1. */
+static long long start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = '\0';
+    char *p = strrchr(buf, ')'); /* the command's name may hold spaces and parentheses: fields follow its last ')' */
+    if (!p)
+        return -1;
+    for (int field = 2; field < 22; field++) { /* to the space before field 22 */
+        p = strchr(p + 1, ' ');
+        if (!p)
+            return -1;
+    }
+    char *end = NULL;
+    long long start = strtoll(p + 1, &end, 10);
+    return end == p + 1 ? -1 : start;
+}
+
+/* Report the rank `child` in `dir` (above, and supervise/reported.py), into `path` (the report's name, kept for its
+   removal); a report that cannot be written is said once, and the rank runs all the same. */
+static void report_rank(const char *dir, pid_t child, char *path, size_t size)
+{
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank || !*rank)
+        rank = getenv("PMIX_RANK");
+    char tmp[4200];
+    snprintf(path, size, "%s/%ld", dir, (long)child);
+    snprintf(tmp, sizeof tmp, "%s/.%ld.tmp", dir, (long)child);
+    FILE *f = fopen(tmp, "w");
+    int ok = f != NULL && fprintf(f, "%s %lld\n", rank && *rank ? rank : "-1", start_time(child)) > 0;
+    ok = (f != NULL && fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "training-toolkit-rank: cannot report rank %ld in %s: %s\n", (long)child, dir, strerror(errno));
+        unlink(tmp);
+        path[0] = '\0';
+    }
+}
+
 /* The signals this process passes to its rank (Open MPI's runtime signals its own child: mpirun passes SIGUSR1,
    SIGUSR2, SIGTSTP/SIGCONT on; a platform's SIGTERM, SIGINT, SIGHUP), and SIGCHLD, its rank's end: all
    waited for with sigwaitinfo, blocked from before the fork, so none is lost and no handler runs. */
@@ -257,7 +309,7 @@ static void pause_ms(const sigset_t *set, long ms)
    library (native/rank_stop.c) as it takes its first: then the end waits, `wait_ms` at most, for the host's
    decision: the stop flag (held), or the restart flag (a restart's stop: the runtime is to see every end). */
 static int run_rank(char **command, char **env, char *rank_pid, char *rank_parent, const char *stop_flag,
-                    const char *restart_flag, long wait_ms)
+                    const char *restart_flag, long wait_ms, const char *ranks_dir)
 {
     sigset_t set, before;
     sigemptyset(&set);
@@ -277,6 +329,9 @@ static int run_rank(char **command, char **env, char *rank_pid, char *rank_paren
         execvp(command[0], command);
         _exit(fail("cannot run", command[0]));
     }
+    static char report[4200];
+    if (ranks_dir)
+        report_rank(ranks_dir, child, report, sizeof report);
     int status = 0, stop_seen = 0;
     for (;;) {
         siginfo_t info;
@@ -294,6 +349,8 @@ static int run_rank(char **command, char **env, char *rank_pid, char *rank_paren
         if (info.si_pid != child) /* the rank's own note of its SIGTERM is not sent back */
             kill(child, sig);
     }
+    if (report[0])
+        unlink(report); /* the rank is gone: reported no more */
     if (stop_seen || exists(stop_flag)) {
         double until = now_s() + (double)wait_ms / 1000.0;
         while (now_s() < until && !exists(stop_flag) && !exists(restart_flag))
@@ -408,6 +465,7 @@ int main(int argc, char **argv)
     const char *restart_flag = entry_value(saved, file_count, RANK_RESTART_FLAG_VAR "=");
     const char *wait_text = entry_value(saved, file_count, STOP_WAIT_VAR "=");
     long wait_ms = wait_text ? strtol(wait_text, NULL, 10) : 0;
+    const char *ranks_dir = entry_value(saved, file_count, RANKS_DIR_VAR "=");
     /* the rank's own pid and its parent's (this process): set in the child, once it has one */
     static char rank_pid[48], rank_parent[48];
     env[n++] = rank_pid;
@@ -415,5 +473,5 @@ int main(int argc, char **argv)
     env[n] = NULL;
     if (chdir(cwd) != 0)
         return fail("cannot enter the code directory", cwd);
-    return run_rank(command, env, rank_pid, rank_parent, stop_flag, restart_flag, wait_ms);
+    return run_rank(command, env, rank_pid, rank_parent, stop_flag, restart_flag, wait_ms, ranks_dir);
 }

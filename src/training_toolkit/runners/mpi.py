@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from training_toolkit.supervise import procfs, rundir
-from training_toolkit.stalls import stacks
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
@@ -62,7 +61,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
                       before_restart=host.prepare_attempt, judge=judged, failure=host.failure_of,
-                      stop=host.stop, stop_for_restart=host.stop_part, watched=host.watched,
+                      stop=host.stop, stop_for_restart=host.stop_part,
                       fixed_lead=host.via_slurm)
 
 
@@ -230,14 +229,6 @@ class MpiHost:
             extra.update(missing_home(ctx.environ))
         env = rank_env.mpirun_environment(ctx.environ, preload, extra)
         return [Proc("mpirun", tuple(command), env, str(ctx.code_dir), program=False)]
-
-    def watched(self, locals_: Sequence[Local]) -> list[stacks.Watched]:
-        """This host's ranks (under mpirun here, under sshd elsewhere), each with its job-wide rank."""
-        found = []
-        for pid in self._ranks(locals_):
-            rank = stacks.rank_of(pid)
-            found.append(stacks.Watched(pid, rank, f"rank {rank}" if rank is not None else f"process {pid}"))
-        return found
 
     def stop_part(self, locals_: Sequence[Local]) -> None:
         """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from training_toolkit.supervise import pidfd, procfs
-from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
+from training_toolkit.supervise import pidfd, procfs, reported
+from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, RANKS_DIR_VAR, STACKS_DIR_VAR
 from training_toolkit.stalls.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
 STACK_SIGNAL_OFFSET = 3  # the hook's own constant (it imports nothing of ours)
@@ -52,10 +52,11 @@ def stack_signal() -> int:
 
 
 def script_env(directory: Path, environ: dict[str, str]) -> dict[str, str]:
-    """What a watched rank's environment gets: the heartbeat directory, the stack files' directory, the hook."""
+    """What a watched rank's environment gets: the heartbeat directory, the stack files' directory, the hook, and
+    where its parent reports a rank that is not train's child (``supervise/reported.py``)."""
     path = [str(HOOK_DIR), *(p for p in environ.get("PYTHONPATH", "").split(":") if p and p != str(HOOK_DIR))]
     return {HEARTBEAT_DIR_VAR: str(directory / "heartbeats"), STACKS_DIR_VAR: str(directory / "stacks"),
-            "PYTHONPATH": ":".join(path)}
+            RANKS_DIR_VAR: str(directory / reported.DIR_NAME), "PYTHONPATH": ":".join(path)}
 
 
 def pyspy_path(setting: str | None = None) -> str | None:
@@ -165,10 +166,3 @@ def _by_pyspy(pyspy: str, pid: int, timeout_s: float):
     return (), (lines[0][:200] if lines else f"exit code {done.returncode}")
 
 
-def rank_of(pid: int) -> int | None:
-    """An MPI rank's job-wide rank, from the environment mpirun gave it."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
-        value = procfs.environ_value(pid, name)
-        if value is not None and value.isdigit():
-            return int(value)
-    return None

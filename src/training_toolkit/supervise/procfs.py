@@ -300,15 +300,3 @@ def catches(pid: int, signum: int) -> bool:
         pass
     return False
 
-
-def environ_value(pid: int, name: str) -> str | None:
-    """One variable of the process's environment as it started; None if unset or gone."""
-    environ = _file(pid, "environ")
-    if environ is None:
-        return None
-    entries = environ.split(b"\0")
-    prefix = name.encode() + b"="
-    for entry in entries:
-        if entry.startswith(prefix):
-            return entry[len(prefix):].decode(errors="replace")
-    return None

@@ -22,6 +22,7 @@ import pytest
 from helpers.jobrecord import STAMP_S, record_at, wall
 from helpers.jobs import clean_env, train_cmd, write_job
 from helpers.multihost import hps
+from helpers.procenv import environ_value
 from training_toolkit.supervise import procfs
 from training_toolkit.local.launcher import LocalJob, run_local
 
@@ -104,7 +105,7 @@ def test_a_child_that_cleared_its_environment_dies_with_train_and_an_unrelated_p
         while not any(procfs.cmdline(p.pid) == "/bin/sleep 302" for p in procfs.descendants(train.pid)):
             assert time.monotonic() < deadline, "the script's child never started"
             time.sleep(0.02)
-        assert procfs.environ_value(unrelated.pid, "TRAINING_TOOLKIT_SUPERVISOR") is None
+        assert environ_value(unrelated.pid, "TRAINING_TOOLKIT_SUPERVISOR") is None
         held = pidfds(train.pid)
         train.kill()
         train.wait()

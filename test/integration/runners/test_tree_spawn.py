@@ -22,6 +22,7 @@ import pytest
 from helpers.keys import mount_keys
 from helpers.multihost import hps, rank_files, run
 from helpers.paths import OMPI5_BIN, TOOLKIT_PYTHON
+from helpers.procenv import environ_value
 from training_toolkit.supervise import procfs
 from training_toolkit.cluster.ssh.keys import generate_keypair
 from training_toolkit.local.launcher import LocalJob
@@ -52,7 +53,7 @@ def sessions(train_pid: int, daemon: str) -> list[tuple[str, str, str]]:
     for proc in procfs.descendants(train_pid):
         name = procfs.comm(proc.pid)
         if name in (daemon, "ssh"):
-            found.append((name, procfs.environ_value(proc.pid, "SSH_CONNECTION") or "",
+            found.append((name, environ_value(proc.pid, "SSH_CONNECTION") or "",
                           procfs.cmdline(proc.pid) or ""))
     return found
 

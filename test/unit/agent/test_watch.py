@@ -79,5 +79,41 @@ def test_latest_mtime(tmp_path):
 def test_a_hosts_watch_directory_says_the_job_and_the_host_then_a_random_part(tmp_path, job_id, host, prefix):
     path = watch_dir(job_id, tmp_path, host)
     assert path.parent == tmp_path and path.name.startswith(prefix) and len(path.name) > len(prefix), path.name
-    assert path.stat().st_mode & 0o777 == 0o700 and sorted(p.name for p in path.iterdir()) == ["heartbeats", "stacks"]
+    assert path.stat().st_mode & 0o777 == 0o700 and sorted(p.name for p in path.iterdir()) == ["heartbeats", "ranks", "stacks"]
     assert watch_dir(job_id, tmp_path, host) != path  # hosts sharing the parent never share a directory
+
+
+class _Child:
+    """What the stall watch reads of a started process: its pid, and whether it runs."""
+
+    def __init__(self, pid: int, running: bool = True):
+        self.pid, self._running = pid, running
+
+    def poll(self):
+        return None if self._running else 0
+
+
+@pytest.mark.process  # tier: the watch directory's dead-man switch is a process
+def test_a_stall_shows_the_processes_that_run_the_program_own_children_and_reported_ranks_alike():
+    """The same rule for every runner: this host's children that run the program, and the ranks their parents
+    reported (MPI's: not train's children); a launcher (mpirun) or the toolkit's own server is not shown."""
+    from training_toolkit.agent.stall import StallWatch
+    from training_toolkit.runspec import Local
+    from training_toolkit.stalls.stacks import Watched
+    from training_toolkit.supervise import procfs, reported
+
+    watch = StallWatch(SimpleQueue(), timeout_s=10.0)
+    locals_ = [Local("mpirun", _Child(11), program=False), Local("rank 1", _Child(12), rank=1),
+               Local("ended", _Child(13, running=False), rank=2)]
+    assert watch.watched(locals_) == [Watched(12, 1, "rank 1")]  # not started: no reports read
+    watch.start("ab12", "algo-1")
+    try:
+        me = procfs.read(os.getpid())
+        assert me is not None
+        (watch.watch_dir / reported.DIR_NAME / str(me.pid)).write_text(f"3 {me.start}\n")
+        assert watch.watched(locals_) == [Watched(12, 1, "rank 1"), Watched(me.pid, 3, "rank 3")]
+        env = watch.process_env({}, 0)
+        assert env["TRAINING_TOOLKIT_RANKS_DIR"] == str(watch.watch_dir / reported.DIR_NAME)
+    finally:
+        watch.close()
+    assert not watch.watch_dir.exists()

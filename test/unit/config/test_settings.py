@@ -185,7 +185,7 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
     from training_toolkit.runners.netshim import Shim
 
     given_to_ranks = set(script_env(Path("/w"), {})) - {"PYTHONPATH"}
-    assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
+    assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR, settings.RANKS_DIR_VAR}
     given_to_the_shim = set(Shim("/s.so", ("192.0.2.1",)).environment(range(1, 3)))
     assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
     # a rank's stop (native/rank_exec.c, native/rank_stop.c), given to the ranks and their parents

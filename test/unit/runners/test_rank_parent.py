@@ -19,7 +19,9 @@ import pytest
 
 from training_toolkit import native
 from training_toolkit.runners import rank_env
-from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR
+from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANK_STOP_WAIT_VAR, RANKS_DIR_VAR
+from training_toolkit.supervise import procfs
+from training_toolkit.supervise.reported import Reported, reported
 
 pytestmark = pytest.mark.process  # tier: starts processes (test/helpers/tiers.py)
 
@@ -46,16 +48,19 @@ time.sleep(30)
 
 
 class Rank:
-    def __init__(self, tmp_path: Path, how: str, wait_ms: int = WAIT_MS):
+    def __init__(self, tmp_path: Path, how: str, wait_ms: int = WAIT_MS, reports: Path | None = None,
+                 runtime: dict[str, str] | None = None):
         self.flag, self.restart = tmp_path / "stopping", tmp_path / "restarting"
         env = {"PATH": os.environ["PATH"], "LD_PRELOAD": str(native.path_of(native.RANK_STOP_LIBRARY)),
                RANK_STOP_FLAG_VAR: str(self.flag), RANK_RESTART_FLAG_VAR: str(self.restart),
-               RANK_STOP_WAIT_VAR: str(wait_ms)}
+               RANK_STOP_WAIT_VAR: str(wait_ms), **({RANKS_DIR_VAR: str(reports)} if reports else {})}
         rank_file = tmp_path / "rank.env"
         rank_env.write_rank_file(rank_file, rank_env.encode_rank_file(str(tmp_path), [sys.executable, "-c", RANK, how],
                                                                       env))
         self.parent = subprocess.Popen([str(native.path_of(native.RANK_PROGRAM)), str(rank_file)],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**{k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))},
+                                            **(runtime or {})})  # what Open MPI's runtime gives it (None: nothing)
         line = self.parent.stdout.readline().split()
         assert line[:1] == ["ready"], self.parent.stderr.read()
         self.pid, parent, named = (int(word) for word in line[1:])
@@ -160,3 +165,27 @@ def test_with_no_decision_the_wait_is_bounded(ranks):
     os.kill(rank.pid, signal.SIGTERM)
     assert rank.end() == (143, "")
     assert 0.5 <= time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize("runtime, rank", [({"OMPI_COMM_WORLD_RANK": "5", "PMIX_RANK": "9"}, 5),  # Open MPI's own
+                                           ({"PMIX_RANK": "9"}, 9), ({}, None)])
+def test_the_parent_reports_its_rank_to_its_hosts_train_until_the_rank_ends(ranks, tmp_path, runtime, rank):
+    """Where the rank file names a directory, the rank's pid, job-wide rank and start time are there while it runs
+    (its host's train finds it although it is not its child), and gone once it has ended."""
+    reports = tmp_path / "ranks"
+    reports.mkdir()
+    started = ranks("sleep", reports=reports, runtime=runtime)
+    proc = procfs.read(started.pid)
+    assert proc is not None
+    assert reported(reports) == [Reported(started.pid, rank, proc.start)]
+    assert sorted(p.name for p in reports.iterdir()) == [str(started.pid)]
+    os.kill(started.pid, signal.SIGKILL)
+    assert started.end() == (-signal.SIGKILL, "")
+    assert list(reports.iterdir()) == []
+
+
+def test_a_report_that_cannot_be_written_is_said_and_the_rank_runs_all_the_same(ranks, tmp_path):
+    rank = ranks("code3", reports=tmp_path / "missing")
+    code, output = rank.end()
+    assert code == 3
+    assert f"training-toolkit-rank: cannot report rank {rank.pid} in {tmp_path / 'missing'}: No such file" in output
