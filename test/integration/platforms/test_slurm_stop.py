@@ -12,7 +12,7 @@ node1-2, a torch_distributed 2 x 2 on node3-4 and an MPI 2 x 2 with Open MPI 5 (
 on node5-6; the second test of each kind swaps which rank is slow.  ``--time`` is in whole minutes
 (``--time=0:05`` is a limit of 1 minute, seen with ``scontrol show job``) and slurmctld looks at
 limits about every 30 s: a time-limit test lasts 60-90 s, so the jobs share one.
-``scripts/repeat-tests.sh`` runs them many times in a row (docs/slurm.md has the count).
+``scripts/repeat-tests.sh`` runs them many times in a row (docs/notes/slurm-runs.md has the counts).
 
 Every test runs as root and as an ordinary user made for it, who submits and cancels its own jobs
 (``helpers.slurm.as_root_and_user``).  Also here: ``pytorch_ddp`` (the SDK's older switch for torch.distributed) 2 x 2 under Slurm.
