@@ -19,6 +19,7 @@ from helpers.jobrecord import STAMP_S, cost_at, metrics, of_kind, record_at, sum
 from helpers.multihost import Tee, hps, run, source_dir
 from training_toolkit.core.errors import EXIT_CLUSTER_ERROR, EXIT_NO_MAJORITY
 from training_toolkit.local.launcher import LocalJob
+from training_toolkit.local.layout import host_opt_ml
 
 H3 = ("algo-1", "algo-2", "algo-3")
 H4 = (*H3, "algo-4")
@@ -295,6 +296,70 @@ def test_the_lead_killed_during_a_restarts_barrier_fails_over_for_that_restart(t
     said = text.index("algo-2: attempt 2 of 2 starting")
     assert text.index("algo-2: leading the job from attempt 2 (algo-1 lost)") > said, text[-3000:]
     assert "algo-4: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
+
+
+def lead_killed_at_the_first_barrier(tmp_path: Path, env: dict, out=None) -> tuple[dict, Path]:
+    """A job of 5 hosts whose algo-5 is cut off from the start, so the lead holds the job's first barrier open for it;
+    algo-1 killed once algo-2, algo-3 and algo-4 joined it (each record's first entry), before its go: the results by
+    host, and the job's shared directory."""
+    job, shared = torch_job(tmp_path, H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4", "TRAINING_TOOLKIT_MIN_HOSTS": "3",
+                                           **env, **ROOM})
+    killer = HostKiller()
+
+    def cut_algo_5_from_the_start(cluster) -> None:
+        killer.before_start(cluster)
+        cut(cluster, "algo-5")
+
+    def kill_the_lead_once_the_others_joined() -> None:
+        for host in ("algo-2", "algo-3", "algo-4"):
+            opt_ml, deadline = host_opt_ml(tmp_path / "cluster", host), time.monotonic() + 120
+            while not of_kind(record_at(opt_ml, host), "job"):
+                assert time.monotonic() < deadline, f"{host} did not join"
+                time.sleep(0.1)
+        killer.kill("algo-1")
+
+    faulting = meanwhile(kill_the_lead_once_the_others_joined)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=cut_algo_5_from_the_start,
+                          **({"out": out} if out is not None else {})))
+    faulting.join(5)
+    assert not faulting.errors, faulting.errors
+    assert not list(shared.glob("seen-0-*"))  # the lost lead's go reached no one
+    return results, shared
+
+
+@pytest.mark.torch
+def test_the_lead_killed_at_the_jobs_first_barrier_the_members_fail_over_and_the_job_completes(tmp_path, capfd):
+    """The members fail over from the attempt the lost lead would have started (the first roster): algo-2 leads
+    attempt 2 with 3 of the 5 members behind it, the job shrinks to the minimum and completes."""
+    results, shared = lead_killed_at_the_first_barrier(tmp_path, {"TRAINING_TOOLKIT_MAX_RESTARTS": "1"})
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    assert_led(shared, 1, "algo-2", {"algo-2", "algo-3", "algo-4"})
+    text = capfd.readouterr().out
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert (f"{host}: algo-1 was lost before attempt 1 started here (its go may have reached others): the "
+                f"members fail over to attempt 2") in text, text[-3000:]
+    assert "algo-2: leading the job from attempt 2 (algo-1 lost)" in text, text[-3000:]
+    assert "algo-3: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
+    assert "algo-2: attempt 2 of 2 starting (the lead was lost before the job started)" in text, text[-3000:]
+    # what it cost, in the new lead's record: the attempt algo-1 would have started, never started, its loss the fault
+    entries = record_at(results["algo-2"].opt_ml, "algo-2")
+    assert [(i["attempt"], i["lead"]) for i in of_kind(entries, "attempt")] == [(0, "algo-1"), (1, "algo-2")], entries
+    assert [(i["attempt"], i["lost"]) for i in of_kind(entries, "restart")] == [(1, "algo-1")], entries
+    (fault,) = cost_at(results["algo-2"].opt_ml, "algo-2")["faults"]
+    assert (fault["attempt"], fault["fault"], fault["host"], fault["next_attempt"]) == (0, "host_lost", "algo-1", 1)
+    assert 0 < fault["lost_s"] < 120, fault
+
+
+@pytest.mark.torch
+def test_the_lead_killed_at_the_jobs_first_barrier_without_a_restart_left_ends_the_job_named(tmp_path):
+    """The same with no restart allowed: the failover would be one (hosts its go reached count it so), so every
+    member ends, naming why."""
+    results, shared = lead_killed_at_the_first_barrier(tmp_path, {})
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == EXIT_CLUSTER_ERROR, (host, results[host].exit_code, results[host].failure)
+        assert "no restart left to lead the job on after algo-1 was lost" in results[host].failure, results[host].failure
+    assert not list(shared.glob("seen-*"))
 
 
 @pytest.mark.torch

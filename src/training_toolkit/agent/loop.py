@@ -180,7 +180,7 @@ class HostAgent:
                 job.callback(guard.stop)
         job.callback(lambda: self._attempt.close())  # whichever attempt is the last
         if self.host in self.active:  # a spare said it waits
-            self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt))
+            self._say_attempt(why_this_attempt(self.attempt, self.state.first_attempt, self.membership.job_attempt[1]))
         self.check_stop()
         self._start()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.actions import Ended, carry_out
-from training_toolkit.agent.events import BarrierOpened, Release
+from training_toolkit.agent.events import BarrierOpened, FailOver, PeerLost, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
 from training_toolkit.agent.decisions import attempt_to_join, toward
 from training_toolkit.agent.succession import has_majority, successors, term, waits
@@ -41,18 +41,40 @@ def may_fail_over(agent) -> bool:
 
 
 def first_barrier(agent) -> Attempt:
-    """This ``train``'s first barrier.  A host that came back into a running job waits there as a spare until a
-    restart seats it; should the lead be lost meanwhile, it follows the next lead (``follow_next_lead``) instead of
-    ending, where the job may fail over at all (spares or a minimum, a runner that can lead from any host)."""
+    """This ``train``'s first barrier.  Should the lead be lost there, where the job may fail over at all (spares or a
+    minimum, a runner that can lead from any host): a member of the job's first barrier fails over as for a lead lost
+    while its first attempt runs (``lost_before_the_start``); a host that came back into a running job, waiting there
+    as a spare until a restart seats it, follows the next lead (``follow_next_lead``)."""
     while True:
         try:
             return barrier(agent, agent.seats.first_deadline(agent.attempt, agent.state.first_attempt))
         except LeadLost as lost:
             agent.check_stop()  # a stop that came meanwhile (it ended the wait): stopped, never a failover
             seats = agent.seats
-            if agent.is_lead or agent.attempt <= agent.state.first_attempt or not (seats.elastic and seats.movable_lead):
+            if agent.is_lead or not (seats.elastic and seats.movable_lead):
+                raise
+            _, running = agent.membership.job_attempt
+            if not running and seats.followers_may_lead():
+                return lost_before_the_start(agent, lost.lead, str(lost))
+            if agent.attempt <= agent.state.first_attempt:
                 raise
             follow_next_lead(agent, lost.lead)
+
+
+def lost_before_the_start(agent, lost: str, reason: str) -> Attempt:
+    """The lead ``lost`` at the job's first barrier, before its go reached this host.  Its go may have reached others:
+    they run the first attempt, the first roster (``Seats.first_choice``, which every host computes alike), and fail
+    over from it when they hear the loss.  So this host takes that attempt as the last and fails over from it too, to
+    the same next attempt under the same next lead (``next_lead``): a restart, as for any lead's loss."""
+    seats, first = agent.seats, agent.attempt
+    seats.take_first_choice()
+    # the record: that attempt, never started here, its lead's loss its fault, and the failover its restart
+    agent.recorder.seated(seats.attempt)
+    agent.recorder.step(PeerLost(lost, reason), (FailOver(first + 1, reason, lost),), first)
+    _toward(agent, first + 1, lost)
+    log(f"{agent.host}: {lost} was lost before attempt {first + 1} started here (its go may have reached others): "
+        f"the members fail over to attempt {first + 2}")
+    return next_lead(agent, lost)
 
 
 def follow_next_lead(agent, lost: str) -> None:

@@ -89,6 +89,7 @@ class Recorder:
         self._clock = clock
         self._active: tuple[str, ...] = ()
         self._once: set[tuple[str, int]] = set()  # (kind, attempt) of the progress and restarts written
+        self._lost: set[str] = set()  # hosts whose loss is written, until an attempt seats them again
         self.entries: list[dict] = []  # what this host wrote, for its cost at the end
         self.lead_summary: str | None = None  # the lead's line, as its verdict brought it (a follower)
 
@@ -97,6 +98,7 @@ class Recorder:
 
     def seated(self, attempt: Attempt) -> None:
         self._active = attempt.active
+        self._lost -= set(attempt.active)
         self._write([("attempt", {"attempt": attempt.number, "lead": attempt.lead, "active": list(attempt.active),
                                   "spares": list(attempt.spares)})])
 
@@ -111,8 +113,14 @@ class Recorder:
             self._write(found, at)
 
     def _new(self, item: Observed) -> bool:
-        """An attempt's first progress only, and its restart once (the lead's call, then its own rejoin)."""
+        """An attempt's first progress only, its restart once (the lead's call, then its own rejoin), and a host's
+        loss once (a lead lost at a barrier is heard there, then again as the next lead's barrier steps the loss)."""
         kind, fields = item
+        if kind == "fault" and fields["fault"] == "host_lost":
+            if fields["host"] in self._lost:
+                return False
+            self._lost.add(fields["host"])
+            return True
         if kind not in ("progress", "restart"):
             return True
         key = (kind, fields["attempt"])

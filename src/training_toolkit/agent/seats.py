@@ -86,6 +86,12 @@ class Seats:
         self._turn = roster.Turn(self.roster)
         return self.roster
 
+    def take_first_choice(self) -> None:
+        """Barrier 0's lead was lost before its go reached this host: the attempt it would have chosen (its barrier
+        waits for every host, so every host is ready when it passes: the first roster) is the last attempt."""
+        chosen = self.first_choice()
+        self.attempt = Attempt(self.attempt.number, chosen.active, chosen.spares)
+
     @property
     def members(self) -> tuple[str, ...]:
         """The hosts the job counts on for the next attempt: the last attempt's active hosts and spares."""
@@ -228,8 +234,9 @@ class SoloSeat:
         pass
 
 
-def why_this_attempt(attempt: int, first_attempt: int) -> str:
-    """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, or the platform restarted it."""
+def why_this_attempt(attempt: int, first_attempt: int, joined_running: bool = True) -> str:
+    """Why the first attempt of this ``train`` is not 0: it rejoined a job that went on, the job's first lead was lost
+    before its first attempt started (``meeting.lost_before_the_start``), or the platform restarted it."""
     if attempt > first_attempt:
-        return "rejoining the job"
+        return "rejoining the job" if joined_running else "the lead was lost before the job started"
     return "the platform restarted the job" if attempt else ""

@@ -100,3 +100,17 @@ def test_a_job_of_one_seat_that_ran_once_without_a_fault_says_no_line_but_keeps_
     recorder.end(Outcome(0), quiet=True)
     assert capfd.readouterr().err == ""
     assert [item["kind"] for item in schema.read(recorder.path)] == ["attempt", "verdict"]
+
+
+def test_a_hosts_loss_is_one_fault_until_an_attempt_seats_it_again(tmp_path):
+    """A lead lost at a barrier is heard there, then again when the next lead's barrier steps the loss: one fault.
+    Seated again and lost again: a second fault."""
+    recorder = Recorder(tmp_path, "algo-2", clock=lambda: 100.0)
+    recorder.seated(Attempt(0, ACTIVE))
+    recorder.step(PeerLost("algo-1", "connection closed"), (), 0)
+    recorder.step(PeerLost("algo-1", "connection closed", 3.0), (), 1)
+    recorder.step(PeerLost("algo-3", "connection closed"), (), 1)  # another host: its own fault
+    recorder.seated(Attempt(2, ACTIVE))  # algo-1 back, and seated
+    recorder.step(PeerLost("algo-1", "connection closed"), (), 2)
+    lost = [(item["attempt"], item["host"]) for item in recorder.entries if item["kind"] == "fault"]
+    assert lost == [(0, "algo-1"), (1, "algo-3"), (2, "algo-1")]
