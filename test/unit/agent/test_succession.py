@@ -237,3 +237,28 @@ def test_a_new_lead_keeps_the_hosts_the_lost_lead_retired():
     # algo-1's seat, rank 1 now, is not given to algo-4: the job shrinks to its minimum instead
     assert seats.next_choice(frozenset({"algo-2", "algo-3", "algo-4"}), {}, ("algo-4", "algo-4", None)) == Roster(
         ("algo-2", "algo-3"), (), ("algo-4",))
+
+
+def test_a_lead_lost_at_barrier_0_the_last_attempt_is_the_first_roster_every_host_computes_alike():
+    """A member that never had the lost lead's go takes the attempt that go would have started (its barrier passes
+    with every host ready: the first roster), as the hosts the go reached did; the next lead then takes the lost
+    lead's seat in it, and the spare stays a spare."""
+    seats = seats_of(H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3"})
+    seats.host = "algo-2"
+    seats.take_first_choice()
+    assert (seats.attempt.number, seats.attempt.active, seats.attempt.spares) == (0, H4[:3], ("algo-4",))
+    assert seats.members == H4 and seats.followers_may_lead()
+    seats.take_lead("algo-1")
+    assert seats.roster == Roster(("algo-2", "algo-1", "algo-3"), ("algo-4",))
+
+
+@pytest.mark.parametrize("attempt, first, joined_running, why", [
+    (0, 0, False, ""),
+    (2, 2, False, "the platform restarted the job"),  # JobSet's restart-attempt
+    (3, 0, True, "rejoining the job"),  # a host back in a job that went on
+    (1, 0, False, "the lead was lost before the job started"),  # a member of barrier 0, its lead lost there
+])
+def test_why_this_trains_first_attempt_is_not_the_jobs_first(attempt, first, joined_running, why):
+    from training_toolkit.agent.seats import why_this_attempt
+
+    assert why_this_attempt(attempt, first, joined_running) == why
