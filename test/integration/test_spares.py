@@ -298,12 +298,12 @@ def test_the_lead_killed_during_a_restarts_barrier_fails_over_for_that_restart(t
     assert "algo-4: following algo-2, the lead of attempt 2 (algo-1 lost)" in text, text[-3000:]
 
 
-def lead_killed_at_the_first_barrier(tmp_path: Path, env: dict, out=None) -> tuple[dict, Path]:
-    """A job of 5 hosts whose algo-5 is cut off from the start, so the lead holds the job's first barrier open for it;
-    algo-1 killed once algo-2, algo-3 and algo-4 joined it (each record's first entry), before its go: the results by
-    host, and the job's shared directory."""
-    job, shared = torch_job(tmp_path, H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4", "TRAINING_TOOLKIT_MIN_HOSTS": "3",
-                                           **env, **ROOM})
+def lead_killed_at_the_first_barrier(tmp_path: Path, env: dict, out=None, make_job=None) -> tuple[dict, Path]:
+    """A job of 5 hosts (``make_job``'s, like ``torch_job``: the default) whose algo-5 is cut off from the start, so the
+    lead holds the job's first barrier open for it; algo-1 killed once algo-2, algo-3 and algo-4 joined it (each
+    record's first entry), before its go: the results by host, and the job's shared directory."""
+    job, shared = (make_job or torch_job)(tmp_path, H5, {"TRAINING_TOOLKIT_MAX_HOSTS": "4",
+                                                         "TRAINING_TOOLKIT_MIN_HOSTS": "3", **env, **ROOM})
     killer = HostKiller()
 
     def cut_algo_5_from_the_start(cluster) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.deadhost import HostKiller
 from helpers.multihost import hps, run, source_dir
-from integration.test_spares import FAST, H3, H4, ROOM, by_host, kill_at, seen
+from integration.test_spares import FAST, H3, H4, ROOM, by_host, kill_at, lead_killed_at_the_first_barrier, seen
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
@@ -138,6 +138,20 @@ def test_the_leads_loss_without_a_spare_shrinks_under_the_next_lead(tmp_path):
                               (5, "algo-4")], second
     assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
     assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
+
+
+def test_the_lead_killed_at_the_jobs_first_barrier_mpirun_runs_from_the_next_lead(tmp_path):
+    """The lead killed at barrier 0 (test_spares.py's case: algo-5 cut off holds it open): the members fail over
+    from the first roster, algo-2 runs mpirun over itself, algo-3 and algo-4 (its sshd started at the job's start,
+    the next attempt's keys admitted on the others), ranks 0-5."""
+    results, shared = lead_killed_at_the_first_barrier(tmp_path, {"TRAINING_TOOLKIT_MAX_RESTARTS": "1"},
+                                                       make_job=mpi_job)
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)
+    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3"), (4, "algo-4"),
+                              (5, "algo-4")], second
+    assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
 
 
 def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_path, capfd):
