@@ -43,6 +43,17 @@ def sees_hosts(info: dict[int, dict], hosts: list[str]) -> bool:
                for i in info.values())
 
 
+def assert_led_by_algo_2_over_three_hosts(results: dict, shared: Path) -> None:
+    """algo-2, algo-3 and algo-4 ended with the job's success, and attempt 2 ran from algo-2 (mpirun, ranks 0 and 1)
+    over algo-3 and algo-4, every rank told those hosts."""
+    for host in ("algo-2", "algo-3", "algo-4"):
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    second = seen(shared, 1)
+    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3"), (4, "algo-4"),
+                              (5, "algo-4")], second
+    assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
+
+
 def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path, capfd):
     job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
@@ -131,12 +142,7 @@ def test_the_leads_loss_without_a_spare_shrinks_under_the_next_lead(tmp_path):
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
     killing.join(5)
     assert not killing.errors, killing.errors
-    for host in ("algo-2", "algo-3", "algo-4"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
-    second = seen(shared, 1)
-    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3"), (4, "algo-4"),
-                              (5, "algo-4")], second
-    assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
+    assert_led_by_algo_2_over_three_hosts(results, shared)
     assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
 
 
@@ -146,12 +152,7 @@ def test_the_lead_killed_at_the_jobs_first_barrier_mpirun_runs_from_the_next_lea
     the next attempt's keys admitted on the others), ranks 0-5."""
     results, shared = lead_killed_at_the_first_barrier(tmp_path, {"TRAINING_TOOLKIT_MAX_RESTARTS": "1"},
                                                        make_job=mpi_job)
-    for host in ("algo-2", "algo-3", "algo-4"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
-    second = seen(shared, 1)
-    assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-3"), (3, "algo-3"), (4, "algo-4"),
-                              (5, "algo-4")], second
-    assert sees_hosts(second, ["algo-2", "algo-3", "algo-4"]), second
+    assert_led_by_algo_2_over_three_hosts(results, shared)
 
 
 def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_path, capfd):
