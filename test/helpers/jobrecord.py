@@ -16,8 +16,13 @@ from training_toolkit.record import schema, summary
 STAMP_S = 0.0005
 
 
+def record_file(opt_ml: Path, host: str) -> Path:
+    """Where ``host`` keeps its record under its ``/opt/ml``: made at its first entry, once it joined the job."""
+    return schema.record_path(Paths(opt_ml).output_data_dir, host)
+
+
 def record_at(opt_ml: Path, host: str) -> list[dict]:
-    return schema.read(schema.record_path(Paths(opt_ml).output_data_dir, host))
+    return schema.read(record_file(opt_ml, host))
 
 
 def cost_at(opt_ml: Path, host: str) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.deadhost import HostKiller, Replacement, cut, kill_when, meanwhile, wait_for
-from helpers.jobrecord import STAMP_S, cost_at, metrics, of_kind, record_at, summary_lines, wall
+from helpers.jobrecord import STAMP_S, cost_at, metrics, of_kind, record_at, record_file, summary_lines, wall
 from helpers.multihost import Tee, hps, run, source_dir
 from training_toolkit.core.errors import EXIT_CLUSTER_ERROR, EXIT_NO_MAJORITY
 from training_toolkit.local.launcher import LocalJob
@@ -311,11 +311,8 @@ def lead_killed_at_the_first_barrier(tmp_path: Path, env: dict, out=None, make_j
         cut(cluster, "algo-5")
 
     def kill_the_lead_once_the_others_joined() -> None:
-        for host in ("algo-2", "algo-3", "algo-4"):
-            opt_ml, deadline = host_opt_ml(tmp_path / "cluster", host), time.monotonic() + 120
-            while not of_kind(record_at(opt_ml, host), "job"):
-                assert time.monotonic() < deadline, f"{host} did not join"
-                time.sleep(0.1)
+        for host in ("algo-2", "algo-3", "algo-4"):  # each joined the lead: its record's first entry is made
+            wait_for(record_file(host_opt_ml(tmp_path / "cluster", host), host))
         killer.kill("algo-1")
 
     faulting = meanwhile(kill_the_lead_once_the_others_joined)

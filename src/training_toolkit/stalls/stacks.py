@@ -164,5 +164,3 @@ def _by_pyspy(pyspy: str, pid: int, timeout_s: float):
         return frames, ""
     lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
     return (), (lines[0][:200] if lines else f"exit code {done.returncode}")
-
-

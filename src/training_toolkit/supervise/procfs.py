@@ -299,4 +299,3 @@ def catches(pid: int, signum: int) -> bool:
     except (OSError, ValueError, IndexError):
         pass
     return False
-
