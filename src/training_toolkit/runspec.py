@@ -9,12 +9,13 @@ asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
 - ``Seating``: the attempt's membership as a runner sees it: the job, the ``Attempt``
   (``job/attempt.py``), the channel's introductions, what every process of the attempt gets.
 - ``Proc``: a process to start (argv, env, cwd, its rank, whether its end ends this
-  host's part, whether it runs the user's program); ``Local``: one the agent started.
-- ``Blamed``: a failed exit as the runner tells it: its outcome, and the host whose own processes failed.
+  host's part, whether it runs the user's program, how its end is told where its output says more than its
+  status: mpirun's); ``Local``: one the agent started.
+- ``Blamed``: a failed exit as its process tells it: its outcome, and the host whose own processes failed.
 - ``RunnerSpec``: the processes of an attempt (``processes``), what the runner holds for
   the job (``hold``: a context manager the agent enters on its per-job ``ExitStack``), the
-  listeners the guard covers, how its exits are judged and its failures described, and the
-  few hooks a runner needs, as plain callables.  Every hook may be left out.
+  listeners the guard covers, and the few hooks a runner needs, as plain callables.  Every hook may be left out.
+  How a host's part stops is the agent's, the same for every runner (``agent/parts.py``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class Seating:
         return self.attempt.leads(self.host)
 
 
+#: How a process's end is told: None, a success; else the failure (a launcher's exit 0 may be one: mpirun's after
+#: it lost a daemon).  Given the process and its exit status.
+Judge = Callable[["Local", ExitStatus], "Blamed | None"]
+
+
 @record
 class Proc:
     """A process of the attempt on this host, as the runner asks for it; the agent starts and watches it."""
@@ -95,7 +101,10 @@ class Proc:
     cwd: str | None = None
     rank: int | None = None  # the job-wide rank it is (its failure names it)
     primary: bool = True  # this host's part ends when its primaries end
-    program: bool = True  # it runs the user's command (a failure names the program), else one of the toolkit's (``name``)
+    program: bool = True  # it runs the user's command (a failure names the program; a stop signals it), else it
+    #                       is one of the toolkit's (``name``: mpirun, the parameter server), ended after the programs
+    judge: Judge | None = None  # how its end is told, from its output as well (mpirun's: the failing rank's host);
+    #                             default: its status, a failure named by ``failure_of``
 
 
 @record
@@ -107,11 +116,12 @@ class Local:
     primary: bool = True
     rank: int | None = None
     program: bool = True
+    judge: Judge | None = None
 
 
 @record
 class Blamed:
-    """A failed exit as the runner tells it (``RunnerSpec.failure``): its outcome, and whose own processes failed.
+    """A failed exit as its process tells it (``Proc.judge``): its outcome, and whose own processes failed.
 
     ``host`` None: this host's (every runner whose failing processes are its host's own).  MPI's mpirun runs on
     the lead for every rank: its failure names the failing rank's host, which the retire rule
@@ -141,11 +151,6 @@ class RunnerSpec:
     #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
     prepare: Callable[[Seating], None] | None = None  # then, before barrier 0 (every host): e.g. a port free, sshd started
     before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
-    judge: Callable[[Local, ExitStatus], ExitStatus] | None = None  # how an exit counts (default: its status)
-    failure: Callable[[Local, ExitStatus], Blamed] | None = None  # a failed exit, told (default: ``failure_of``, here)
-    stop: Callable[[int, Sequence[Local]], None] | None = None  # a stopping signal: stop this host's part (its grace
-    #   included) and return once it has; called once (default: each process gets it, the grace, then SIGKILL)
-    stop_for_restart: Callable[[Sequence[Local]], None] | None = None  # before the agent stops its processes
     fixed_lead: bool = False  # the job cannot go on under another lead (MPI through Slurm: mpirun's srun needs the
     #   batch host, whose loss ends the allocation): the lead's loss ends the job, named (docs/resilience.md)
 

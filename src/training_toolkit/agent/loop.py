@@ -164,7 +164,7 @@ class HostAgent:
             raise unusable
         self.seats.take_hosts(self.membership.hosts)
         self.seats.take_limits(self.spec)
-        self.stall.start(self.membership.job_id, self.host)
+        self.part.watch_dir = self.stall.start(self.membership.job_id, self.host)  # ranks reported, the stop's flags
         if self.spec.hold is not None:
             job.enter_context(self.spec.hold(self.seating()))
         if self.spec.prepare is not None:
@@ -194,7 +194,7 @@ class HostAgent:
         self._attempt.callback(stop_locals, started, FAILURE_GRACE_S)
         for proc in procs:
             child = self.supervise(proc.argv, proc.env, cwd=proc.cwd)
-            started.append(Local(proc.name, child, proc.primary, proc.rank, proc.program))
+            started.append(Local(proc.name, child, proc.primary, proc.rank, proc.program, proc.judge))
 
     def _started(self) -> Outcome | None:
         self.stall.attempt_started(self.attempt)
@@ -235,18 +235,19 @@ class HostAgent:
         if isinstance(event, PeerLost) and not self.is_lead and event.host != self.seats.attempt.lead:
             return Tick()  # the loss of a lead this follower no longer follows (it met the next one at a barrier)
         if isinstance(event, LocalExit) and event.attempt == self.attempt:
-            local = next(local for local in self.locals if local.name == event.name)  # the runner says what failed
-            status = self.spec.judge(local, event.status) if self.spec.judge else event.status
-            if not status.ok:
-                failed = self.failure_of(local, status)
+            local = next(local for local in self.locals if local.name == event.name)  # the process says what failed
+            failed = self.failure_of(local, event.status)
+            if failed is not None:  # an exit 0 that is a failure gets the failure's code
+                status = event.status if not event.status.ok else ExitStatus(failed.outcome.exit_code)
                 event = LocalExit(event.name, status, event.at, failed.outcome, event.attempt, failed.host)
         return event
 
-    def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
-        """A local process that failed, as the runner tells it (MPI: blamed on the rank's host), else naming this host."""
-        if self.spec.failure is not None:
-            return self.spec.failure(local, status)
-        return Blamed(described_failure(local, status, None if self.spec.solo else self.host))
+    def failure_of(self, local: Local, status: ExitStatus) -> Blamed | None:
+        """A local process's end as a failure (None: a success), as the process tells it (``Local.judge``: mpirun
+        blames the failing rank's host), else by its status, naming this host."""
+        if local.judge is not None:
+            return local.judge(local, status)
+        return None if status.ok else Blamed(described_failure(local, status, None if self.spec.solo else self.host))
 
     def fail_over(self, attempt: int, reason: str, lost: str) -> Outcome | None:
         """This host's lead ``lost`` is gone and its part stopped: find the next lead (maybe this host), meet at the
@@ -262,6 +263,7 @@ class HostAgent:
         self._say_attempt(reason)
         self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
         self.part.locals = []
+        self.part.lower_flags()
         if self.spec.before_restart is not None:
             self.spec.before_restart(self.seating())
         if lost is None:  # a host may still be giving its ranks their grace: that is not a host that did not come back

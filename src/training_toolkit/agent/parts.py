@@ -1,6 +1,6 @@
 """This host's part of an attempt: its local processes, their watchers, passing signals on, and their stop.
 
-Each thing that blocks (a process's end, a runner's own stop, a stop for a
+Each thing that blocks (a process's end, a stop, a stop for a
 restart) runs in a thread of its own and ends as an event on the agent's
 queue (``LocalExit``, ``PartStopped``, ``PartEnded``): the loop never waits on it.
 """
@@ -12,23 +12,36 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from queue import SimpleQueue
 
 from training_toolkit.agent.events import LocalExit, PartEnded, PartStopped
 from training_toolkit.core.log import log
+from training_toolkit.supervise import procfs, reported
 from training_toolkit.supervise.process import FORWARDED_SIGNALS, STOPPING_SIGNALS, end_descendants
+from training_toolkit.supervise.stopping import stop_processes
 from training_toolkit.runspec import Local, RunnerSpec
 
 
 class Part:
-    """``locals``: the processes of the current attempt on this host (none on a spare)."""
+    """``locals``: the processes of the current attempt on this host (none on a spare).
+
+    ``watch_dir``: this host's watch directory (every job of more than one seat): the ranks this host did not
+    start are reported there, and the stop's flags are made there (``supervise/reported.py``).
+
+    A stop is the same for every runner (``_stop_ranks``): the flag, then the signal to what runs the user's
+    program: this host's children that do (``Local.program``) and the reported ranks with what they started;
+    the grace period, SIGKILL.  A launcher (``program`` False: mpirun, the parameter server) gets no signal: it
+    is ended after its ranks, by the attempt's stack (a stop) or by ``stop_locals`` (a restart's stop).
+    """
 
     def __init__(self, events: SimpleQueue, spec: RunnerSpec, grace_s: float):
         self._events = events
-        self._spec = spec
+        self._own_end_on_stop = spec.own_end_on_stop
         self._grace_s = grace_s
         self.locals: list[Local] = []
-        self._stopping = False  # a runner's own stop (``spec.stop``) has begun
+        self.watch_dir: Path | None = None
+        self._stopping = False  # a stop has begun: later stopping signals change nothing
 
     def watch(self, attempt: int) -> None:
         """Each local process's end becomes a ``LocalExit`` of ``attempt``."""
@@ -38,41 +51,51 @@ class Part:
     def signal(self, signum: int) -> None:
         """Pass a signal ``train`` received to this host's part of the job.
 
-        By default every local process gets it (stopping signals with the grace
-        period, then SIGKILL), and ``PartStopped`` is posted once all of them
-        are gone: the job hears of this host's stop when its whole part has
-        stopped, not when its first process ends.  A runner with its own stop
-        (``spec.stop``: MPI's ranks are not our children) is asked once, and
-        ``PartStopped`` is posted when it returns.
+        A stopping signal stops the part (``_stop_ranks``, the stop flag raised: an MPI rank's end is held from
+        its runtime); a later one is only passed on to the programs.  ``PartStopped`` is posted when every program has ended: the job hears of this
+        host's stop when its whole part has stopped, not when its first process ends.  A job of one seat whose
+        script's own end is the verdict (``own_end_on_stop``) only passes it on.  Any other signal goes to every
+        local process (mpirun passes SIGUSR1/2 on to every rank).
         """
-        if signum in STOPPING_SIGNALS and self._spec.stop is not None:
-            if not self._stopping:
-                self._stopping = True
-                in_thread(self._runner_stop, "stop-ranks", signum, list(self.locals))
+        if signum not in STOPPING_SIGNALS or self._own_end_on_stop:
+            forward(self.locals, signum, self._grace_s)
             return
-        forward(self.locals, signum, self._grace_s)
-        if signum in STOPPING_SIGNALS and not self._spec.own_end_on_stop:
-            in_thread(self._part_stopped, "part-stopped", signum, list(self.locals))
+        if self._stopping:  # a terminal's second ^C: passed on to the programs, whose stop is under way
+            forward([local for local in self.locals if local.program], signum, self._grace_s)
+            return
+        self._stopping = True
+        in_thread(self._stop, "stop-part", signum, list(self.locals))
 
     def stop_for_restart(self, attempt: int) -> None:
         """Stop the part of ``attempt`` (the grace period, then kill); ``PartEnded`` once it is gone."""
         in_thread(self._stop_part, "stop-part", attempt, list(self.locals))
 
-    def _runner_stop(self, signum: int, locals_: list[Local]) -> None:
-        assert self._spec.stop is not None
-        self._spec.stop(signum, locals_)
+    def lower_flags(self) -> None:
+        """Before a restart's barrier: the last attempt's stop holds no end of the next one."""
+        if self.watch_dir is not None:
+            reported.lower_flags(self.watch_dir)
+
+    def _stop(self, signum: int, locals_: list[Local]) -> None:
+        self._stop_ranks(signum, locals_, reported.STOP_FLAG)
         self._events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
 
-    def _part_stopped(self, signum: int, locals_: list[Local]) -> None:
-        for local in locals_:
-            local.child.wait()  # each has its grace, and SIGKILL after it (Supervised.stop)
-        self._events.put(PartStopped(signum, time.time()))
-
     def _stop_part(self, attempt: int, locals_: list[Local]) -> None:
-        if self._spec.stop_for_restart is not None:
-            self._spec.stop_for_restart(locals_)
-        stop_locals(locals_, self._grace_s)
+        self._stop_ranks(signal.SIGTERM, locals_, reported.RESTART_FLAG)  # nothing held: mpirun sees its ranks end
+        stop_locals(locals_, self._grace_s)  # then the launchers (and every end reaped)
         self._events.put(PartEnded(attempt))
+
+    def _stop_ranks(self, signum: int, locals_: Sequence[Local], flag: str) -> None:
+        """``flag`` raised, then ``signum`` to the programs among ``locals_`` and to the reported ranks, each with
+        the grace period and SIGKILL after it; returns once all of them have ended."""
+        programs = [local for local in locals_ if local.program]
+        for local in programs:
+            local.child.stop(signum, self._grace_s)  # returns at once: the grace runs in the background
+        if self.watch_dir is not None:
+            reported.raise_flag(self.watch_dir, flag)
+            ranks = self.watch_dir / reported.DIR_NAME
+            stop_processes(lambda: reported.targets(ranks), self._grace_s, signum, on_kill=_name_the_left)
+        for local in programs:
+            local.child.wait(self._grace_s + 5)
 
 
 def forward(locals_: Sequence[Local], signum: int, grace_s: float) -> None:
@@ -90,6 +113,11 @@ def stop_locals(locals_: Sequence[Local], grace_s: float) -> None:
     for local in locals_:
         local.child.wait(grace_s + 5)
         local.child.finish(linger_s=1.0)
+
+
+def _name_the_left(pids: list[int]) -> None:
+    """What of the reported ranks was still there at the grace period's end, named before its SIGKILL."""
+    log(f"after the grace period, killed: {', '.join(f'{pid} ({procfs.cmdline(pid) or procfs.comm(pid)})' for pid in pids)}")
 
 
 def end_leftovers() -> None:

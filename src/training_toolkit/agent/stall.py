@@ -3,9 +3,10 @@
 Progress is watched in every job of more than one seat, for the job's record (each attempt's first
 progress, the script's checkpoint marks): its processes get the heartbeat directory, where a file
 touched is progress and ``checkpoint`` touched marks a checkpoint saved (``process_env``), and their
-output marks progress (``on_output``).  While stalls are watched (a stall timeout, in any job), the
-processes also get the faulthandler hook, the stack files' directory and the directory where a rank that is
-not this host's child is reported by its parent (``supervise/reported.py``: MPI's), and this host reads its
+output marks progress (``on_output``); they also get the directory where a rank that is not this host's
+child is reported by its parent, and the flags its parent reads (``supervise/reported.py``: MPI's), which the
+agent's stop makes (``agent/parts.py``).  While stalls are watched (a stall timeout, in any job), the
+processes also get the faulthandler hook and the stack files' directory, and this host reads its
 ranks' stacks when the lead asks (``gather`` on the lead, ``send`` elsewhere; docs/resilience.md).
 A job of one seat without a stall timeout gets none of it: its launch stays the reference's.
 Everything here loads the stack readers only when stalls are watched.
@@ -53,11 +54,12 @@ class StallWatch:
         self._progress: ProgressWatch | None = None
         self._tripwire: Deadman | None = None
 
-    def start(self, job_id: str, host: str) -> None:
+    def start(self, job_id: str, host: str) -> Path | None:
         """Progress (and stalls, with a timeout) is watched from now on (the job's id and this host name the
-        directory the host's files go to); the directory is removed even if train is killed (a dead-man switch)."""
+        directory the host's files go to); the directory is removed even if train is killed (a dead-man switch).
+        Returns the directory (None: nothing is watched)."""
         if not self._progress_wanted:
-            return
+            return None
         from training_toolkit.agent.progress import ProgressWatch, watch_dir
         from training_toolkit.supervise import rundir
         from training_toolkit.supervise.deadman import Deadman
@@ -65,6 +67,7 @@ class StallWatch:
         self.watch_dir = watch_dir(job_id or None, rundir.parent(self._environ), host)
         self._tripwire = Deadman(directories=[self.watch_dir])  # gone even if train is killed
         self._progress = ProgressWatch(self._events, self.watch_dir / "heartbeats")
+        return self.watch_dir
 
     def close(self) -> None:
         if self._progress is not None:
@@ -82,11 +85,15 @@ class StallWatch:
             self._progress.attempt = attempt
 
     def process_env(self, env: Mapping[str, str], attempt: int) -> dict[str, str]:
-        """``env`` with what every process of the job gets: the attempt, the heartbeat directory while progress is
-        watched, and the hook and the stack files' directory while stalls are."""
+        """``env`` with what every process of the job gets: the attempt; while progress is watched, the heartbeat
+        directory and where a rank's parent reports the rank and reads its host's flags (``supervise/reported.py``);
+        and the hook and the stack files' directory while stalls are."""
         extra = {RESTART_COUNT_VAR: str(attempt)}
         if self.watch_dir is not None:
+            from training_toolkit.supervise import reported
+
             extra[HEARTBEAT_DIR_VAR] = str(self.watch_dir / "heartbeats")
+            extra.update(reported.rank_environment(self.watch_dir))
         if self.watch_dir is not None and self._timeout_s is not None:
             from training_toolkit.stalls import stacks
 

@@ -18,10 +18,7 @@ step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,27 +26,21 @@ from training_toolkit.supervise import procfs, rundir
 from training_toolkit.cluster.netaddr import host_addresses, joined
 from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
-from training_toolkit.core.log import log
 from training_toolkit.core import names
 from training_toolkit.core.names import LAUNCH_SLURM, OPENMPI4
 from training_toolkit.job import plan
-from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.core.redact import redact
-from training_toolkit.job.report import Outcome
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
-from training_toolkit.runners.mpi_failure import judged, mpi_failure
+from training_toolkit.runners.mpi_failure import mpirun_judge
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, PER_HOST_INTRO, RANK_TAG_VAR, build_command, has_mpi4py,
                                                  job_addresses, job_per_host, missing_home, mpi_flavor, mpi_options,
-                                                 mpirun_preload, netshim, rank_environment, restart_flag,
+                                                 mpirun_preload, netshim, rank_environment,
                                                  slurm_environment, slurm_paths, user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
-from training_toolkit.runspec import Blamed, Local, Proc, RunContext, RunnerSpec, Seating
-from training_toolkit.supervise.stopping import stop_processes
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 from training_toolkit.supervise.deadman import Deadman
-
-STOP_FLAG_NAME = "stopping"  # beside the rank file: this host's train is stopping its ranks (native/rank_exec.c)
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
@@ -60,24 +51,20 @@ def spec(ctx: RunContext) -> RunnerSpec:
     roots = host.daemons if host.via_slurm else None
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
                       introduction=host.introduction, hold=host.held, prepare=host.prepare,
-                      before_restart=host.prepare_attempt, judge=judged, failure=host.failure_of,
-                      stop=host.stop, stop_for_restart=host.stop_part,
-                      fixed_lead=host.via_slurm)
+                      before_restart=host.prepare_attempt, fixed_lead=host.via_slurm)
 
 
 class MpiHost:
     """This host's part of an MPI job: what it holds (its ssh: ``SshPart``; its rank file), and its hooks (``spec``).
 
-    Ranks run under mpirun and sshd, not as our children; signals reach them through ``rank_tag``.
-
-    A stopping signal on any host goes straight to that host's ranks (with the
-    grace period, so they can checkpoint), not through mpirun, whose own
-    SIGTERM handling would kill every rank after a second (mpirun and the
-    daemons start with SIGTERM blocked).  A rank's death, on the other hand,
-    makes mpirun end the job at once (no kill timeout), except during a stop:
-    then each rank's parent (``training-toolkit-rank``) holds its end from the
-    runtime (``_hold_ends``, native/rank_exec.c), so that the first rank to end
-    its handler does not end the others'.
+    Ranks run under mpirun and sshd (or Slurm's step daemon), not as ``train``'s children: each rank's parent,
+    ``training-toolkit-rank``, reports it to its host's ``train`` (supervise/reported.py).  So the agent stops
+    MPI's ranks as any runner's (agent/parts.py): a stopping signal on any host goes straight to that host's
+    ranks, with the grace period so they can checkpoint, not through mpirun, whose own SIGTERM handling would
+    kill every rank after a second (mpirun and the daemons start with SIGTERM blocked).  A rank's death, on the
+    other hand, makes mpirun end the job at once (no kill timeout), except during a stop: then the agent's stop
+    flag tells each rank's parent to hold the rank's end from the runtime (native/rank_exec.c), so that the
+    first rank to end its handler does not end the others'.
     """
 
     def __init__(self, ctx: RunContext):
@@ -88,7 +75,6 @@ class MpiHost:
         self.via_slurm = ctx.settings.mpi_launcher == LAUNCH_SLURM  # daemons through srun: no ssh, no keys
         self._slurm_order = ctx.plan.hosts  # the platform's: under Slurm, the step's nodes in Slurm's order
         self.ssh = None if self.via_slurm else SshPart(self.host, ctx.settings, ctx.environ)
-        self._attempt = ctx  # the last attempt's view of the job: its active hosts only (``start``)
         self._command: tuple[str, ...] = ()  # what each rank runs after the rank program (``user_command``)
         self._shim: Shim | None = None  # the daemons' accept() shim, with the job's addresses resolved once (prepare)
         self._rank_file: Path | None = None  # this host's ranks' command and environment; removed at the end
@@ -124,7 +110,7 @@ class MpiHost:
         """Every host, spares included (a spare may be seated later): the rank file's place, and sshd on a host that
         does not lead, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
         self._per_host = self._job_per_host(seat)
-        self.ctx = self._attempt = self._as_the_job_runs(seat.ctx)
+        self.ctx = self._as_the_job_runs(seat.ctx)
         self.rank_tag = seat.job_id
         self._command = user_command(self.ctx, has_mpi4py(self.ctx.python, self.ctx.environ))
         # the daemons' shim (sshd's sessions) and sshd's from= (each host's own, for its key) resolved once
@@ -154,22 +140,18 @@ class MpiHost:
     def _rank_file_data(self, seat: Seating, shim: Shim | None, attempt: int | None) -> bytes:
         # the attempt and the stall watch's variables (the agent's job_env) are this host's too
         ctx = self._as_the_job_runs(seat.ctx)
-        env = rank_environment(ctx, self.rank_tag, seat.job_env(ctx.script_env), shim,
-                               stop_flag=str(self._stop_flag()), attempt=attempt)
+        env = rank_environment(ctx, self.rank_tag, seat.job_env(ctx.script_env), shim, attempt=attempt)
         return rank_env.encode_rank_file(str(ctx.code_dir), self._command, env)
 
     def prepare_attempt(self, seat: Seating) -> None:
-        """Before a restart's barrier: a stop that came during the last attempt holds no kill of the next one.
+        """Before a restart's barrier: sshd admits nobody until the attempt's hosts are known (``start``: the go's
+        keys), so the lead's probe finds every host ready.
 
-        The rank file is rewritten once the attempt's hosts are known (``start``); a rank of the new attempt that
-        starts before then waits for it (``training-toolkit-rank --attempt``, native/rank_exec.c).  sshd admits
-        nobody until then either (``start``: the go's keys), so the lead's probe finds every host ready.
+        The rank file is rewritten then too; a rank of the new attempt that starts before then waits for it
+        (``training-toolkit-rank --attempt``, native/rank_exec.c).
         """
         if self.ssh is not None:
             self.ssh.shut()
-        if self._rank_file is not None:
-            self._stop_flag().unlink(missing_ok=True)
-            restart_flag(self._stop_flag()).unlink(missing_ok=True)
 
     def _seat_attempt(self, seat: Seating) -> Shim | None:
         """An active host, once the attempt's hosts are known: its ranks' file, its shim and sshd's from= name them.
@@ -179,32 +161,12 @@ class MpiHost:
         addresses, and pins their host keys (``SshPart.trust``: tree spawn); a spare (never asked) admits nobody.
         """
         assert self._rank_file is not None
-        self._attempt = self._as_the_job_runs(seat.ctx)
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
         if self.ssh is not None and not seat.leads:
             self.ssh.trust(seat)
         rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt.number))
         return shim
-
-    def _stop_flag(self) -> Path:
-        """While this file exists, this host's ranks' parents hold their ends from the runtime (native/rank_exec.c)."""
-        assert self._rank_file is not None
-        return self._rank_file.parent / STOP_FLAG_NAME
-
-    def _hold_ends(self) -> None:
-        """From now on the stop is this host's train's: a rank that ends first no longer makes the runtime end the rest.
-
-        Open MPI aborts the job when a rank exits non-zero (Open MPI 4's orte_abort_on_non_zero_status,
-        PRRTE's default), dies of a signal, exits without MPI_Finalize or calls MPI_Abort (``python -m
-        mpi4py`` after a non-zero SystemExit): its daemons kill every rank and exit, and a rank that
-        initialised MPI ends when its daemon does.  Each host, before its ranks get the signal, makes its stop
-        flag: each rank's parent then keeps the rank's end from the runtime (native/rank_exec.c), and a rank's
-        MPI_Abort ends that rank alone (native/rank_stop.c); the grace period and the SIGKILL after it are
-        train's, and so is the runtime's end (the agent's stop of mpirun; a daemon ends with it).
-        """
-        if self._rank_file is not None:
-            self._stop_flag().touch(mode=0o600, exist_ok=True)
 
     def start(self, seat: Seating) -> list[Proc]:
         """The attempt's processes (an active host only): mpirun on the lead, over the attempt's hosts."""
@@ -228,33 +190,8 @@ class MpiHost:
             extra.update(slurm_paths(self._rank_file, self.host))
             extra.update(missing_home(ctx.environ))
         env = rank_env.mpirun_environment(ctx.environ, preload, extra)
-        return [Proc("mpirun", tuple(command), env, str(ctx.code_dir), program=False)]
-
-    def stop_part(self, locals_: Sequence[Local]) -> None:
-        """For a restart: this host's ranks get the stopping signal and the grace period; the agent then ends mpirun.
-
-        No hold here (``_hold_ends``): mpirun must see its ranks end to end by itself, and a restart's
-        stop has no verdict after which train would end it.  The restart flag tells the ranks so: their end
-        after the SIGTERM waits for no hold (native/rank_exec.c).
-        """
-        if self._rank_file is not None:
-            restart_flag(self._stop_flag()).touch(mode=0o600, exist_ok=True)
-        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signal.SIGTERM)
-
-    def stop(self, signum: int, locals_: Sequence[Local]) -> None:
-        """A stopping signal: this host's ranks get it (not through mpirun), the grace period, then SIGKILL.
-
-        Other signals the agent passes to mpirun, which passes SIGUSR1/2 to every rank.
-        """
-        self._hold_ends()
-        stop_processes(lambda: self._ranks(locals_), self.ctx.grace_s, signum, on_kill=_name_the_left)
-
-    def _ranks(self, locals_: Sequence[Local]) -> list[int]:
-        mpirun = frozenset(local.child.pid for local in locals_)
-        marker = f"{RANK_TAG_VAR}={self.rank_tag}".encode()
-        if self.via_slurm and not self.leads:  # under Slurm's step daemon, in this host's PID namespace
-            return procfs.marked(marker, mpirun)
-        return procfs.marked_descendants(os.getpid(), marker, mpirun)
+        judge = mpirun_judge(ctx.plan.hosts, mpi_options(ctx).processes_per_host)  # the attempt's ranks, by host
+        return [Proc("mpirun", tuple(command), env, str(ctx.code_dir), program=False, judge=judge)]
 
     def daemons(self) -> list[int]:
         """Through Slurm: this host's Open MPI daemon (what mpirun's environment marks), for the listener guard; its
@@ -263,14 +200,6 @@ class MpiHost:
             return []
         path = slurm_paths(self._rank_file, self.host)[rank_env.RANK_FILE_VAR]
         return procfs.marked(f"{rank_env.RANK_FILE_VAR}={path}".encode()) if not self.leads else []
-
-    def failure_of(self, local: Local, status: ExitStatus) -> Blamed:
-        """mpirun's failed end, blamed on the failing rank's host (None: mpirun's own end, this host's)."""
-        local.child.drain()
-        tail = tuple(local.child.tail.lines(100))
-        options = mpi_options(self._attempt)  # the attempt's hosts: its ranks' numbers
-        failed = mpi_failure(tail, self._attempt.plan.hosts, options.processes_per_host, status)
-        return Blamed(Outcome(status.exit_code, failed.line, tuple(local.child.argv), tail), failed.host)
 
     def cleanup(self) -> None:
         if self.ssh is not None:
@@ -300,8 +229,3 @@ def describe(ctx: RunContext) -> dict:
             "rank_file": f"{rank_env.RANK_FILE_VAR}={rank_file} (each host's own)",
             "rank_command": user_command(ctx, has_mpi4py(ctx.python, ctx.environ, ask=False)),
             "rank_environment_added": redact({k: v for k, v in ranks.items() if ctx.script_env.get(k) != v})}
-
-
-def _name_the_left(pids: list[int]) -> None:
-    """What of this host's ranks was still there at the grace period's end, named before its SIGKILL."""
-    log(f"after the grace period, killed: {', '.join(f'{pid} ({procfs.cmdline(pid) or procfs.comm(pid)})' for pid in pids)}")

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 from training_toolkit.supervise.process import ExitStatus
 from training_toolkit.core.records import record
-from training_toolkit.runspec import Local
+from training_toolkit.job.report import Outcome
+from training_toolkit.runspec import Blamed, Judge, Local
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<(stderr|stdout)>:\s?(.*)$")
 _ONLY_TAGS = re.compile(r"^(?:\s*\[\d+,\d+\]<(?:stderr|stdout)>:)*\s*$")  # Open MPI 5 flushes bare tags at the end
@@ -148,10 +149,19 @@ def _first_paragraphs(block: Sequence[str]) -> str:
     return text
 
 
-def judged(local: Local, status: ExitStatus) -> ExitStatus:
-    """mpirun's exit 0 after losing a daemon is a failure (``lost_a_daemon``): Open MPI 4's code for that end."""
-    if status.ok:
+def mpirun_judge(hosts: Sequence[str], per_host: int) -> Judge:
+    """How mpirun's end is told, for an attempt over ``hosts`` (in rank order, ``per_host`` ranks each): a failure
+    blamed on the failing rank's host (``mpi_failure``; None: mpirun's own end, the lead's); an exit 0 after it
+    lost a daemon is a failure too (``lost_a_daemon``), with Open MPI 4's code for that end."""
+
+    def judged(local: Local, status: ExitStatus) -> Blamed | None:
         local.child.drain()
-        if lost_a_daemon(tuple(local.child.tail.lines(100))):
-            return ExitStatus(LOST_DAEMON_EXIT)
-    return status
+        tail = tuple(local.child.tail.lines(100))
+        if status.ok:
+            if not lost_a_daemon(tail):
+                return None
+            status = ExitStatus(LOST_DAEMON_EXIT)
+        failed = mpi_failure(tail, hosts, per_host, status)
+        return Blamed(Outcome(status.exit_code, failed.line, tuple(local.child.argv), tail), failed.host)
+
+    return judged

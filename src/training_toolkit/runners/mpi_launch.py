@@ -32,7 +32,7 @@ from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runners.one_stop import rank_stop_library, stop_window
 from training_toolkit.runspec import RunContext
-from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, without_secrets
+from training_toolkit.config.settings import without_secrets
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
 BTL_PORTS = range(names.MPI_BTL_PORT_MIN, names.MPI_BTL_PORT_MIN + names.MPI_BTL_PORT_RANGE)
@@ -96,15 +96,14 @@ def smddp_env(ctx: RunContext) -> dict[str, str]:
 
 
 def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, str] | None = None,
-                     shim: Shim | None = None, stop_flag: str | None = None,
-                     attempt: int | None = None) -> dict[str, str]:
+                     shim: Shim | None = None, attempt: int | None = None) -> dict[str, str]:
     """This host's ranks' environment: its contract, NCCL's defaults, the custom options' variables, the preloads.
 
     The accept() shim checks a rank's BTL listeners only (as the guard does): a script's own servers are its own.
-    ``stop_flag``: while the file exists, its host stops its ranks: each rank's parent holds the rank's end from
-    the runtime, and a rank's MPI_Abort ends that rank alone (native/rank_exec.c, native/rank_stop.c); a rank's
-    end after a SIGTERM waits (``STOP_HEARD_S`` at most) for that file or the restart flag beside it
-    (``restart_flag``: a restart's stop, nothing held), where the platform signals the rank before its host does.
+    Every rank gets the rank's stop library (native/rank_stop.c): while its host's stop flag exists (its path is
+    the agent's, in ``script_env``: supervise/reported.py), a rank's MPI_Abort ends that rank alone; SIGTERMs
+    within ``STOP_HEARD_S`` are one stop, and a rank's end after one waits as long for its host's flags
+    (native/rank_exec.c), where the platform signals the rank before its host does.
     ``attempt``: the attempt these ranks are of (``rank_env.ATTEMPT_VAR``), what mpirun's ``--attempt`` waits for;
     None: of no attempt (the file a host writes before any attempt's hosts are known).
     """
@@ -116,11 +115,8 @@ def rank_environment(ctx: RunContext, rank_tag: str, script_env: Mapping[str, st
     if shim is not None:
         preload.append(shim.library)
         extra.update(shim.environment(BTL_PORTS))
-    if stop_flag is not None:
-        preload.append(rank_stop_library())
-        extra[RANK_STOP_FLAG_VAR] = stop_flag
-        extra[RANK_RESTART_FLAG_VAR] = str(restart_flag(Path(stop_flag)))
-        extra.update(stop_window())
+    preload.append(rank_stop_library())
+    extra.update(stop_window())
     return rank_env.rank_environment(ctx.script_env if script_env is None else script_env,
                                      interface=ctx.job.resource.network_interface_name,
                                      custom=mpi_options(ctx).custom, preload=preload, extra=extra)
@@ -150,15 +146,6 @@ def mpirun_preload(ctx: RunContext, shim: Shim | None) -> tuple[list[str], dict[
         preload.append(shim.library)
         extra.update(shim.environment())  # every listener of mpirun and its local daemon's work
     return preload, extra
-
-
-RESTART_FLAG_NAME = "restarting"  # beside the stop flag: this host's train stops its ranks for a restart
-
-
-def restart_flag(stop_flag: Path) -> Path:
-    """The file that tells a rank's parent its host stops it for a restart, not a stop (nothing held:
-    native/rank_exec.c)."""
-    return stop_flag.with_name(RESTART_FLAG_NAME)
 
 
 def hostname_preload(host: str) -> str | None:

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from training_toolkit.supervise import pidfd, procfs, reported
-from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, RANKS_DIR_VAR, STACKS_DIR_VAR
+from training_toolkit.supervise import pidfd, procfs
+from training_toolkit.config.settings import HEARTBEAT_DIR_VAR, STACKS_DIR_VAR
 from training_toolkit.stalls.stackreport import RankStack, parse_faulthandler, parse_pyspy, with_source, without_launcher
 
 STACK_SIGNAL_OFFSET = 3  # the hook's own constant (it imports nothing of ours)
@@ -52,11 +52,10 @@ def stack_signal() -> int:
 
 
 def script_env(directory: Path, environ: dict[str, str]) -> dict[str, str]:
-    """What a watched rank's environment gets: the heartbeat directory, the stack files' directory, the hook, and
-    where its parent reports a rank that is not train's child (``supervise/reported.py``)."""
+    """What a watched rank's environment gets: the heartbeat directory, the stack files' directory and the hook."""
     path = [str(HOOK_DIR), *(p for p in environ.get("PYTHONPATH", "").split(":") if p and p != str(HOOK_DIR))]
     return {HEARTBEAT_DIR_VAR: str(directory / "heartbeats"), STACKS_DIR_VAR: str(directory / "stacks"),
-            RANKS_DIR_VAR: str(directory / reported.DIR_NAME), "PYTHONPATH": ":".join(path)}
+            "PYTHONPATH": ":".join(path)}
 
 
 def pyspy_path(setting: str | None = None) -> str | None:

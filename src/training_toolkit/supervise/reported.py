@@ -1,4 +1,5 @@
-"""The job's processes on this host that ``train`` did not start: ranks that their parent reported to it.
+"""The job's processes on this host that ``train`` did not start: ranks that their parent reported to it, and
+the two flags by which their parents learn how their host stops them.
 
 An MPI rank runs under mpirun, under a worker's ``orted``/``prted`` (sshd's session), or under Slurm's step
 daemon: never as a child of its host's ``train``.  Its parent, ``training-toolkit-rank``
@@ -7,6 +8,13 @@ directory in the rank file): one file per rank, named by the rank's pid, holding
 rank (-1: none named) and the start time that, with the pid, names one process for good.  The report is
 removed once the rank has ended; a report whose process is gone, or whose pid now names another process (its
 parent killed before it could remove it), is not a rank.
+
+The flags sit beside the reports' directory, in the host's watch directory; each host's ``train`` makes them, the
+ranks' parents only read them.  While ``stopping`` exists, this host stops its ranks: each rank's parent holds
+the rank's end from Open MPI's runtime, which would otherwise end every other rank (and their saves) at the
+first one that ends, and the rank's stop library makes an ``MPI_Abort`` end that rank alone (native/rank_stop.c).
+``restarting`` says the stop is a restart's: nothing is held, the runtime sees every end and ends by itself.
+Every process of the job gets the paths (``rank_environment``); only MPI's ranks have a parent that reads them.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from training_toolkit.config.settings import RANK_RESTART_FLAG_VAR, RANK_STOP_FLAG_VAR, RANKS_DIR_VAR
 from training_toolkit.supervise import procfs
 
 DIR_NAME = "ranks"  # the reports' directory, in the host's watch directory (agent/progress.py's ``watch_dir``)
+STOP_FLAG = "stopping"  # in the watch directory: this host stops its ranks (their ends are held)
+RESTART_FLAG = "restarting"  # in the watch directory: it stops them for a restart (nothing is held)
 MAX_REPORTS = 4096  # a host runs at most this many ranks; more files in the directory are not read
 
 
@@ -61,3 +72,33 @@ def reported(directory: Path) -> list[Reported]:
 def _running(report: Reported) -> bool:
     now = procfs.read(report.pid)
     return now is not None and not now.zombie and now.start == report.start
+
+
+def targets(directory: Path) -> list[procfs.Proc]:
+    """What a stop of this host signals besides its own children: each reported rank running now, and what it
+    started (a data loader's workers), parents first; each as a look saw it, so a pid reused since is left alone."""
+    table = procfs.snapshot()
+    found: list[procfs.Proc] = []
+    for report in reported(directory):
+        rank = table.get(report.pid)
+        if rank is not None and rank.start == report.start:
+            found.append(rank)
+            found.extend(proc for proc in procfs.descendants(rank.pid, table) if not proc.zombie)
+    return found
+
+
+def rank_environment(watch_dir: Path) -> dict[str, str]:
+    """Where a rank's parent reports the rank, and the paths of its host's flags (native/rank_exec.c, rank_stop.c)."""
+    return {RANKS_DIR_VAR: str(watch_dir / DIR_NAME), RANK_STOP_FLAG_VAR: str(watch_dir / STOP_FLAG),
+            RANK_RESTART_FLAG_VAR: str(watch_dir / RESTART_FLAG)}
+
+
+def raise_flag(watch_dir: Path, name: str) -> None:
+    """Make the flag ``name`` (``STOP_FLAG``, ``RESTART_FLAG``): from now on the ranks' parents see it."""
+    (watch_dir / name).touch(mode=0o600, exist_ok=True)
+
+
+def lower_flags(watch_dir: Path) -> None:
+    """Before a restart's barrier: a stop of the last attempt holds no end of the next one."""
+    for name in (STOP_FLAG, RESTART_FLAG):
+        (watch_dir / name).unlink(missing_ok=True)

@@ -288,23 +288,58 @@ def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_se
     assert seats[0].told[-1] == "close"
 
 
-def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_returns(tmp_path):
-    """MPI's ranks are not the agent's children: a second signal does not stop them twice; its processes are not signalled."""
+RANK = """
+import os, signal, sys, time
+def term(*_):
+    held = os.path.exists(os.environ["TRAINING_TOOLKIT_RANK_STOP_FLAG"])
+    open(sys.argv[1], "a").write("rank held\\n" if held else "rank not held\\n")
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+PROGRAM = """
+import os, signal, subprocess, sys, time
+log, started = sys.argv[1], sys.argv[2]
+ready = started + ".rank"
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[3], log, ready], start_new_session=True)  # not in our group
+while not os.path.exists(ready):
+    time.sleep(0.005)
+start = open(f"/proc/{rank.pid}/stat").read().rsplit(")", 1)[1].split()[19]  # field 22: its start time
+where = os.environ["TRAINING_TOOLKIT_RANKS_DIR"]  # reported as training-toolkit-rank reports a rank
+open(f"{where}/.tmp", "w").write(f"3 {start}\\n")
+os.rename(f"{where}/.tmp", f"{where}/{rank.pid}")
+def term(*_):
+    open(log, "a").write("program\\n")
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+open(started, "w").close()
+time.sleep(60)
+"""
+LAUNCHER = """
+import signal, sys, time
+def term(*_):
+    open(sys.argv[1], "a").write("launcher\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+time.sleep(60)
+"""
+
+
+def test_a_stop_signals_the_programs_and_the_reported_ranks_then_the_launcher_ends(tmp_path):
+    """One stop for every runner (agent/parts.py): the stop flag first, then the signal to the programs and to a rank
+    that is not the agent's child (reported, as MPI's are), each once; the launcher is ended after them."""
     import signal
 
     seats: list[FakeSeat] = []
-    asked: list = []
-    started = tmp_path / "started"
+    log, started = tmp_path / "log", tmp_path / "started"
 
-    def stop(signum, locals_):
-        asked.append((signum, [local.name for local in locals_]))
-        time.sleep(0.2)  # its ranks' grace
-        for local in locals_:
-            local.child.stop(signal.SIGKILL, 0)
+    def processes(seat):
+        return [Proc("program", (sys.executable, "-c", PROGRAM, str(log), str(started), RANK), {}),
+                Proc("launcher", (sys.executable, "-c", LAUNCHER, str(log)), {}, program=False, primary=False)]
 
     verdict = Verdict(128 + signal.SIGTERM, "algo-2: stopped by SIGTERM", "algo-1")
-    agent = script_agent(context(tmp_path, "algo-2"), seat_factory(seats, answer=verdict),
-                         f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)", stop=stop)
+    agent = HostAgent(context(tmp_path, "algo-2"), RunnerSpec(processes), seat_factory(seats, answer=verdict))
 
     def signals() -> None:
         deadline = time.monotonic() + 30
@@ -315,7 +350,8 @@ def test_a_runner_with_its_own_stop_is_asked_once_and_the_part_stops_when_it_ret
 
     threading.Thread(target=signals, daemon=True).start()
     outcome = agent.run()
-    assert asked == [(signal.SIGTERM, ["script"])]
+    said = log.read_text().splitlines()
+    assert sorted(said[:2]) == ["program", "rank held"] and said[2:] == ["launcher"]
     assert outcome.exit_code == 128 + signal.SIGTERM
     (kind, _, code, _), = [t for t in seats[0].told if isinstance(t, tuple)]
     assert (kind, code) == ("failed", 128 + signal.SIGTERM)
@@ -327,19 +363,17 @@ def decisions_event(name: str, *args):
     return getattr(decisions, name)(*args)
 
 
-def test_a_runner_judges_its_exits_and_describes_its_failures(tmp_path):
-    """mpirun's exit 0 after a lost daemon is a failure, described by the runner (mpi.judged, MpiHost.failure_of)."""
-    from training_toolkit.supervise.process import ExitStatus
-
+def test_a_process_judges_its_own_end(tmp_path):
+    """mpirun's exit 0 after a lost daemon is a failure, told by the process's own judge (``mpirun_judge``)."""
     seats: list[FakeSeat] = []
     judged: list = []
 
     def judge(local, status):
         judged.append((local.name, status.exit_code))
-        return ExitStatus(14)
+        return Blamed(Outcome(14, f"{local.name}: lost a daemon"))
 
-    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), judge=judge,
-                         failure=lambda local, status: Blamed(Outcome(status.exit_code, f"{local.name}: lost a daemon")))
+    spec = RunnerSpec(lambda seat: [Proc("script", (sys.executable, "-c", "pass"), {}, judge=judge)])
+    agent = HostAgent(context(tmp_path, "algo-1"), spec, seat_factory(seats))
     assert agent.run() == Outcome(14, "script: lost a daemon")
     assert judged == [("script", 0)]
 

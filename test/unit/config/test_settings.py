@@ -184,19 +184,22 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
 
     from training_toolkit.runners.netshim import Shim
 
+    from training_toolkit.supervise.reported import rank_environment
+
     given_to_ranks = set(script_env(Path("/w"), {})) - {"PYTHONPATH"}
-    assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR, settings.RANKS_DIR_VAR}
+    assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
+    given_to_rank_parents = set(rank_environment(Path("/w")))  # where to report a rank, its host's flags
+    assert given_to_rank_parents == {settings.RANKS_DIR_VAR, settings.RANK_STOP_FLAG_VAR, settings.RANK_RESTART_FLAG_VAR}
     given_to_the_shim = set(Shim("/s.so", ("192.0.2.1",)).environment(range(1, 3)))
     assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
     # a rank's stop (native/rank_exec.c, native/rank_stop.c), given to the ranks and their parents
-    given_to_the_stop = {settings.RANK_STOP_FLAG_VAR, settings.RANK_RESTART_FLAG_VAR, settings.RANK_STOP_WAIT_VAR,
-                         settings.RANK_PID_VAR, settings.RANK_PARENT_VAR}
+    given_to_the_stop = {settings.RANK_STOP_WAIT_VAR, settings.RANK_PID_VAR, settings.RANK_PARENT_VAR}
     from training_toolkit.runners.rank_env import ATTEMPT_VAR, RANK_FILE_VAR
 
     from training_toolkit.runners.mpi_ssh import SSH_CONFIG_VAR  # Open MPI's rsh agent's (native/ssh_agent.c)
 
     assert set(settings.INTERNAL_VARIABLES) == {TOKEN_VAR, RANK_TAG_VAR, RESTART_COUNT_VAR, *given_to_ranks,
-                                                *given_to_the_shim, *given_to_the_stop, RANK_FILE_VAR,
+                                                *given_to_rank_parents, *given_to_the_shim, *given_to_the_stop, RANK_FILE_VAR,
                                                 SSH_CONFIG_VAR, ATTEMPT_VAR}
 
 
