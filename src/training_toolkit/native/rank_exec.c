@@ -30,8 +30,8 @@
  * the file and both attempts.  So no rank of attempt N starts from an earlier attempt's file (other
  * hosts, another world size).  That entry is the file's own: the rank's environment leaves it out.
  *
- * FILE's TRAINING_TOOLKIT_RANKS_DIR=DIR (its host's train gives it while it may want its ranks' stacks): once the
- * rank is started, this process reports it there, as the file DIR/PID (the rank's pid) holding "RANK START\n":
+ * FILE's TRAINING_TOOLKIT_RANKS_DIR=DIR (its host's train gives it in every job of more than one host, beside the
+ * paths of its two flags, TRAINING_TOOLKIT_RANK_STOP_FLAG and _RESTART_FLAG; agent/parts.py): once the rank is started, this process reports it there, as the file DIR/PID (the rank's pid) holding "RANK START\n":
  * its job-wide rank (OMPI_COMM_WORLD_RANK, else PMIX_RANK; -1 if the runtime named none) and its start time
  * (field 22 of /proc/PID/stat, which with the pid names one process for good).  The report is written whole
  * (a rename) and removed once the rank has ended.  So train knows its host's ranks although they are not its
