@@ -288,8 +288,10 @@ def test_plan_shows_the_mpirun_line_without_the_secret(job_dir):
     assert "a b" not in mpirun  # nothing of the job on mpirun's line: each host's ranks read it from their own file
     assert doc["rank_command"][-3:] == ["train.py", "--msg", "a b"]
     assert doc["rank_environment_added"]["NCCL_DEBUG"] == "INFO"
-    # the accept() shim, with the job's addresses as each host resolves them at run time (plan resolves nothing)
-    assert doc["rank_environment_added"]["LD_PRELOAD"].endswith("/libtrainingtoolkit_netshim.so")
+    # the accept() shim, with the job's addresses as each host resolves them at run time (plan resolves nothing), and
+    # the rank's stop library (native/rank_stop.c), after the user's preloads
+    preloads = [Path(p).name for p in doc["rank_environment_added"]["LD_PRELOAD"].split(":")]
+    assert preloads[-2:] == ["libtrainingtoolkit_netshim.so", "libtrainingtoolkit_rankstop.so"]
     assert (doc["rank_environment_added"]["TRAINING_TOOLKIT_NETSHIM_ALLOW"],
             doc["rank_environment_added"]["TRAINING_TOOLKIT_NETSHIM_PORTS"]) == ("ADDRESSES", "31000-31999")
     assert "x" * 32 not in out.stdout

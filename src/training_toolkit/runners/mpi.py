@@ -13,7 +13,7 @@ rank sees its own host's contract, and mpirun carries nothing of the job across 
 Under Slurm (``TRAINING_TOOLKIT_MPI_LAUNCHER=slurm``, the Slurm platform's default) there is no
 ssh at all: no keys, no sshd; mpirun starts its daemons with ``srun --overlap`` inside the job's
 step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, not under its
-``train``, which finds them by their mark in the environment (docs/slurm.md).
+``train``, which knows them from their parents' reports as on every host (docs/slurm.md).
 """
 
 from __future__ import annotations
