@@ -38,13 +38,16 @@ RUN_PREFIX = f"tts{os.getpid() % 100000}"
 
 
 @contextmanager
-def slurm_cluster(tmp_path: Path, nodes: int = 2, **kw) -> Iterator[SlurmCluster]:
+def slurm_cluster(tmp_path: Path, nodes: int = 2, head: bool = False, **kw) -> Iterator[SlurmCluster]:
     """Nodes ``node1..nodeN``; on the way out: nothing of the cluster left (no process, namespace, key).
 
+    ``head``: the controller runs on a host ``head`` that is no node (jobs are submitted there), so that any node,
+    the batch host included, can die without it.
     ``slurm.user`` is the owner of ``tmp_path`` when that is not root (its jobs are submitted as it), else None.
     """
     names = [f"node{i}" for i in range(1, nodes + 1)]
-    slurm = SlurmCluster(names, tmp_path / "slurm", tag=f"{RUN_PREFIX}-{os.urandom(2).hex()}", **kw)
+    slurm = SlurmCluster(names, tmp_path / "slurm", tag=f"{RUN_PREFIX}-{os.urandom(2).hex()}",
+                         head="head" if head else None, **kw)
     owner = tmp_path.stat().st_uid if tmp_path.exists() else 0  # a directory the cluster makes is root's
     with slurm:
         slurm.baseline = {pid for pids in slurm.cluster.pids().values() for pid in pids}  # the daemons, idle

@@ -4,7 +4,9 @@ Every Slurm claim of the toolkit (``srun train`` makes a job of the allocation's
 is a stop with the grace, a failing rank fails the step) is tested against the real daemons of
 Debian's Slurm, not a simulation: one ``munged`` per host (each host has its own ``/run``, where
 the socket lives) sharing one random key made for this cluster alone, ``slurmctld`` on the first
-host, and a ``slurmd`` on every host whose ``NodeName`` is the host's name.  The daemons run in
+host, and a ``slurmd`` on every host whose ``NodeName`` is the host's name.  With ``head``, one more host runs
+``slurmctld`` (and accounting) and is no node, as a real cluster's head node: the nodes, the batch host among
+them, can then die without the controller, and client commands run there by default.  The daemons run in
 the foreground as children of the hosts, so ``close`` ends them with the hosts (nothing is left:
 no process, namespace or key).  Client commands (``srun``, ``sbatch``, ``scancel``, ``sinfo``) run
 inside a host with ``SLURM_CONF`` pointing at this cluster's configuration.
@@ -52,9 +54,11 @@ class SlurmCluster:
     """
 
     def __init__(self, names: Sequence[str], workdir: Path, *, cpus: int = 4, kill_wait_s: int = 30,
-                 slurmd_timeout_s: int = 60, tag: str | None = None, accounting: bool = False) -> None:
+                 slurmd_timeout_s: int = 60, tag: str | None = None, accounting: bool = False,
+                 head: str | None = None) -> None:
         self.workdir = Path(workdir).absolute()
-        self.cluster = NamespaceCluster(names, self.workdir / "hosts", tag=tag)
+        self.head = head  # the controller's host, no node (None: the first node is the controller's)
+        self.cluster = NamespaceCluster([*([head] if head else []), *names], self.workdir / "hosts", tag=tag)
         self._cpus = cpus
         self._kill_wait_s = kill_wait_s
         self._slurmd_timeout_s = slurmd_timeout_s  # a dead node is marked DOWN this long after its last answer
@@ -67,7 +71,8 @@ class SlurmCluster:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(h.name for h in self.cluster.hosts)
+        """The nodes (the head host is none)."""
+        return tuple(h.name for h in self.cluster.hosts if h.name != self.head)
 
     def __enter__(self) -> SlurmCluster:
         self.start()
@@ -97,12 +102,12 @@ class SlurmCluster:
                 from training_toolkit.local import slurm_accounting
 
                 slurm_accounting.start(self)
-            first = self.cluster.hosts[0].name
+            first = self.cluster.hosts[0].name  # the head host where there is one
             self.start_daemon(first, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf),
                                               "-L", str(self.logs / "slurmctld.log")])
-            for host in self.cluster.hosts:
-                self.start_daemon(host.name, "slurmd", ["slurmd", "-D", "-f", str(self.conf),
-                                                   "-L", str(self.logs / f"slurmd-{host.name}.log")])
+            for name in self.names:
+                self.start_daemon(name, "slurmd", ["slurmd", "-D", "-f", str(self.conf),
+                                              "-L", str(self.logs / f"slurmd-{name}.log")])
             self._wait_for_idle()
         except BaseException:
             self.close()
@@ -115,10 +120,11 @@ class SlurmCluster:
         fd = os.open(self._key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(1024))  # one random key per cluster: no two clusters trust each other
-        nodes = [(h.name, h.address) for h in self.cluster.hosts]
+        nodes = [(h.name, h.address) for h in self.cluster.hosts if h.name != self.head]
+        head = [(h.name, h.address) for h in self.cluster.hosts if h.name == self.head]
         self.conf.write_text(slurm_conf(nodes, self.workdir, cpus=self._cpus, kill_wait_s=self._kill_wait_s,
-                                        slurmd_timeout_s=self._slurmd_timeout_s,
-                                        jobcomp=self.jobcomp, accounting=self.accounting))
+                                        slurmd_timeout_s=self._slurmd_timeout_s, jobcomp=self.jobcomp,
+                                        accounting=self.accounting, controller=head[0] if head else None))
 
     def start_daemon(self, host: str, name: str, argv: list[str]) -> None:
         """A daemon in the foreground inside ``host``, its output in ``log/NAME-HOST.out``; it ends with the host."""
@@ -174,14 +180,15 @@ class SlurmCluster:
 
     def run(self, argv: Sequence[str], *, host: str | None = None, timeout: float = 60,
             env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        """A Slurm client command (or any) inside ``host`` (the first by default), its output captured as text."""
+        """A Slurm client command (or any) inside ``host`` (the head host, else the first node, by default), its output
+        captured as text."""
         kwargs.setdefault("capture_output", True)
-        return self.cluster.run(host or self.names[0], list(argv), timeout=timeout, env=self.env(env),
+        return self.cluster.run(host or self.cluster.hosts[0].name, list(argv), timeout=timeout, env=self.env(env),
                                 text=True, **kwargs)
 
     def popen(self, argv: Sequence[str], *, host: str | None = None, env: Mapping[str, str] | None = None,
               **kwargs: Any) -> subprocess.Popen[Any]:
-        return self.cluster.popen(host or self.names[0], list(argv), env=self.env(env), **kwargs)
+        return self.cluster.popen(host or self.cluster.hosts[0].name, list(argv), env=self.env(env), **kwargs)
 
     def leftovers(self) -> list[str]:
         found = self.cluster.leftovers()

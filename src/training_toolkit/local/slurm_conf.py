@@ -32,11 +32,13 @@ def slurm_conf(
     slurmd_timeout_s: int = 60,
     jobcomp: Path | None = None,
     accounting: bool = False,
+    controller: tuple[str, str] | None = None,
 ) -> str:
-    """The text of slurm.conf: the first node runs slurmctld; ``nodes`` is ``(name, address)`` in order."""
+    """The text of slurm.conf: ``nodes`` is ``(name, address)`` in order; ``controller`` (the same) runs slurmctld,
+    a head host that is no node, as a real cluster's head node is (None: the first node runs it)."""
     if not nodes:
         raise ValueError("a Slurm cluster needs at least one node")
-    controller, controller_address = nodes[0]
+    controller, controller_address = controller or nodes[0]
     lines = [
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={controller}({controller_address})",

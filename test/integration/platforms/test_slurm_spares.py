@@ -192,3 +192,26 @@ def test_without_no_kill_slurm_ends_the_job_when_it_finds_the_node_down(tmp_path
     assert seen(shared, 1), f"the spare was never seated: {out}"
     assert comp["JobState"] == "NODE_FAIL", comp
     assert not list(shared.glob("done-*")), "the job completed: Slurm did not end it"
+
+
+def test_the_batch_hosts_loss_under_no_kill(tmp_path):
+    """node1, the batch host, dies with the controller on a head host outside the allocation, as on a real cluster."""
+    script, shared = torch_script(tmp_path, 4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3",
+                                                "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM})
+    with slurm_cluster(tmp_path, nodes=4, head=True, accounting=True, slurmd_timeout_s=SLURMD_TIMEOUT_S) as slurm:
+        killing = kill_at(slurm, shared, 3, "node1")
+        started = time.monotonic()
+        code, job, out = submit(slurm, script, timeout=300)
+        ended = time.monotonic() - started
+        killing.join(5)
+        assert not killing.errors, killing.errors
+        comp = jobcomp(slurm, job)
+        acct = accounting(slurm, job)
+        down = node_state(slurm, "node1")
+        verdicts = {h: verdict(slurm, h) for h in slurm.names}
+        left = settled(slurm)
+        ctld = (slurm.logs / "slurmctld.log").read_text(errors="replace")
+    print("EXPLORE", code, ended, comp, acct, down, verdicts, left, sorted(p.name for p in shared.glob("*")), sep="\n")
+    print("OUT", out[-4000:])
+    print("CTLD", "\n".join(line for line in ctld.splitlines() if "JobId=" in line or "node1" in line)[-4000:])
+    assert False

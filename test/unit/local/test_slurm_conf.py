@@ -23,6 +23,15 @@ def test_nodes_are_named_as_their_hosts_and_addressed_by_their_address():
     assert "SlurmdTimeout=60" in lines
 
 
+def test_a_head_host_runs_the_controller_and_is_no_node():
+    lines = slurm_conf([("node1", "192.0.2.11"), ("node2", "192.0.2.12")], Path("/w"), accounting=True,
+                       controller=("head", "192.0.2.10")).splitlines()
+    assert {"SlurmctldHost=head(192.0.2.10)", "AccountingStorageHost=head"} <= set(lines)
+    assert [line for line in lines if line.startswith("NodeName=")] == [
+        "NodeName=node1 NodeAddr=192.0.2.11 CPUs=4 State=UNKNOWN", "NodeName=node2 NodeAddr=192.0.2.12 CPUs=4 State=UNKNOWN"]
+    assert "PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" in lines
+
+
 def test_how_long_a_silent_node_stays_up_is_the_clusters_to_choose():
     lines = slurm_conf([("n1", "192.0.2.11")], Path("/w"), slurmd_timeout_s=10).splitlines()
     assert "SlurmdTimeout=10" in lines and "SlurmdTimeout=60" not in lines
