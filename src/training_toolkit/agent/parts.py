@@ -52,8 +52,9 @@ class Part:
         """Pass a signal ``train`` received to this host's part of the job.
 
         A stopping signal stops the part (``_stop_ranks``, the stop flag raised: an MPI rank's end is held from
-        its runtime); a later one is only passed on to the programs.  ``PartStopped`` is posted when every program has ended: the job hears of this
-        host's stop when its whole part has stopped, not when its first process ends.  A job of one seat whose
+        its runtime); a later one is only passed on to the programs.  ``PartStopped`` is posted when every
+        program has ended: the job hears of this host's stop when its whole part has stopped, not when its
+        first process ends.  A job of one seat whose
         script's own end is the verdict (``own_end_on_stop``) only passes it on.  Any other signal goes to every
         local process (mpirun passes SIGUSR1/2 on to every rank).
         """
@@ -87,11 +88,12 @@ class Part:
     def _stop_ranks(self, signum: int, locals_: Sequence[Local], flag: str) -> None:
         """``flag`` raised, then ``signum`` to the programs among ``locals_`` and to the reported ranks, each with
         the grace period and SIGKILL after it; returns once all of them have ended."""
+        if self.watch_dir is not None:  # before any signal: a rank's end after it is held (or not) by this flag
+            reported.raise_flag(self.watch_dir, flag)
         programs = [local for local in locals_ if local.program]
         for local in programs:
             local.child.stop(signum, self._grace_s)  # returns at once: the grace runs in the background
         if self.watch_dir is not None:
-            reported.raise_flag(self.watch_dir, flag)
             ranks = self.watch_dir / reported.DIR_NAME
             stop_processes(lambda: reported.targets(ranks), self._grace_s, signum, on_kill=_name_the_left)
         for local in programs:
