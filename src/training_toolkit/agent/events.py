@@ -164,7 +164,7 @@ Event = Union[LocalExit, GotSignal, PartStopped, Started, Joined, SetupFailed, T
 
 @record
 class Forward:
-    """Pass a signal to this host's part of the job (``HostAgent.signal_job``: ``RunnerSpec.stop``, or each process)."""
+    """Pass a signal to this host's part of the job (``HostAgent.signal_job``: ``Part.signal``, the same stop for every runner)."""
 
     signum: int
 

@@ -150,7 +150,7 @@ def test_a_stop_the_platform_signals_first_waits_for_the_hosts_decision(ranks, s
 
 
 def test_a_restarts_stop_holds_nothing(ranks):
-    """The restart flag (runners/mpi.py ``stop_part``): the runtime is to see every end, at once."""
+    """The restart flag (agent/parts.py, a restart's stop): the runtime is to see every end, at once."""
     rank = ranks("abort")
     rank.restart.touch()
     start = time.monotonic()
