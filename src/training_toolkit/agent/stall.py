@@ -93,7 +93,7 @@ class StallWatch:
             from training_toolkit.supervise import reported
 
             extra[HEARTBEAT_DIR_VAR] = str(self.watch_dir / "heartbeats")
-            extra.update(reported.rank_environment(self.watch_dir))
+            extra.update(reported.parent_environment(self.watch_dir))
         if self.watch_dir is not None and self._timeout_s is not None:
             from training_toolkit.stalls import stacks
 

@@ -14,7 +14,7 @@ ranks' parents only read them.  While ``stopping`` exists, this host stops its r
 the rank's end from Open MPI's runtime, which would otherwise end every other rank (and their saves) at the
 first one that ends, and the rank's stop library makes an ``MPI_Abort`` end that rank alone (native/rank_stop.c).
 ``restarting`` says the stop is a restart's: nothing is held, the runtime sees every end and ends by itself.
-Every process of the job gets the paths (``rank_environment``); only MPI's ranks have a parent that reads them.
+Every process of the job gets the paths (``parent_environment``); only MPI's ranks have a parent that reads them.
 """
 
 from __future__ import annotations
@@ -54,6 +54,25 @@ def parse(name: str, text: str) -> Reported | None:
 
 def reported(directory: Path) -> list[Reported]:
     """The ranks reported in ``directory`` that are running now, in rank order (none if it is missing)."""
+    found = [report for report in _reports(directory) if _running(procfs.read(report.pid), report)]
+    return sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.pid))
+
+
+def targets(directory: Path) -> list[procfs.Proc]:
+    """What a stop of this host signals besides its own children: each reported rank running now, and what it
+    started (a data loader's workers), parents first; each as one look saw it, so a pid reused since is left alone."""
+    table = procfs.snapshot()
+    found: list[procfs.Proc] = []
+    for report in _reports(directory):
+        rank = table.get(report.pid)
+        if _running(rank, report):
+            found.append(rank)
+            found.extend(proc for proc in procfs.descendants(rank.pid, table) if not proc.zombie)
+    return found
+
+
+def _reports(directory: Path) -> list[Reported]:
+    """Every well-formed report in ``directory``, running or not (none if it is missing)."""
     try:
         names = sorted(os.listdir(directory))[:MAX_REPORTS]
     except OSError:
@@ -64,30 +83,17 @@ def reported(directory: Path) -> list[Reported]:
             report = parse(name, (directory / name).read_text())
         except (OSError, UnicodeDecodeError):
             continue  # removed since the listing: its rank ended
-        if report is not None and _running(report):
+        if report is not None:
             found.append(report)
-    return sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.pid))
-
-
-def _running(report: Reported) -> bool:
-    now = procfs.read(report.pid)
-    return now is not None and not now.zombie and now.start == report.start
-
-
-def targets(directory: Path) -> list[procfs.Proc]:
-    """What a stop of this host signals besides its own children: each reported rank running now, and what it
-    started (a data loader's workers), parents first; each as a look saw it, so a pid reused since is left alone."""
-    table = procfs.snapshot()
-    found: list[procfs.Proc] = []
-    for report in reported(directory):
-        rank = table.get(report.pid)
-        if rank is not None and rank.start == report.start:
-            found.append(rank)
-            found.extend(proc for proc in procfs.descendants(rank.pid, table) if not proc.zombie)
     return found
 
 
-def rank_environment(watch_dir: Path) -> dict[str, str]:
+def _running(now: procfs.Proc | None, report: Reported) -> bool:
+    """``now`` (a look at the report's pid) is the reported rank, still running."""
+    return now is not None and not now.zombie and now.start == report.start
+
+
+def parent_environment(watch_dir: Path) -> dict[str, str]:
     """Where a rank's parent reports the rank, and the paths of its host's flags (native/rank_exec.c, rank_stop.c)."""
     return {RANKS_DIR_VAR: str(watch_dir / DIR_NAME), RANK_STOP_FLAG_VAR: str(watch_dir / STOP_FLAG),
             RANK_RESTART_FLAG_VAR: str(watch_dir / RESTART_FLAG)}

@@ -184,11 +184,11 @@ def test_internal_variables_are_the_ones_the_toolkit_sets():
 
     from training_toolkit.runners.netshim import Shim
 
-    from training_toolkit.supervise.reported import rank_environment
+    from training_toolkit.supervise.reported import parent_environment
 
     given_to_ranks = set(script_env(Path("/w"), {})) - {"PYTHONPATH"}
     assert given_to_ranks == {settings.HEARTBEAT_DIR_VAR, settings.STACKS_DIR_VAR}
-    given_to_rank_parents = set(rank_environment(Path("/w")))  # where to report a rank, its host's flags
+    given_to_rank_parents = set(parent_environment(Path("/w")))  # where to report a rank, its host's flags
     assert given_to_rank_parents == {settings.RANKS_DIR_VAR, settings.RANK_STOP_FLAG_VAR, settings.RANK_RESTART_FLAG_VAR}
     given_to_the_shim = set(Shim("/s.so", ("192.0.2.1",)).environment(range(1, 3)))
     assert given_to_the_shim == {settings.NETSHIM_ALLOW_VAR, settings.NETSHIM_PORTS_VAR}
