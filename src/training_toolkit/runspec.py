@@ -12,8 +12,8 @@ asks it for its ``RunnerSpec`` and hands that to the agent (``agent.run``).
   host's part, whether it runs the user's program, how its end is told where its output says more than its
   status: mpirun's); ``Local``: one the agent started.
 - ``Blamed``: a failed exit as its process tells it: its outcome, and the host whose own processes failed.
-- ``RunnerSpec``: the processes of an attempt (``processes``), what the runner holds for
-  the job (``hold``: a context manager the agent enters on its per-job ``ExitStack``), the
+- ``RunnerSpec``: the processes of an attempt (``processes``), what the runner makes and holds for
+  the job (``prepare``: a context manager the agent enters on its per-job ``ExitStack``), the
   listeners the guard covers, and the few hooks a runner needs, as plain callables.  Every hook may be left out.
   How a host's part stops is the agent's, the same for every runner (``agent/parts.py``).
 """
@@ -147,12 +147,10 @@ class RunnerSpec:
     guard: GuardSpec | Callable[[Seating], GuardSpec | None] | None = None  # the listeners only the job's hosts may
     #   reach (cluster/guard.py); a callable is asked after barrier 0, for a spec that depends on what ``prepare`` made
     introduction: Callable[[], Mapping[str, str]] | None = None  # told the others on joining; public facts only
-    hold: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining (every host): what the runner
-    #   holds for the job (sshd, keys, rank file), entered on the agent's per-job stack, left once every process is gone
-    prepare: Callable[[Seating], None] | None = None  # then, before barrier 0 (every host): e.g. a port free, sshd started
+    prepare: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining, before barrier 0 (every
+    #   host): what the runner checks (a port free) and makes for the job (sshd, keys, rank file), a context manager
+    #   entered on the agent's per-job stack: what it made is let go once every process is gone
     before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
-    fixed_lead: bool = False  # the job cannot go on under another lead (MPI through Slurm: mpirun's srun needs the
-    #   batch host, whose loss ends the allocation): the lead's loss ends the job, named (docs/resilience.md)
 
 
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:

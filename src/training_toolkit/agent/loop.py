@@ -1,6 +1,6 @@
 """The agent's loop: the one shell every runner runs in on every host, the single one included (a job of one seat).
 
-    join the channel -> the runner's hold (e.g. sshd) -> barrier 0 -> start the attempt's processes
+    join the channel -> what the runner prepares (e.g. sshd) -> barrier 0 -> start the attempt's processes
     -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
                  `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
 
@@ -13,7 +13,7 @@ barrier is one more run of the loop (``meeting.barrier``): the step says when ev
 why not; a follower whose lead was lost meets the next lead there (``meeting.next_lead``).
 
 What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
-leftover scan, the seat, the runner's hold, the guard, and the attempt's own
+leftover scan, the seat, what the runner prepared, the guard, and the attempt's own
 stack (its processes), left in that order reversed.  Nothing is left running.
 The seat (``Membership``) comes from ``membership_factory`` (a test's fake); a
 job of one (``spec.solo``) sits in a ``SoloSeat``, importing no membership code.
@@ -140,7 +140,7 @@ class HostAgent:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
-        with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, the hold, the seat, ...
+        with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, what the runner made, the seat, ...
             job.callback(end_leftovers)  # last: what is left once every owner ended its own (the stall watch's
             job.callback(self.stall.close)  # tripwire is its own, not a process the job left behind)
             job.callback(membership.close)
@@ -153,7 +153,7 @@ class HostAgent:
         return outcome
 
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
-        """Join, hold what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
+        """Join, prepare what the runner holds, meet at barrier 0 and start the first attempt (its stack on ``job``)."""
         self.membership.open()
         if self.is_lead and not self.membership.is_lead:  # back after its loss: the job runs under another lead
             meeting.follow_the_running_job(self)
@@ -165,10 +165,8 @@ class HostAgent:
         self.seats.take_hosts(self.membership.hosts)
         self.seats.take_limits(self.spec)
         self.part.watch_dir = self.stall.start(self.membership.job_id, self.host)  # ranks reported, the stop's flags
-        if self.spec.hold is not None:
-            job.enter_context(self.spec.hold(self.seating()))
         if self.spec.prepare is not None:
-            self.spec.prepare(self.seating())
+            job.enter_context(self.spec.prepare(self.seating()))
         self.check_stop()
         self._seat(meeting.first_barrier(self))
         guarded = self.spec.guard(self.seating()) if callable(self.spec.guard) else self.spec.guard
@@ -286,7 +284,7 @@ class HostAgent:
         return self._started()
 
     def _on_signal(self, signum: int) -> None:
-        """A signal is an event: the loop steps it.  During setup's blocking steps (the join, the runner's hold and
+        """A signal is an event: the loop steps it.  During setup's blocking steps (the join, the runner's
         prepare, a host's wait for the go), a stopping one also ends the seat's wait (``interrupt``) and is stepped
         at the next safe point (``_check_stop``); the handler never raises into setup."""
         self.events.put(GotSignal(signum))

@@ -36,13 +36,13 @@ if TYPE_CHECKING:
 
 def may_fail_over(agent) -> bool:
     """Should this attempt's lead be lost, may the job go on under a new one?  Only if it may go on with fewer
-    hosts (spares, or a minimum), its runner can lead from any host, and the members left are a majority."""
+    hosts (spares, or a minimum) and the members left are a majority."""
     return not agent.is_lead and agent.seats.followers_may_lead()
 
 
 def first_barrier(agent) -> Attempt:
     """This ``train``'s first barrier.  Should the lead be lost there, where the job may fail over at all (spares or a
-    minimum, a runner that can lead from any host): a member of the job's first barrier fails over as for a lead lost
+    minimum): a member of the job's first barrier fails over as for a lead lost
     while its first attempt runs (``lost_before_the_start``); a host that came back into a running job, waiting there
     as a spare until a restart seats it, follows the next lead (``follow_next_lead``)."""
     while True:
@@ -51,7 +51,7 @@ def first_barrier(agent) -> Attempt:
         except LeadLost as lost:
             agent.check_stop()  # a stop that came meanwhile (it ended the wait): stopped, never a failover
             seats = agent.seats
-            if agent.is_lead or not (seats.elastic and seats.movable_lead):
+            if agent.is_lead or not seats.elastic:
                 raise
             _, running = agent.membership.job_attempt
             if not running and seats.followers_may_lead():

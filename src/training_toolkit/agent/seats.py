@@ -36,7 +36,6 @@ class Seats:
         self.roster: roster.Roster | None = None  # the lead's, from barrier 0 (a job of one host has none)
         self.max_hosts, self.min_hosts = len(self.hosts), len(self.hosts)
         self.elastic = False  # spares, or a minimum below the maximum: a lost host need not end the job
-        self.movable_lead = False  # the runner can lead from any host (not MPI's fixed lead, not a job of one seat)
         self._turn: roster.Turn | None = None  # the lead's last choice, for the attempt's line
 
     @property
@@ -58,7 +57,6 @@ class Seats:
         """The job's maximum and minimum of active hosts, checked on every host against the job's hosts (the first
         host's list, taken already) before anything starts: a ConfigError, exit 78, that the lead announces."""
         config = self.ctx.settings
-        self.movable_lead = not spec.solo and not spec.fixed_lead
         if spec.solo or (config.max_hosts is None and config.min_hosts is None):
             return
         from training_toolkit.agent import roster  # a job of one host never loads it
@@ -99,11 +97,10 @@ class Seats:
 
     def followers_may_lead(self) -> bool:
         """Should this attempt's lead be lost, may a follower lead the job on (``succession``)?  Only if the job may go
-        on with fewer hosts, its runner can lead from any host, and the members left without the lead are a
-        majority.  Only then can a second lead exist, and only then must a lead have a majority behind it."""
+        on with fewer hosts (a job of one seat never may) and the members left without the lead are a majority.  Only then can a second lead exist, and only then must a lead have a majority behind it."""
         from training_toolkit.agent.succession import may_go_on
 
-        return self.elastic and self.movable_lead and may_go_on(self.members, (self.attempt.lead,))
+        return self.elastic and may_go_on(self.members, (self.attempt.lead,))
 
     def take_lead(self, lost: str) -> None:
         """This host leads from now on, its lead ``lost``: it takes the lost lead's seat (``roster.led_by``)."""

@@ -19,6 +19,7 @@ step (Open MPI's plm slurm), so a worker's ranks run under Slurm's step daemon, 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,8 +51,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
     # which mpirun's environment gives every daemon of this job (and so every rank)
     roots = host.daemons if host.via_slurm else None
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
-                      introduction=host.introduction, hold=host.held, prepare=host.prepare,
-                      before_restart=host.prepare_attempt, fixed_lead=host.via_slurm)
+                      introduction=host.introduction, prepare=host.prepare, before_restart=host.prepare_attempt)
 
 
 class MpiHost:
@@ -99,14 +99,16 @@ class MpiHost:
                                                                str(ctx.job.paths.hyperparameters_file)))
 
     @contextmanager
-    def held(self, seat: Seating):
-        """What this host makes for the job (ssh directory, sshd, rank file, their tripwires): gone when it ends."""
+    def prepare(self, seat: Seating) -> Iterator[None]:
+        """What this host makes for the job (ssh directory, sshd, rank file, their tripwires): gone when it ends,
+        or when making it failed half way."""
         try:
-            yield self
+            self._make(seat)
+            yield
         finally:
             self.cleanup()
 
-    def prepare(self, seat: Seating) -> None:
+    def _make(self, seat: Seating) -> None:
         """Every host, spares included (a spare may be seated later): the rank file's place, and sshd on a host that
         does not lead, admitting nobody until an attempt names its hosts (``start``: their keys, from the go)."""
         self._per_host = self._job_per_host(seat)

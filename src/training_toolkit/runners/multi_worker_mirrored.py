@@ -7,6 +7,8 @@ succeeded, and fails everywhere as soon as one fails.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.job.plan import MultiWorkerMirroredOptions
@@ -30,8 +32,11 @@ def spec(ctx: RunContext) -> RunnerSpec:
     return RunnerSpec(processes, wait_for_peers=True, guard=GuardSpec(ports=frozenset({port_of(ctx)})), prepare=prepare)
 
 
-def prepare(seat: Seating) -> None:
+@contextmanager
+def prepare(seat: Seating) -> Iterator[None]:
+    """Before barrier 0: the ports this host listens on are free (nothing is held)."""
     check_free(port_of(seat.ctx), "TensorFlow worker", seat.host)
+    yield
 
 
 def processes(seat: Seating) -> list[Proc]:

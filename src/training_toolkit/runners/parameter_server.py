@@ -18,6 +18,8 @@ chief restores the variables from its checkpoint (docs/resilience.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from training_toolkit.runners import ps_server
 from training_toolkit.cluster.guard import GuardSpec
@@ -47,11 +49,14 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       prepare=prepare)
 
 
-def prepare(seat: Seating) -> None:
+@contextmanager
+def prepare(seat: Seating) -> Iterator[None]:
+    """Before barrier 0: the ports this host listens on are free (nothing is held)."""
     layout = layout_of(seat.ctx)
     check_free(layout.worker_port, "TensorFlow worker", seat.host)
     if layout.ps_config(seat.host) is not None:
         check_free(layout.ps_port, "parameter server", seat.host)
+    yield
 
 
 def processes(seat: Seating) -> list[Proc]:

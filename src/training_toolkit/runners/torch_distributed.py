@@ -9,6 +9,9 @@ library) go through the MPI runner instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from training_toolkit.cluster import netaddr
 from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.job.plan import TorchDistributedOptions
@@ -61,9 +64,12 @@ def spec(ctx: RunContext) -> RunnerSpec:
                       prepare=prepare)
 
 
-def prepare(seat: Seating) -> None:
+@contextmanager
+def prepare(seat: Seating) -> Iterator[None]:
+    """Before barrier 0: the ports this host listens on are free (nothing is held)."""
     if seat.leads:
         check_free(torch_options(seat.ctx).master_port, "torch.distributed store", seat.host)
+    yield
 
 
 def processes(seat: Seating) -> list[Proc]:

@@ -195,14 +195,16 @@ def test_without_no_kill_slurm_ends_the_job_when_it_finds_the_node_down(tmp_path
     assert not list(shared.glob("done-*")), "the job completed: Slurm did not end it"
 
 
-def test_the_batch_hosts_loss_under_no_kill_the_work_completes_and_slurm_holds_the_allocation(tmp_path):
+@pytest.mark.parametrize("runner", ["torch", pytest.param("mpi", marks=pytest.mark.mpi)])
+def test_the_batch_hosts_loss_under_no_kill_the_work_completes_and_slurm_holds_the_allocation(tmp_path, runner):
     """4 nodes, MAX_HOSTS=3, slurmctld on a head host outside the allocation (as a real cluster's head node): node1,
     the batch host and the job's first lead, dies at step 3.  The toolkit fails over (node2 leads, node4 takes node1's
     seat) and the work completes with success on node2-4.  Slurm takes node1 out of the job once it is DOWN, but the
     job stays RUNNING with node1 its batch host: the batch script's end is never reported, so the allocation is held
     until its time limit or a scancel (docs/slurm.md, "The batch host's loss")."""
     script, shared = torch_script(tmp_path, 4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3",
-                                                "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM})
+                                                "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM}, runner=runner)
+    per = RUNNERS[runner][2]
     survivors = ("node2", "node3", "node4")
     with slurm_cluster(tmp_path, nodes=4, head=True, slurmd_timeout_s=SLURMD_TIMEOUT_S) as slurm:
         killing = kill_at(slurm, shared, 3, "node1")
@@ -222,9 +224,9 @@ def test_the_batch_hosts_loss_under_no_kill_the_work_completes_and_slurm_holds_t
         comp = jobcomp(slurm, job, timeout=60)
         assert settled(slurm, timeout=60) == {}
     assert verdicts == {"node1": "none", "node2": "success", "node3": "success", "node4": "success"}
-    assert sorted(p.name for p in shared.glob("done-1-*")) == ["done-1-0", "done-1-1", "done-1-2"]
-    second = seen(shared, 1)  # under node2, rank 0 there; node4 in the lost lead's seat, node3's rank kept
-    assert placed(second) == placement(("node2", "node4", "node3"), 1), second
-    assert all(i["hosts"] == ["node2", "node4", "node3"] and i["world"] == 3 for i in second.values()), second
+    assert sorted(p.name for p in shared.glob("done-1-*")) == sorted(f"done-1-{r}" for r in range(3 * per))
+    second = seen(shared, 1)  # under node2, rank 0 there; node4 in the lost lead's seat, node3's ranks kept
+    assert placed(second) == placement(("node2", "node4", "node3"), per), second
+    assert all(i["hosts"] == ["node2", "node4", "node3"] and i["world"] == 3 * per for i in second.values()), second
     assert held == {"JobState": "RUNNING", "NodeList": "node[2-4]", "BatchHost": "node1"}, show
     assert comp["JobState"] == "CANCELLED", comp

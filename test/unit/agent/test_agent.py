@@ -223,12 +223,16 @@ def test_failure_of_names_a_process_by_its_data_not_its_name(tmp_path, rank, pro
 def seen_by(seen: list):
     """A runner's prepare that records the hosts everything after the join reads: the plan's, the script's contract,
     /opt/ml's file."""
+    from contextlib import contextmanager
+
+    @contextmanager
     def prepare(seat):
         import json
 
         ctx = seat.ctx
         seen.append((ctx.plan.hosts, json.loads(ctx.script_env["SM_HOSTS"]),
                      json.loads(ctx.job.paths.resource_config_file.read_text())["hosts"]))
+        yield
     return prepare
 
 
@@ -266,24 +270,23 @@ def test_a_welcome_that_does_not_list_this_host_is_a_setup_failure(tmp_path):
     assert seats[0].told[0] == "open" and "barrier" not in seats[0].told
 
 
-def test_what_a_runner_holds_is_let_go_after_its_processes_end_and_before_the_seat_closes(tmp_path):
-    """The job's stack, reversed: the attempt's processes, then the runner's hold, then the seat."""
+def test_what_a_runner_prepared_is_let_go_after_its_processes_end_and_before_the_seat_closes(tmp_path):
+    """The job's stack, reversed: the attempt's processes, then what the runner prepared, then the seat."""
     from contextlib import contextmanager
 
     seats: list[FakeSeat] = []
     order: list = []
 
     @contextmanager
-    def hold(seat):
-        order.append(("held", seat.job_id, seat.leads, seat.attempt))
+    def prepare(seat):
+        order.append(("prepared", seat.job_id, seat.leads, seat.attempt, list(seats[0].told)))
         yield
         order.append(("let go", [local.child.poll() is not None for local in agent.locals], list(seats[0].told)))
 
-    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), hold=hold,
-                         prepare=lambda seat: order.append("prepared"))
+    agent = script_agent(context(tmp_path, "algo-1"), seat_factory(seats), prepare=prepare)
     assert agent.run() == Outcome(0)
     verdict = ("verdict", Verdict(0, None, "algo-1"))
-    assert order == [("held", "fake-job", True, seated(0, HOSTS)), "prepared",
+    assert order == [("prepared", "fake-job", True, seated(0, HOSTS), ["open"]),
                      ("let go", [True], ["open", "barrier", verdict])]
     assert seats[0].told[-1] == "close"
 
@@ -322,6 +325,7 @@ def term(*_):
     open(sys.argv[1], "a").write("launcher\\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
+open(sys.argv[2], "w").close()
 time.sleep(60)
 """
 
@@ -332,18 +336,19 @@ def test_a_stop_signals_the_programs_and_the_reported_ranks_then_the_launcher_en
     import signal
 
     seats: list[FakeSeat] = []
-    log, started = tmp_path / "log", tmp_path / "started"
+    log, started, launched = tmp_path / "log", tmp_path / "started", tmp_path / "launched"
 
     def processes(seat):
         return [Proc("program", (sys.executable, "-c", PROGRAM, str(log), str(started), RANK), {}),
-                Proc("launcher", (sys.executable, "-c", LAUNCHER, str(log)), {}, program=False, primary=False)]
+                Proc("launcher", (sys.executable, "-c", LAUNCHER, str(log), str(launched)), {}, program=False,
+                     primary=False)]
 
     verdict = Verdict(128 + signal.SIGTERM, "algo-2: stopped by SIGTERM", "algo-1")
     agent = HostAgent(context(tmp_path, "algo-2"), RunnerSpec(processes), seat_factory(seats, answer=verdict))
 
     def signals() -> None:
         deadline = time.monotonic() + 30
-        while not started.exists() and time.monotonic() < deadline:
+        while not (started.exists() and launched.exists()) and time.monotonic() < deadline:  # every handler set
             time.sleep(0.005)
         agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
         agent.events.put(decisions_event("GotSignal", signal.SIGTERM))
@@ -551,15 +556,16 @@ def test_a_stop_while_waiting_for_the_go_ends_the_wait_and_the_first_host_hears_
         server.close()
 
 
-def test_a_stop_during_the_runners_hold_never_raises_into_it(tmp_path):
-    """The hold (sshd starting, say) finishes and is let go: the stop is stepped after it, not raised inside it."""
+def test_a_stop_during_the_runners_prepare_never_raises_into_it(tmp_path):
+    """What the runner prepares (sshd starting, say) is made and let go: the stop is stepped after it, not raised
+    inside it."""
     from contextlib import contextmanager
 
     order = []
 
     @contextmanager
-    def hold(seat):
-        os.kill(os.getpid(), signal.SIGTERM)  # in the hold: its handler runs here, before the next line
+    def prepare(seat):
+        os.kill(os.getpid(), signal.SIGTERM)  # in prepare: its handler runs here, before the next line
         order.append("held")  # a handler that raised would have ended the hold above, half made
         try:
             yield
@@ -567,7 +573,7 @@ def test_a_stop_during_the_runners_hold_never_raises_into_it(tmp_path):
             order.append("let go")
 
     seats: list[FakeSeat] = []
-    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: order.append("started") or [], hold=hold),
+    agent = HostAgent(context(tmp_path, "algo-1"), RunnerSpec(lambda seat: order.append("started") or [], prepare=prepare),
                       seat_factory(seats))
     outcome = agent.run()
     assert outcome == Outcome(143, "algo-1: stopped by SIGTERM before the job started")

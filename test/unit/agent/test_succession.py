@@ -183,7 +183,7 @@ def test_a_new_lead_without_a_majority_at_its_deadline_ends_the_job_named():
     assert outcome.outcome.reason.startswith("algo-2: no majority to lead the job: 2 of its 4 members")
 
 
-def seats_of(hosts, env, fixed_lead=False, active=None):
+def seats_of(hosts, env, active=None):
     """A lead's ``Seats`` for ``hosts`` with the settings ``env``, its last attempt on ``active`` (None: every host)."""
     from pathlib import Path
 
@@ -201,7 +201,7 @@ def seats_of(hosts, env, fixed_lead=False, active=None):
     ctx = RunContext(job, LaunchPlan("torch_distributed", tuple(hosts), hosts[0]), settings.parse(env), {}, {}, (),
                      Path("/nonexistent"), "python")
     seats = Seats(ctx, hosts)
-    seats.take_limits(RunnerSpec(lambda seat: [], fixed_lead=fixed_lead))
+    seats.take_limits(RunnerSpec(lambda seat: []))
     seats.attempt = seated(0, hosts, active)
     return seats
 
@@ -216,9 +216,6 @@ def test_a_lead_without_a_majority_stops_only_where_a_follower_could_lead():
     # a spare and the default minimum (every seat): the lead cut off is short of hosts too, but says it may be cut off
     with pytest.raises(NoMajority, match="no majority to lead the job: 1 of its 4 members answer"):
         seats_of(H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3"}, active=H4[:3]).next_choice(cut_off, {}, ())
-    # MPI (its lead fixed): no follower can lead, so no second job can exist: the minimum alone decides
-    assert seats_of(H4[:3], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}, fixed_lead=True).next_choice(cut_off, {}, ()) == \
-        Roster(("algo-1",))
     # two hosts: the survivor alone would be no majority, so no follower leads; the lead shrinks as before
     assert seats_of(H4[:2], {"TRAINING_TOOLKIT_MIN_HOSTS": "1"}).next_choice(cut_off, {}, ()) == Roster(("algo-1",))
     # a majority behind it: it goes on
