@@ -160,6 +160,14 @@ def with_hosts(job: JobSpec, hosts: tuple[str, ...]) -> JobSpec:
     return on_hosts(job, tuple(hosts))
 
 
+def with_framework_params(job: JobSpec, params: Mapping[str, Any]) -> JobSpec:
+    """``job`` with ``params`` among its framework parameters (what another host's hyperparameters said for the job,
+    where this host's name none).  Pure."""
+    if all(job.framework_params.get(key) == value for key, value in params.items()):
+        return job
+    return job._replace(framework_params=MappingProxyType({**job.framework_params, **params}))
+
+
 def on_hosts(job: JobSpec, active: tuple[str, ...]) -> JobSpec:
     """``job`` as an attempt on ``active`` (hosts of the job, rank order) runs it: its hosts those, nothing parsed again.
 

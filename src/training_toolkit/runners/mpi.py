@@ -29,14 +29,13 @@ from training_toolkit.cluster.guard import RUNTIME, GuardSpec
 from training_toolkit.cluster.ssh.layout import DIR_PREFIX, SshLayout
 from training_toolkit.core import names
 from training_toolkit.core.names import LAUNCH_SLURM, OPENMPI4
-from training_toolkit.job import plan
 from training_toolkit.core.redact import redact
 from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import BLOCK_SIGTERM
 from training_toolkit.runners.mpi_failure import mpirun_judge
 from training_toolkit.runners.mpi_launch import (BTL_PORTS, PER_HOST_INTRO, RANK_TAG_VAR, build_command, has_mpi4py,
                                                  job_addresses, job_per_host, missing_home, mpi_flavor, mpi_options,
-                                                 mpirun_preload, netshim, rank_environment,
+                                                 mpirun_preload, netshim, rank_environment, with_job_per_host,
                                                  slurm_environment, slurm_paths, user_command)
 from training_toolkit.runners.mpi_ssh import SshPart
 from training_toolkit.runners.netshim import PRELOAD, Shim
@@ -89,14 +88,11 @@ class MpiHost:
         """``job_per_host`` for this host, from the lead's introduction (its first lead's, at the first barrier)."""
         said = (seat.introductions or {}).get(seat.attempt.lead, {}).get(PER_HOST_INTRO, "")
         named = names.MPI_PROCESSES_PER_HOST in seat.ctx.job.framework_params
-        return job_per_host(named, seat.leads, mpi_options(seat.ctx).processes_per_host, said)
+        return job_per_host(named, seat.leads, said)
 
     def _as_the_job_runs(self, ctx: RunContext) -> RunContext:
-        """``ctx`` with the job's ranks per host (``_job_per_host``), as every host's mpirun runs it."""
-        if self._per_host is None:
-            return ctx
-        return ctx._replace(plan=plan.with_processes_per_host(ctx.plan, self._per_host,
-                                                               str(ctx.job.paths.hyperparameters_file)))
+        """``ctx`` with the job's ranks per host (``_job_per_host``), as every host's mpirun and ranks see it."""
+        return with_job_per_host(ctx, self._per_host)
 
     @contextmanager
     def prepare(self, seat: Seating) -> Iterator[None]:

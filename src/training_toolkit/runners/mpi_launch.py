@@ -49,14 +49,28 @@ def mpi_options(ctx: RunContext) -> MpiOptions:
 PER_HOST_INTRO = "mpi_processes_per_host"  # in each host's introduction: its own count of ranks per host
 
 
-def job_per_host(named: bool, leads: bool, own: int, said: str) -> int | None:
-    """The ranks per host the job runs with where they are not this host's own ``own`` (None: they are): the count
-    the lead ``said`` in its introduction, if this host's hyperparameters ``named`` none and it does not lead.
+def job_per_host(named: bool, leads: bool, said: str) -> int | None:
+    """The ranks per host this host takes from the job (None: its own): the count the lead ``said`` in its
+    introduction, if this host's hyperparameters ``named`` none and it does not lead.
     Every host's mpirun then runs the job's count, whichever host leads: an MPIJob's launcher alone has the slots
     (its hostfile), and a worker that leads after its loss runs mpirun with them (docs/kubernetes.md)."""
     if named or leads or not (said.isascii() and said.isdigit()) or not 0 < int(said) <= 4096:
         return None
-    return None if int(said) == own else int(said)
+    return int(said)
+
+
+def with_job_per_host(ctx: RunContext, per_host: int | None) -> RunContext:
+    """``ctx`` as the job runs it with ``per_host`` ranks per host (``job_per_host``; None: ``ctx`` itself): mpirun's
+    count, and what every rank of this host reads (the count among the framework parameters in
+    ``SM_FRAMEWORK_PARAMS`` and ``SM_TRAINING_ENV``, as the lead's own ranks read it).  Pure."""
+    if per_host is None:
+        return ctx
+    from training_toolkit.job import contract, spec as job
+    from training_toolkit.job.plan import with_processes_per_host
+
+    taken = job.with_framework_params(ctx.job, {names.MPI_PROCESSES_PER_HOST: per_host})
+    fitted = with_processes_per_host(ctx.plan, per_host, str(ctx.job.paths.hyperparameters_file))
+    return ctx._replace(job=taken, plan=fitted, script_env=contract.script_environment(taken, ctx.environ))
 
 
 def mpi_flavor(configured: str | None, environ) -> str:

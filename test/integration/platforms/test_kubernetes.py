@@ -110,7 +110,8 @@ def test_mpijob_with_two_workers_runs_every_rank_with_the_launchers_membership(t
     """Issue 24, item 0: a worker knows only its role; the job's hosts reach it from the launcher, never a guess.
 
     Before, each worker took the job to be [launcher, itself]: its shim closed the other worker's BTL
-    connections and the ranks hung until the timeout.
+    connections and the ranks hung until the timeout.  The ranks per host are the launcher's slots (its hostfile),
+    and every rank reads them among the framework parameters, a worker's too (issue 35: only the launcher's did).
     """
     src = source_dir(tmp_path, "mpi_membership.py")
     pods = k8s.mpijob("mpj", "ns1", workers=2, slots=2)
@@ -128,6 +129,7 @@ def test_mpijob_with_two_workers_runs_every_rank_with_the_launchers_membership(t
         assert info["sm_current_host"] == hosts[rank // 2]
         assert info["sm_hosts"] == info["training_env_hosts"] == info["resource_config_hosts"] == hosts
         assert info["file_hosts"] == hosts
+        assert info["framework_params"]["sagemaker_mpi_num_of_processes_per_host"] == 2, (rank, info)
     for result, host in zip(results, hosts):
         resource = json.loads((result.opt_ml / "input/config/resourceconfig.json").read_text())
         assert resource["hosts"] == hosts and resource["current_host"] == host

@@ -24,10 +24,10 @@ HPS = {"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host
        "sagemaker_program": '"train.py"'}
 
 
-def context(tmp_path: Path, current: str) -> RunContext:
+def context(tmp_path: Path, current: str, hps: dict = HPS) -> RunContext:
     paths = Paths(tmp_path / "opt_ml")
     paths.resource_config_file.parent.mkdir(parents=True)
-    job = build_job(paths, HPS, {"current_host": current, "hosts": list(JOB), "network_interface_name": "eth0"}, {},
+    job = build_job(paths, hps, {"current_host": current, "hosts": list(JOB), "network_interface_name": "eth0"}, {},
                     {}, Hardware(1, 0, 0))
     environ = {"PATH": "/usr/bin:/bin"}
     return RunContext(job, make_plan(job), settings.parse({}), environ, contract.script_environment(job, environ),
@@ -102,12 +102,29 @@ def test_a_fixed_number_of_processes_that_a_shrink_cannot_fit_is_refused_naming_
 def test_the_ranks_per_host_are_the_first_hosts_where_this_host_names_none():
     from training_toolkit.runners.mpi_launch import job_per_host
 
-    rows = {  # (named, leads, own, said) -> the job's count where it is not this host's own
-        (False, False, 1, "2"): 2,  # an MPIJob worker: the launcher's slots
-        (False, False, 2, "2"): None,  # the same: nothing to change
-        (True, False, 1, "2"): None,  # its own hyperparameters name a count: its own
-        (False, True, 1, "2"): None,  # the host that leads says the count, it takes none
-        (False, False, 1, ""): None,  # a first host that says none (a version before it)
-        (False, False, 1, "x"): None, (False, False, 1, "0"): None, (False, False, 1, "99999"): None,
+    rows = {  # (named, leads, said) -> the lead's count this host takes (None: its own)
+        (False, False, "2"): 2,  # an MPIJob worker: the launcher's slots
+        (True, False, "2"): None,  # its own hyperparameters name a count: its own
+        (False, True, "2"): None,  # the host that leads says the count, it takes none
+        (False, False, ""): None,  # a first host that says none (a version before it)
+        (False, False, "x"): None, (False, False, "0"): None, (False, False, "99999"): None,
     }
     assert {row: job_per_host(*row) for row in rows} == rows
+
+
+def test_a_host_that_takes_the_jobs_ranks_per_host_shows_them_to_its_ranks_as_the_lead_does(tmp_path):
+    """An MPIJob worker's hyperparameters name no count (the launcher's hostfile has the slots): once it takes the
+    lead's, mpirun's count and every framework parameter its ranks read are the lead's ranks' (``with_job_per_host``)."""
+    from training_toolkit.runners.mpi_launch import mpi_options, with_job_per_host
+
+    worker = context(tmp_path, "algo-2", {k: v for k, v in HPS.items() if k != "sagemaker_mpi_num_of_processes_per_host"})
+    assert "sagemaker_mpi_num_of_processes_per_host" not in json.loads(worker.script_env["SM_FRAMEWORK_PARAMS"])
+    assert with_job_per_host(worker, None) is worker
+    for per_host in (1, 4):  # its own count (one per host, with no GPU) or not: the key is there either way
+        taken = with_job_per_host(worker, per_host)
+        params = json.loads(taken.script_env["SM_FRAMEWORK_PARAMS"])
+        assert params == {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": per_host}
+        training_env = json.loads(taken.script_env["SM_TRAINING_ENV"])
+        assert training_env["additional_framework_parameters"] == params
+        assert mpi_options(taken).processes_per_host == per_host and mpi_options(taken).num_processes == 4 * per_host
+        assert taken.script_env["SM_HOSTS"] == worker.script_env["SM_HOSTS"]
