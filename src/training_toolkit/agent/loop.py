@@ -140,7 +140,8 @@ class HostAgent:
             introduction, unusable = {}, exc
         membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
                                                                 self.settings, self.events, introduction)
-        with ExitStack() as job:  # left in reverse: the attempt's processes, the guard, what the runner made, the seat, ...
+        # left in reverse: the attempt's processes, the guard, what the runner made, the seat, ...
+        with ExitStack() as job:
             job.callback(end_leftovers)  # last: what is left once every owner ended its own (the stall watch's
             job.callback(self.stall.close)  # tripwire is its own, not a process the job left behind)
             job.callback(membership.close)

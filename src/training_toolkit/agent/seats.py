@@ -97,7 +97,8 @@ class Seats:
 
     def followers_may_lead(self) -> bool:
         """Should this attempt's lead be lost, may a follower lead the job on (``succession``)?  Only if the job may go
-        on with fewer hosts (a job of one seat never may) and the members left without the lead are a majority.  Only then can a second lead exist, and only then must a lead have a majority behind it."""
+        on with fewer hosts (a job of one seat never may) and the members left without the lead are a majority.
+        Only then can a second lead exist, and only then must a lead have a majority behind it."""
         from training_toolkit.agent.succession import may_go_on
 
         return self.elastic and may_go_on(self.members, (self.attempt.lead,))

@@ -313,6 +313,7 @@ where = os.environ["TRAINING_TOOLKIT_RANKS_DIR"]  # reported as training-toolkit
 open(f"{where}/.tmp", "w").write(f"3 {start}\\n")
 os.rename(f"{where}/.tmp", f"{where}/{rank.pid}")
 def term(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop passes its signal on too: said once
     open(log, "a").write("program\\n")
     os._exit(0)
 signal.signal(signal.SIGTERM, term)
