@@ -442,11 +442,13 @@ def test_the_new_lead_lost_after_its_go_reached_some_members_every_survivor_meet
 
 
 @pytest.mark.torch
-def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(tmp_path):
+def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(tmp_path, capfd):
     """The lead's link cut, not the lead killed, with a minimum of one host (it could shrink to itself): it has no
-    majority behind it, so it stops its ranks and ends, named, and runs no attempt beside the others' new one."""
+    majority behind it, so it stops its ranks and ends, named, and runs no attempt beside the others' new one.  The cut
+    never mends: it looks for the job under another lead for its rejoin wait, finds none, and leaves with 203."""
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "1",
-                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "2", **ROOM})
+                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_REJOIN_WAIT": "3",
+                                           **ROOM})
     killer = HostKiller()
     cutting = kill_when(killer, shared / "step-0-0", 3, "algo-1", cut_only=True)
     results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
@@ -460,6 +462,36 @@ def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(
     assert later and all(info["host"] != "algo-1" for info in later), later  # no attempt of its own after the cut
     assert sorted((i["rank"], i["host"]) for i in seen(shared, 1).values()) == [
         (0, "algo-2"), (1, "algo-4"), (2, "algo-3")], seen(shared, 1)
+    text = capfd.readouterr().out
+    assert "algo-1: no host leads the job after 3 s of looking: leaving with 203" in text, text[-3000:]
+
+
+@pytest.mark.torch
+def test_a_lead_cut_off_joins_the_job_as_a_spare_once_the_cut_mends_and_ends_with_its_verdict(tmp_path, capfd):
+    """As above, the cut mended once the others run their attempt under algo-2 and algo-1 is out of the job: it looks
+    for the job under another lead (``TRAINING_TOOLKIT_REJOIN_WAIT``), finds algo-2's, joins it as a spare and ends
+    with the job's verdict, 0, not its own 203.  It runs no attempt of its own."""
+    job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "1",
+                                           "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_REJOIN_WAIT": "120",
+                                           "STEPS": "100", "STEP_S": "0.3"})  # the others' attempt outlasts the look
+    killer, out = HostKiller(), Tee()
+
+    def faults() -> None:
+        wait_for(shared / "step-0-0", at_least=3)
+        assert killer.cluster is not None
+        cut(killer.cluster, "algo-1")
+        wait_for(shared / "step-1-0", at_least=2, timeout_s=180)  # algo-2's attempt runs, without algo-1
+        out.wait_for("algo-1: looking for the job under another lead", timeout_s=180)
+        cut(killer.cluster, "algo-1", mend=True)
+
+    run_with_faults(job, tmp_path, killer, faults, H4, out, timeout_s=480)
+    assert_led(shared, 1, "algo-2", {"algo-2", "algo-3", "algo-4"})
+    later = [info for attempt in (1, 2, 3) for info in seen(shared, attempt).values()]
+    assert all(info["host"] != "algo-1" for info in later), later  # no attempt of its own after the cut
+    text = capfd.readouterr().out
+    mine = "\n".join(line for line in text.splitlines() if line.startswith("[algo-1]"))
+    assert "it left the job with 203: algo-1: no majority to lead the job" in mine, mine
+    assert "algo-1: the job runs without this host (attempt 2, under another lead): joining it as a spare" in mine, mine
 
 
 @pytest.mark.torch

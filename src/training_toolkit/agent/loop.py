@@ -12,11 +12,10 @@ into events, and carries out the step's actions (``actions``).  The lead's
 barrier is one more run of the loop (``meeting.barrier``): the step says when every host is ready (``Release``) or
 why not; a follower whose lead was lost meets the next lead there (``meeting.next_lead``).
 
-What the job holds is on one ``ExitStack`` (``run``): the stall watch, the
-leftover scan, the seat, what the runner prepared, the guard, and the attempt's own
-stack (its processes), left in that order reversed.  Nothing is left running.
-The seat (``Membership``) comes from ``membership_factory`` (a test's fake); a
-job of one (``spec.solo``) sits in a ``SoloSeat``, importing no membership code.
+What the job holds is on one ``ExitStack`` (``run_job``): the stall watch, the leftover scan, the seat, what the
+runner prepared, the guard, and the attempt's own stack (its processes), left in that order reversed.  Nothing is
+left running.  The seat (``Membership``) comes from ``membership_factory`` (a test's fake); a job of one
+(``spec.solo``) sits in a ``SoloSeat``, importing no membership code.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from typing import TYPE_CHECKING
 
 from training_toolkit.agent import actions as carry, decisions, meeting
 from training_toolkit.agent.actions import Ended, Stopped
-from training_toolkit.agent.events import (GotSignal, Joined, LocalExit, Phase, SetupFailed,
-                                           Started, Tick)
+from training_toolkit.agent.events import GotSignal, Joined, LocalExit, Phase, SetupFailed, Started, Tick
 from training_toolkit.agent.parts import Part, end_leftovers, signals_held, stop_locals
 from training_toolkit.agent.recording import Recorder
 from training_toolkit.agent.seats import Seats, SoloSeat, why_this_attempt
@@ -49,9 +47,8 @@ if TYPE_CHECKING:
 
 FAILURE_GRACE_S = 2.0  # stopping local processes because the job failed elsewhere
 
-# (secret, hosts, current host, channel settings, event queue, introduction) -> this host's seat (solo: no channel)
-MembershipFactory = Callable[[bytes | None, Sequence[str], str, "ChannelSettings | None", SimpleQueue,
-                              Mapping[str, str] | None], "Seat"]
+# (secret, hosts, current host, channel settings, event queue, introduction, looking=False) -> this host's seat
+MembershipFactory = Callable[..., "Seat"]  # solo: no channel; ``looking``: it joins a running job or none
 
 
 def run(ctx: RunContext, spec: RunnerSpec) -> Outcome:
@@ -69,7 +66,7 @@ def _seat_of(spec: RunnerSpec) -> MembershipFactory:
 
 class HostAgent:
     def __init__(self, ctx: RunContext, spec: RunnerSpec, membership_factory: MembershipFactory | None = None,
-                 hosts: Sequence[str] | None = None):
+                 hosts: Sequence[str] | None = None, recorder: Recorder | None = None):
         self.spec = spec
         host = ctx.plan.current_host
         self.seats = Seats(ctx, tuple(hosts or ((host,) if spec.solo else ctx.plan.hosts)), ctx.first_attempt)
@@ -84,7 +81,7 @@ class HostAgent:
 
             self.secret, self.settings = ctx.settings.job_secret, ChannelSettings.from_settings(ctx.settings,
                                                                                                  ctx.first_attempt)
-        self._membership_factory = membership_factory or _seat_of(spec)
+        self.membership_factory = membership_factory or _seat_of(spec)
         self.events: SimpleQueue = SimpleQueue()
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
@@ -93,7 +90,8 @@ class HostAgent:
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, ctx.environ,
                                 progress=not spec.solo)  # for the record: every job with hosts to lose
-        self.recorder = Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s, config.stall_startup_s)
+        self.recorder = recorder or Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s,
+                                             config.stall_startup_s)
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
@@ -128,18 +126,24 @@ class HostAgent:
         """What this host tells the others about itself, as its runner has it now (``RunnerSpec.introduction``)."""
         return dict(self.spec.introduction()) if self.spec.introduction else {}
 
-    # The template -----------------------------------------------------------------------------
-
+    # The template (below: the shell) ------------------------------------------------------------
     def run(self) -> Outcome:
+        """This host's part of the job to its verdict (out of it with no majority, it looks for it first: ``meeting``)."""
         if self.secret is None and self.is_lead and len(self.hosts) > 1:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
+        outcome = meeting.back_into_the_job(self, self.run_job(), lambda: HostAgent(
+            self.ctx, self.spec, self.membership_factory, self.hosts, self.recorder))
+        self.recorder.end(outcome, quiet=self.spec.solo)
+        return outcome
+
+    def run_job(self) -> Outcome:
         try:  # a host that cannot take part joins all the same, to tell the job why
             introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
         except ToolkitError as exc:
             introduction, unusable = {}, exc
-        membership = self.membership = self._membership_factory(self.secret, self.hosts, self.host,
-                                                                self.settings, self.events, introduction)
+        membership = self.membership = self.membership or self.membership_factory(
+            self.secret, self.hosts, self.host, self.settings, self.events, introduction)
         # left in reverse: the attempt's processes, the guard, what the runner made, the seat, ...
         with ExitStack() as job:
             job.callback(end_leftovers)  # last: what is left once every owner ended its own (the stall watch's
@@ -150,7 +154,6 @@ class HostAgent:
                 outcome = self._begin(lambda: self._set_up(job, unusable))
                 while outcome is None:
                     outcome = carry.carry_out(self, self._step(self.next_event()))
-        self.recorder.end(outcome, quiet=self.spec.solo)
         return outcome
 
     def _set_up(self, job: ExitStack, unusable: ToolkitError | None) -> None:
@@ -185,9 +188,7 @@ class HostAgent:
 
     def _start(self) -> None:
         """Start the attempt's processes, each on this attempt's stack (stopped with the failure grace at the end).
-
-        A spare (not among the attempt's active hosts) starts none: it stays joined, and waits.
-        """
+        A spare (not among the attempt's active hosts) starts none: it stays joined, and waits."""
         procs = self.spec.processes(self.seating(attempt=True)) if self.host in self.active else ()
         self.part.locals = started = []
         self._attempt.callback(stop_locals, started, FAILURE_GRACE_S)

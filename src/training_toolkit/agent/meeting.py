@@ -17,16 +17,19 @@ timeout) and stop its part (the grace and its margin).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from training_toolkit.agent.actions import Ended, carry_out
 from training_toolkit.agent.events import BarrierOpened, FailOver, PeerLost, Release
 from training_toolkit.agent.state import STOP_MARGIN_S, follower_state, promoted, stop_wait
 from training_toolkit.agent.decisions import attempt_to_join, toward
 from training_toolkit.agent.succession import has_majority, successors, term, waits
-from training_toolkit.core.errors import ClusterError, Interrupted, LeadLost, NoMajority
+from training_toolkit.core.errors import EXIT_NO_MAJORITY, ClusterError, Interrupted, LeadLost, NoMajority
 from training_toolkit.job.attempt import seated
 from training_toolkit.core.log import log
+from training_toolkit.job.report import Outcome
+from training_toolkit.supervise.process import STOPPING_SIGNALS, SignalForwarder
 
 if TYPE_CHECKING:
     from training_toolkit.job.attempt import Attempt
@@ -251,3 +254,30 @@ def follow_the_running_job(agent) -> None:
     attempt, _ = agent.membership.job_attempt
     log(f"{agent.host}: the job runs without this host (attempt {attempt + 1}, under another lead): joining it as a "
         f"spare")
+
+
+def back_into_the_job(agent, outcome: Outcome, again: Callable[[], Any]) -> Outcome:
+    """``agent``'s host left the job with no majority, every process of its part ended: it looks for a host that leads
+    the job, for ``rejoin_wait_s`` (it may be the one cut off, and the cut may mend), and takes part again as a host
+    back after its loss does, in a new agent (``again``, sharing the record): a spare until a restart seats it, or
+    the job's verdict.  It never leads a job of its own.  None found, or a stop meanwhile: ``outcome``, as it was
+    (and any other outcome: ``outcome``)."""
+    import threading
+
+    window_s = agent.ctx.settings.rejoin_wait_s
+    if outcome.exit_code != EXIT_NO_MAJORITY or agent.spec.solo or window_s <= 0:
+        return outcome
+    log(f"{agent.host}: looking for the job under another lead for {window_s:g} s, to join it as a spare should this "
+        f"host be the one cut off and the cut mend; it left the job with {outcome.exit_code}: {outcome.reason}")
+    back, stopped = again(), threading.Event()
+    with SignalForwarder(lambda signum: stopped.set() if signum in STOPPING_SIGNALS else None):
+        back.membership = agent.membership_factory(agent.secret, agent.hosts, agent.host, agent.settings,
+                                                    back.events, agent.introduction(), looking=True)
+        found = back.membership.look(window_s, stopped)
+    if not found:
+        back.membership.close()
+        log(f"{agent.host}: " + ("stopped while looking for the job" if stopped.is_set() else
+                                 f"no host leads the job after {window_s:g} s of looking") +
+            f": leaving with {outcome.exit_code}")
+        return outcome
+    return back.run_job()

@@ -55,3 +55,19 @@ def _leading(client: ControlClient, first_attempt: int) -> ControlClient | None:
         return client
     client.close()
     return None
+
+
+def look_for(client_for: Callable[[str], ControlClient], hosts: Sequence[str], first_attempt: int, window_s: float,
+             stopped: threading.Event) -> ControlClient | None:
+    """``running_job`` asked again every ``LOOK_S`` for ``window_s`` (a host out of the job, which may be the one cut
+    off: the cut may mend), or until ``stopped`` is set; the lead found, joined, or None."""
+    import time
+
+    end = time.monotonic() + window_s
+    while not stopped.is_set():
+        found = running_job(client_for, hosts, first_attempt)
+        left = end - time.monotonic()
+        if found is not None or left <= 0:
+            return found
+        stopped.wait(min(LOOK_S, left))
+    return None

@@ -9,6 +9,7 @@ it imports none of this.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ class Membership:
     """
 
     def __init__(self, secret: bytes | None, hosts: Sequence[str], current: str, settings: ChannelSettings,
-                 events: SimpleQueue, introduction: Mapping[str, str] | None = None):
+                 events: SimpleQueue, introduction: Mapping[str, str] | None = None, looking: bool = False):
         import secrets  # with the channel: a job of one seat imports neither (secrets: hmac, hashlib, random)
 
         from training_toolkit.cluster.client import ControlClient  # a job of one seat has none
@@ -52,7 +53,8 @@ class Membership:
         self.hosts = tuple(hosts)
         self.current = current
         self.settings = settings
-        self.is_lead = current == self.hosts[0]
+        self.is_lead = current == self.hosts[0] and not looking  # looking: it joins a running job or none (``look``)
+        self._looking = looking
         kw = dict(heartbeat_s=settings.heartbeat_s, timeout_s=settings.peer_timeout_s, introduction=introduction)
         self._secret, self._events, self._kw = secret, events, kw  # for a new lead's channel (``take_lead``, ``follow``)
         self._took_over = False  # this host took the lead from a lost one (``take_lead``)
@@ -63,7 +65,8 @@ class Membership:
             self._client: ControlClient | None = None
         else:
             self._server = None
-            self._client = ControlClient(secret, current, self.hosts[0], settings.port, events, **kw)
+            self._client = None if looking else ControlClient(secret, current, self.hosts[0], settings.port, events,
+                                                              **kw)
 
     @property
     def job_id(self) -> str:
@@ -87,9 +90,24 @@ class Membership:
         if self._server:
             self._server.start()
             self._join_a_running_job()
+        elif self._looking:
+            if self._client is None:
+                raise ClusterError(f"{self.current}: found no lead of the job to join")
         else:
             self._join_the_lead()
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)
+
+    def look(self, window_s: float, stopped: threading.Event) -> bool:
+        """A seat made ``looking`` (its host out of the job, which it may have left cut off from the others): whether
+        a host leads the job, started, within ``window_s`` (asked again every ``elsewhere.LOOK_S``, until ``stopped``);
+        if so, this seat follows it (``open`` then joins nothing more), and joins as a spare at the next restart."""
+        assert self._looking and self._client is None
+        found = elsewhere.look_for(self._client_for, [host for host in self.hosts if host != self.current],
+                                   self.settings.first_attempt, window_s, stopped)
+        if found is None:
+            return False
+        self._client, self.hosts = found, job_hosts(self.hosts, self.current, found.hosts)
+        return True
 
     def _join_the_lead(self) -> None:
         """Join the platform's first host within the join deadline; should it not answer for ``LOOK_S`` at a time (it
@@ -203,11 +221,12 @@ class Membership:
             self.hosts = job_hosts(self.hosts, self.current, client.hosts)
 
     def _running_job_elsewhere(self, hosts: Sequence[str]) -> ControlClient | None:
+        return elsewhere.running_job(self._client_for, hosts, self.settings.first_attempt)
+
+    def _client_for(self, host: str) -> ControlClient:
         from training_toolkit.cluster.client import ControlClient
 
-        return elsewhere.running_job(lambda host: ControlClient(self._secret, self.current, host, self.settings.port,
-                                                                self._events, **self._kw),
-                                     hosts, self.settings.first_attempt)
+        return ControlClient(self._secret, self.current, host, self.settings.port, self._events, **self._kw)
 
     def introduce(self, introduction: Mapping[str, str]) -> None:
         """What this host tells the leads it joins from now on, and the hosts that join it should it lead

@@ -155,6 +155,11 @@ VARIABLES = (
              "seconds a lead that took over from a lost one keeps the job's verdict, once the job ended, for hosts "
              "that have not joined it (the lost lead's pod made again); on Kubernetes 420: a dead node's pod is made "
              "again after about 340 s, and a PyTorchJob succeeds only when its Master pod exits 0 (docs/kubernetes.md)"),
+    Variable("TRAINING_TOOLKIT_REJOIN_WAIT", "rejoin_wait_s", values.seconds, 60.0, "60",
+             "seconds a host that found no majority (it may be the one cut off from the others) keeps looking for the "
+             "job under another lead, to join it as a spare once the cut mends, before it leaves with 203; it never "
+             "starts a job of its own meanwhile; on Kubernetes 0: the operator makes its pod again, which does the same "
+             "(docs/resilience.md)"),
 )
 
 
@@ -191,6 +196,7 @@ class Settings(NamedTuple):
     mpi_launcher: str = names.LAUNCH_SSH  # how mpirun starts its daemons: ssh, or srun under Slurm
     one_stop: bool = False  # preload the user's processes so that repeated SIGTERMs are one stop (Slurm)
     verdict_wait_s: float = 10.0  # a lead that took over keeps the verdict this long for the lost one (Kubernetes: 420)
+    rejoin_wait_s: float = 60.0  # a host out of the job with no majority looks for it this long (Kubernetes: 0)
     given: frozenset[str] = frozenset()  # fields the job set (flag or variable): a platform's Overrides never win over them
 
     def __repr__(self) -> str:  # the secret never reaches a log or a traceback
@@ -212,6 +218,7 @@ class Overrides(NamedTuple):
     mpi_launcher: str | None = None  # Slurm: mpirun starts its daemons with srun, not over ssh
     one_stop: bool | None = None  # Slurm: every process gets the platform's SIGTERM and its host's train's
     verdict_wait_s: float | None = None  # Kubernetes: a lost host's pod made again minutes later hears the verdict
+    rejoin_wait_s: float | None = None  # Kubernetes: a pod out of the job leaves at once, and is made again
 
 
 NO_OVERRIDES = Overrides()

@@ -141,7 +141,7 @@ class PodPlatform:
                        self.overrides(facts), attempt, container_restarts=restarts, notes=tuple(notes))
 
     def overrides(self, facts: Facts) -> Overrides:
-        return Overrides(grace_s=GRACE_S, verdict_wait_s=VERDICT_WAIT_S)
+        return Overrides(grace_s=GRACE_S, verdict_wait_s=VERDICT_WAIT_S, rejoin_wait_s=0.0)
 
     def wait(self, view: JobView, settings: Settings) -> None:
         _record_run(settings.base_dir, view.restart_attempt)

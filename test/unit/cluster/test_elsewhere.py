@@ -82,3 +82,34 @@ def test_the_hosts_are_asked_side_by_side_so_many_at_a_time():
     assert elsewhere.running_job(lambda host: Together(host, None), hosts, 0) is None
     assert broken == [] and len(ended) == len(hosts)
     assert began[hosts[-1]] >= max(ended[host] for host in hosts[:-1])
+
+
+def test_a_host_out_of_the_job_asks_again_until_a_lead_answers(monkeypatch):
+    """``look_for``: the cut mends after two rounds (algo-3 serves from the third on): found, and no round after."""
+    monkeypatch.setattr(elsewhere, "LOOK_S", 0.01)
+    rounds: list[str] = []
+
+    def client_for(host: str) -> Answer:
+        rounds.append(host)
+        return Answer(host, (2, True) if host == "algo-3" and len(rounds) > 4 else None)
+
+    found = elsewhere.look_for(client_for, ["algo-2", "algo-3"], 0, 30.0, threading.Event())
+    assert found is not None and found.host == "algo-3" and not found.closed
+    assert sorted(rounds) == ["algo-2"] * 3 + ["algo-3"] * 3  # three rounds, every host in each
+
+
+def test_a_host_out_of_the_job_stops_looking_at_its_window_or_its_stop(monkeypatch):
+    monkeypatch.setattr(elsewhere, "LOOK_S", 0.01)
+    asked: list[str] = []
+
+    def nobody(host: str) -> Answer:
+        asked.append(host)
+        return Answer(host, None)
+
+    began = time.monotonic()
+    assert elsewhere.look_for(nobody, ["algo-2"], 0, 0.1, threading.Event()) is None
+    assert 0.1 <= time.monotonic() - began < 5 and len(asked) >= 2  # asked again within the window, not past it
+    stopped = threading.Event()
+    stopped.set()
+    asked.clear()
+    assert elsewhere.look_for(nobody, ["algo-2"], 0, 60.0, stopped) is None and asked == []  # a stop: no more rounds

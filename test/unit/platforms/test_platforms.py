@@ -47,7 +47,7 @@ def test_tfjob_chief_and_workers_become_parameter_servers_in_task_order():
     assert view.hyperparameters == {"sagemaker_parameter_server_enabled": "true",
                                     "sagemaker_parameter_server_worker_port": "2222",
                                     "sagemaker_parameter_server_naming": "chief"}
-    assert view.overrides == settings.Overrides(grace_s=25.0, verdict_wait_s=420.0)  # a Master made again hears the verdict
+    assert view.overrides == settings.Overrides(grace_s=25.0, verdict_wait_s=420.0, rejoin_wait_s=0.0)  # a Master made again hears the verdict
 
 
 def test_tfjob_workers_alone_are_multi_worker_mirrored_and_one_worker_is_single():
