@@ -175,8 +175,8 @@ def with_hosts(ctx: RunContext, hosts: tuple[str, ...]) -> RunContext:
     spec = job.with_hosts(ctx.job, hosts)
     if spec is ctx.job:
         return ctx
-    fitted = plan.for_hosts(ctx.plan, contract.participating_hosts(spec), str(ctx.job.paths.hyperparameters_file))
-    return ctx._replace(job=spec, plan=fitted, script_env=contract.script_environment(spec, ctx.environ))
+    return with_job(ctx, spec, plan.for_hosts(ctx.plan, contract.participating_hosts(spec),
+                                             str(ctx.job.paths.hyperparameters_file)))
 
 
 def for_attempt(ctx: RunContext, attempt: Attempt) -> RunContext:
@@ -187,14 +187,20 @@ def for_attempt(ctx: RunContext, attempt: Attempt) -> RunContext:
     shim, sshd's ``from=``) is computed from the job and the attempt: the job is not parsed again, the
     runner's options are fitted to the hosts' count (``plan.for_hosts``).  Only an active host runs it.
     """
-    from training_toolkit.job import contract
     from training_toolkit.job import spec as job
     from training_toolkit.job import plan
 
     if attempt.active == ctx.plan.hosts:
         return ctx
-    spec = job.on_hosts(ctx.job, attempt.active)
-    fitted = plan.for_hosts(ctx.plan, attempt.active, str(ctx.job.paths.hyperparameters_file))
+    return with_job(ctx, job.on_hosts(ctx.job, attempt.active),
+                    plan.for_hosts(ctx.plan, attempt.active, str(ctx.job.paths.hyperparameters_file)))
+
+
+def with_job(ctx: RunContext, spec: JobSpec, fitted: LaunchPlan) -> RunContext:
+    """``ctx`` for ``spec`` run as ``fitted`` says: the script's environment computed again from them (it is the
+    contract's function of the job, never carried over).  Pure."""
+    from training_toolkit.job import contract
+
     return ctx._replace(job=spec, plan=fitted, script_env=contract.script_environment(spec, ctx.environ))
 
 

@@ -4,13 +4,12 @@
     -> monitor (local exits, peers, signals, progress) -> verdict -> stop and clean up
                  `-- a failure or a stall, restarts left: stop this host's part -> barrier n+1 -> start --'
 
-A runner is a value (``runspec.RunnerSpec``), not a subclass.  The order is here, once; what each
-event means and what every host is told is decided in ``decisions`` (a pure
-step, tested without processes); the loop turns exits, peers' messages (the
-channel's server only posts them), signals and the passing of time (``Tick``)
-into events, and carries out the step's actions (``actions``).  The lead's
-barrier is one more run of the loop (``meeting.barrier``): the step says when every host is ready (``Release``) or
-why not; a follower whose lead was lost meets the next lead there (``meeting.next_lead``).
+A runner is a value (``runspec.RunnerSpec``), not a subclass.  The order is here, once; what each event means and
+what every host is told is decided in ``decisions`` (a pure step, tested without processes); the loop turns exits,
+peers' messages (the channel's server only posts them), signals and the passing of time (``Tick``) into events, and
+carries out the step's actions (``actions``).  The lead's barrier is one more run of the loop (``meeting.barrier``):
+the step says when every host is ready (``Release``) or why not; a follower whose lead was lost meets the next lead
+there (``meeting.next_lead``).
 
 What the job holds is on one ``ExitStack`` (``run_job``): the stall watch, the leftover scan, the seat, what the
 runner prepared, the guard, and the attempt's own stack (its processes), left in that order reversed.  Nothing is
@@ -79,9 +78,8 @@ class HostAgent:
         if not spec.solo:  # imported only here: a job of one seat loads no channel code
             from training_toolkit.cluster.timing import ChannelSettings
 
-            self.secret, self.settings = ctx.settings.job_secret, ChannelSettings.from_settings(ctx.settings,
-                                                                                                 ctx.first_attempt)
-        self.membership_factory = membership_factory or _seat_of(spec)
+            self.secret, self.settings = ctx.settings.job_secret, ChannelSettings.from_settings(ctx.settings, ctx.first_attempt)
+        self._membership_factory = membership_factory or _seat_of(spec)
         self.events: SimpleQueue = SimpleQueue()
         self.part = Part(self.events, spec, ctx.grace_s)
         self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
@@ -90,8 +88,7 @@ class HostAgent:
         config = ctx.settings
         self.stall = StallWatch(self.events, config.stall_timeout_s, config.py_spy, ctx.environ,
                                 progress=not spec.solo)  # for the record: every job with hosts to lose
-        self.recorder = recorder or Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s,
-                                             config.stall_startup_s)
+        self.recorder = recorder or Recorder(ctx.job.paths.output_data_dir, host, config.stall_timeout_s, config.stall_startup_s)
         self.watch = watch = (decisions.Watch(config.stall_timeout_s, config.stall_startup_s)
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
@@ -122,6 +119,10 @@ class HostAgent:
         """``env`` with what ``supervise`` adds, for a runner whose ranks are not its children (mpirun's: ``Seating``)."""
         return self.stall.process_env(env, self.attempt)
 
+    def new_seat(self, introduction: Mapping[str, str], **looking: bool) -> Seat:
+        """This host's seat in the job, made (``looking=True``: one that joins a running job or none)."""
+        return self._membership_factory(self.secret, self.hosts, self.host, self.settings, self.events, introduction, **looking)
+
     def introduction(self) -> dict[str, str]:
         """What this host tells the others about itself, as its runner has it now (``RunnerSpec.introduction``)."""
         return dict(self.spec.introduction()) if self.spec.introduction else {}
@@ -133,7 +134,7 @@ class HostAgent:
             log("no job secret from the platform: hosts are admitted by address and every key is random "
                 "(docs/security.md)")
         outcome = meeting.back_into_the_job(self, self.run_job(), lambda: HostAgent(
-            self.ctx, self.spec, self.membership_factory, self.hosts, self.recorder))
+            self.ctx, self.spec, self._membership_factory, self.hosts, self.recorder))
         self.recorder.end(outcome, quiet=self.spec.solo)
         return outcome
 
@@ -142,8 +143,7 @@ class HostAgent:
             introduction, unusable = ({}, self.ctx.setup_error) if self.ctx.setup_error else (self.introduction(), None)
         except ToolkitError as exc:
             introduction, unusable = {}, exc
-        membership = self.membership = self.membership or self.membership_factory(
-            self.secret, self.hosts, self.host, self.settings, self.events, introduction)
+        membership = self.membership = self.membership or self.new_seat(introduction)
         # left in reverse: the attempt's processes, the guard, what the runner made, the seat, ...
         with ExitStack() as job:
             job.callback(end_leftovers)  # last: what is left once every owner ended its own (the stall watch's

@@ -271,8 +271,7 @@ def back_into_the_job(agent, outcome: Outcome, again: Callable[[], Any]) -> Outc
         f"host be the one cut off and the cut mend; it left the job with {outcome.exit_code}: {outcome.reason}")
     back, stopped = again(), threading.Event()
     with SignalForwarder(lambda signum: stopped.set() if signum in STOPPING_SIGNALS else None):
-        back.membership = agent.membership_factory(agent.secret, agent.hosts, agent.host, agent.settings,
-                                                    back.events, agent.introduction(), looking=True)
+        back.membership = back.new_seat(agent.introduction(), looking=True)
         found = back.membership.look(window_s, stopped)
     if not found:
         back.membership.close()

@@ -91,8 +91,7 @@ class Membership:
             self._server.start()
             self._join_a_running_job()
         elif self._looking:
-            if self._client is None:
-                raise ClusterError(f"{self.current}: found no lead of the job to join")
+            assert self._client is not None, "a looking seat opens once its look found the lead (``look``)"
         else:
             self._join_the_lead()
             self.hosts = job_hosts(self.hosts, self.current, self._client.hosts)

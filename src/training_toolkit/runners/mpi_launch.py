@@ -31,7 +31,7 @@ from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runners.one_stop import rank_stop_library, stop_window
-from training_toolkit.runspec import RunContext
+from training_toolkit.runspec import RunContext, with_job
 from training_toolkit.config.settings import without_secrets
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
@@ -65,12 +65,11 @@ def with_job_per_host(ctx: RunContext, per_host: int | None) -> RunContext:
     ``SM_FRAMEWORK_PARAMS`` and ``SM_TRAINING_ENV``, as the lead's own ranks read it).  Pure."""
     if per_host is None:
         return ctx
-    from training_toolkit.job import contract, spec as job
+    from training_toolkit.job import spec as job
     from training_toolkit.job.plan import with_processes_per_host
 
-    taken = job.with_framework_params(ctx.job, {names.MPI_PROCESSES_PER_HOST: per_host})
-    fitted = with_processes_per_host(ctx.plan, per_host, str(ctx.job.paths.hyperparameters_file))
-    return ctx._replace(job=taken, plan=fitted, script_env=contract.script_environment(taken, ctx.environ))
+    return with_job(ctx, job.with_framework_params(ctx.job, {names.MPI_PROCESSES_PER_HOST: per_host}),
+                    with_processes_per_host(ctx.plan, per_host, str(ctx.job.paths.hyperparameters_file)))
 
 
 def mpi_flavor(configured: str | None, environ) -> str:
