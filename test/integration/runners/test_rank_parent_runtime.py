@@ -78,7 +78,7 @@ def test_a_sigterm_to_every_process_keeps_every_save(tmp_path: Path, mpirun: str
         assert len(ranks) == 2, f"the ranks did not start: {runtime.poll()}"
         every = [runtime.pid, *({_parent(pid) for pid in ranks} - {runtime.pid}), *ranks]
         for pid in every:  # every process of the job, as slurmstepd signals a step's
-            os.kill(pid, signal.SIGTERM)
+            _signal(pid, signal.SIGTERM)
         time.sleep(0.3)
         flag.touch()  # the host's train heard it too
         deadline = time.monotonic() + 5
@@ -101,8 +101,14 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _kill(pid: int) -> None:
+def _signal(pid: int, signum: int) -> None:
+    """As slurmstepd does, a process already gone is passed over: a rank whose parent passed the signal on and
+    which ended at once (rank 0) may be reaped before its own turn comes."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except ProcessLookupError:
         pass
+
+
+def _kill(pid: int) -> None:
+    _signal(pid, signal.SIGKILL)
