@@ -53,6 +53,29 @@ def test_a_process_tree_its_group_and_its_environment():
         tree.wait()
 
 
+def test_descendants_through_the_children_files_are_the_snapshots_and_a_kernel_without_them_scans(monkeypatch):
+    tree = subprocess.Popen(["/bin/sh", "-c", "sh -c 'sleep 100 & wait' & sleep 100 & echo ready; wait"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert tree.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 5
+        while len(procfs.descendants(tree.pid, procfs.snapshot())) < 3:  # the inner shell forks in its own time
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        walked = procfs.descendants(tree.pid)
+        assert sorted(walked) == sorted(procfs.descendants(tree.pid, procfs.snapshot()))
+        assert len(walked) == 3 and {p.ppid for p in walked} - {p.pid for p in walked} == {tree.pid}
+        order = [p.pid for p in walked]
+        assert all(order.index(p.ppid) < order.index(p.pid) for p in walked if p.ppid != tree.pid)  # parents first
+        scans = []
+        monkeypatch.setattr(procfs, "_has_children_files", lambda: False)
+        monkeypatch.setattr(procfs, "snapshot", lambda real=procfs.snapshot: scans.append(1) or real())
+        assert sorted(procfs.descendants(tree.pid)) == sorted(walked) and scans == [1]
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()
+
+
 def test_a_zombie_is_not_alive_and_a_reaped_process_is_gone():
     proc = subprocess.Popen(["/bin/true"])
     deadline = time.monotonic() + 5
