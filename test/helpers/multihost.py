@@ -76,6 +76,11 @@ class Tee:
     def flush(self) -> None:
         sys.stdout.buffer.flush()
 
+    def text(self) -> str:
+        """Everything written so far."""
+        with self._changed:
+            return self._seen.decode(errors="replace")
+
     def wait_for(self, *lines: str, timeout_s: float = 120.0) -> None:
         """Until every one of ``lines`` was written (each a part of a line)."""
         end = time.monotonic() + timeout_s

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller, cut, wait_for
-from helpers.multihost import Tee, hps, run, source_dir
-from integration.test_spares import (FAST, H3, H4, ROOM, by_host, kill_at, lead_killed_at_the_first_barrier,
-                                     run_with_faults, seen)
+from helpers.deadhost import HostKiller
+from helpers.multihost import hps, run, source_dir
+from integration.test_spares import (FAST, H3, H4, ROOM, by_host, kill_at, lead_cut_off_and_mended,
+                                     lead_killed_at_the_first_barrier, seen)
 from training_toolkit.local.launcher import LocalJob
 
 pytestmark = [pytest.mark.root, pytest.mark.mpi, pytest.mark.sshd]
@@ -147,33 +147,14 @@ def test_the_leads_loss_without_a_spare_shrinks_under_the_next_lead(tmp_path):
     assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
 
 
-def test_a_lead_cut_off_joins_the_job_as_a_spare_once_the_cut_mends_and_ends_with_its_verdict(tmp_path, capfd):
+def test_a_lead_cut_off_joins_the_job_as_a_spare_once_the_cut_mends_and_ends_with_its_verdict(tmp_path):
     """test_spares.py's case under MPI: the lead (mpirun's host) cut off at step 3, the others go on under algo-2
     (mpirun there, the spare in algo-1's seat); the cut mended while algo-1 looks for the job, it joins it as a
     spare (what its runner made for the job made again: a spare's sshd) and ends with the job's verdict, 0."""
-    job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "1",
-                                         "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "TRAINING_TOOLKIT_REJOIN_WAIT": "120",
-                                         "STEPS": "100", "STEP_S": "0.3"})  # the others' attempt outlasts the look
-    killer, out = HostKiller(), Tee()
-
-    def faults() -> None:
-        wait_for(shared / "step-0-0", at_least=3)
-        assert killer.cluster is not None
-        cut(killer.cluster, "algo-1")
-        wait_for(shared / "step-1-0", at_least=2, timeout_s=180)  # algo-2's attempt runs, without algo-1
-        out.wait_for("algo-1: looking for the job under another lead", timeout_s=180)
-        cut(killer.cluster, "algo-1", mend=True)
-
-    run_with_faults(job, tmp_path, killer, faults, H4, out, timeout_s=480)
+    shared, _ = lead_cut_off_and_mended(tmp_path, make_job=mpi_job)
     second = seen(shared, 1)
     assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-4"), (3, "algo-4"), (4, "algo-3"),
                               (5, "algo-3")], second
-    later = [info for attempt in (1, 2, 3) for info in seen(shared, attempt).values()]
-    assert all(info["host"] != "algo-1" for info in later), later  # no attempt of its own after the cut
-    text = capfd.readouterr().out
-    mine = "\n".join(line for line in text.splitlines() if line.startswith("[algo-1]"))
-    assert "it left the job with 203: algo-1: no majority to lead the job" in mine, mine
-    assert "algo-1: the job runs without this host (attempt 2, under another lead): joining it as a spare" in mine, mine
 
 
 def test_the_lead_killed_at_the_jobs_first_barrier_mpirun_runs_from_the_next_lead(tmp_path):
