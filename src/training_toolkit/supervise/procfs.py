@@ -126,9 +126,8 @@ def descendants(root: int, table: dict[int, Proc] | None = None) -> list[Proc]:
     """Every process below ``root`` (zombies included), parents before their children.
 
     From ``table`` (a snapshot shared by several questions), else through the children files (``tree``: costs what
-    the tree holds, where a scan costs what the machine runs, twice at every job's end), else from a snapshot.  A
-    process found through a children file is kept only if its ``stat`` names a parent found before it: a pid
-    ended and taken by another process between the two reads is no descendant.
+    the tree holds, not what the machine runs), else from a snapshot.  A process is kept only if its ``stat`` names
+    a parent found before it: a pid taken by another process between the two reads is no descendant.
     """
     if table is None and _has_children_files():
         found: list[Proc] = []
@@ -289,9 +288,9 @@ def _has_children_files() -> bool:
 
 def has_children(pid: int) -> bool:
     """Whether any thread of the process has a child now: one small read per thread, no scan of the table.
-
-    True when it cannot tell (a kernel without ``/proc/PID/task/TID/children``): then callers scan.
-    """
+    True when it cannot tell (a kernel without ``/proc/PID/task/TID/children``): then callers scan."""
+    if not _has_children_files():
+        return True
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:

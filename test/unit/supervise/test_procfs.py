@@ -67,10 +67,13 @@ def test_descendants_through_the_children_files_are_the_snapshots_and_a_kernel_w
         assert len(walked) == 3 and {p.ppid for p in walked} - {p.pid for p in walked} == {tree.pid}
         order = [p.pid for p in walked]
         assert all(order.index(p.ppid) < order.index(p.pid) for p in walked if p.ppid != tree.pid)  # parents first
+        leaf = next(p.pid for p in walked if p.pid not in {q.ppid for q in walked})
+        assert procfs.has_children(tree.pid) and not procfs.has_children(leaf)
         scans = []
         monkeypatch.setattr(procfs, "_has_children_files", lambda: False)
         monkeypatch.setattr(procfs, "snapshot", lambda real=procfs.snapshot: scans.append(1) or real())
         assert sorted(procfs.descendants(tree.pid)) == sorted(walked) and scans == [1]
+        assert procfs.has_children(leaf)  # it cannot tell: the caller scans
     finally:
         os.killpg(tree.pid, signal.SIGKILL)
         tree.wait()
