@@ -466,11 +466,11 @@ def test_a_lead_cut_off_from_the_others_stops_while_they_go_on_under_a_new_lead(
     assert "algo-1: no host leads the job after 3 s of looking: leaving with 203" in text, text[-3000:]
 
 
-def lead_cut_off_and_mended(tmp_path: Path, make_job=None) -> tuple[Path, str]:
+def lead_cut_off_and_mended(tmp_path: Path, make_job=None) -> Path:
     """A job of 4 hosts (``make_job``'s, like ``torch_job``: the default) and one spare, a minimum of one host: the
     lead's link cut at step 3, and mended once the others run their attempt under algo-2 and algo-1 looks for the
     job under another lead.  Every host ends 0; algo-1 ran no attempt after the cut, left the job with 203 and
-    joined the others' as a spare.  The job's shared directory, and what algo-1 said."""
+    joined the others' as a spare.  The job's shared directory."""
     job, shared = (make_job or torch_job)(tmp_path, H4, {
         "TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MIN_HOSTS": "1", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
         "TRAINING_TOOLKIT_REJOIN_WAIT": "120", "STEPS": "100", "STEP_S": "0.3"})  # the others' attempt outlasts the look
@@ -490,7 +490,7 @@ def lead_cut_off_and_mended(tmp_path: Path, make_job=None) -> tuple[Path, str]:
     mine = "\n".join(line for line in out.text().splitlines() if line.startswith("[algo-1]"))
     assert "it left the job with 203: algo-1: no majority to lead the job" in mine, mine
     assert "algo-1: the job runs without this host (attempt 2, under another lead): joining it as a spare" in mine, mine
-    return shared, mine
+    return shared
 
 
 @pytest.mark.torch
@@ -498,7 +498,7 @@ def test_a_lead_cut_off_joins_the_job_as_a_spare_once_the_cut_mends_and_ends_wit
     """As above, the cut mended once the others run their attempt under algo-2 and algo-1 is out of the job: it looks
     for the job under another lead (``TRAINING_TOOLKIT_REJOIN_WAIT``), finds algo-2's, joins it as a spare and ends
     with the job's verdict, 0, not its own 203.  It runs no attempt of its own."""
-    shared, _ = lead_cut_off_and_mended(tmp_path)
+    shared = lead_cut_off_and_mended(tmp_path)
     assert_led(shared, 1, "algo-2", {"algo-2", "algo-3", "algo-4"})
 
 

@@ -151,7 +151,7 @@ def test_a_lead_cut_off_joins_the_job_as_a_spare_once_the_cut_mends_and_ends_wit
     """test_spares.py's case under MPI: the lead (mpirun's host) cut off at step 3, the others go on under algo-2
     (mpirun there, the spare in algo-1's seat); the cut mended while algo-1 looks for the job, it joins it as a
     spare (what its runner made for the job made again: a spare's sshd) and ends with the job's verdict, 0."""
-    shared, _ = lead_cut_off_and_mended(tmp_path, make_job=mpi_job)
+    shared = lead_cut_off_and_mended(tmp_path, make_job=mpi_job)
     second = seen(shared, 1)
     assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-4"), (3, "algo-4"), (4, "algo-3"),
                               (5, "algo-3")], second
