@@ -4,7 +4,8 @@ One machine, one seeded fault schedule (``goodput_plan.schedule``): a whole host
 ``--period`` seconds (every process in it, SIGKILL: ``test/helpers/deadhost.py``), never the first
 host, except with ``--first-too`` (schedule (c), ours only), the platform bringing it back in the same
 host 15 s later; ``--scale`` multiplies every time.  The schedules of docs/benchmarks.md: (a)
-``--period 60``, (b) ``--period 20``, (c) ``--period 20 --first-too``.  ``--runs N`` runs each system
+``--period 60``, (b) ``--period 20``, (c) ``--period 20 --first-too``, and (c) at (a)'s cadence
+``--period 60 --first-too --seed 2`` (seed 1's two kills at that cadence miss the first host).  ``--runs N`` runs each system
 N times, one after another; the table gives medians with min-max.  The job is fixed work: ``--steps``
 steps of ``--step-s`` (DDP on gloo, one process per host, a tiny model: ``goodput_jobs.TORCH_JOB``), a
 checkpoint every ``--ckpt-every`` steps to a shared directory, resumed on restart.  Goodput = steps x

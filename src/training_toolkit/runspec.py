@@ -142,8 +142,8 @@ class RunnerSpec:
 
     processes: Callable[[Seating], Sequence[Proc]]  # this attempt's processes on this host (may be none)
     wait_for_peers: bool = False  # on success, does the lead wait for every host's own success?
-    own_end_on_stop: bool = False  # stopped by a signal: is the script's own exit the verdict (a job of one seat)?
-    solo: bool = False  # a job of one seat (no channel, no port); its reasons name no host, as the reference's
+    solo: bool = False  # a job of one seat, as the reference's: no channel, no port, its reasons name no host, and
+    #                     stopped by a signal, the script's own exit is the verdict (a script that saved and exited 0)
     guard: GuardSpec | Callable[[Seating], GuardSpec | None] | None = None  # the listeners only the job's hosts may
     #   reach (cluster/guard.py); a callable is asked after barrier 0, for a spec that depends on what ``prepare`` made
     introduction: Callable[[], Mapping[str, str]] | None = None  # told the others on joining; public facts only

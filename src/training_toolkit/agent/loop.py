@@ -93,7 +93,7 @@ class HostAgent:
                                if config.stall_timeout_s else None)
         stop_s = decisions.stop_wait(ctx.grace_s)
         self.state = (decisions.lead_state(host, self.hosts[1:], spec.wait_for_peers, config.max_restarts, watch,
-                                           spec.own_end_on_stop, ctx.first_attempt, stop_s) if self.is_lead
+                                           spec.solo, ctx.first_attempt, stop_s) if self.is_lead
                       else decisions.follower_state(host, config.max_restarts, ctx.first_attempt, stop_s))
 
     ctx = property(lambda self: self.seats.ctx)

@@ -37,7 +37,7 @@ class Part:
 
     def __init__(self, events: SimpleQueue, spec: RunnerSpec, grace_s: float):
         self._events = events
-        self._own_end_on_stop = spec.own_end_on_stop
+        self._own_end_on_stop = spec.solo  # a job of one seat: its script's own end is the verdict
         self._grace_s = grace_s
         self.locals: list[Local] = []
         self.watch_dir: Path | None = None
@@ -55,7 +55,7 @@ class Part:
         its runtime); a later one is only passed on to the programs.  ``PartStopped`` is posted when every
         program has ended: the job hears of this host's stop when its whole part has stopped, not when its
         first process ends.  A job of one seat whose
-        script's own end is the verdict (``own_end_on_stop``) only passes it on.  Any other signal goes to every
+        script's own end is the verdict (``RunnerSpec.solo``) only passes it on.  Any other signal goes to every
         local process (mpirun passes SIGUSR1/2 on to every rank).
         """
         if signum not in STOPPING_SIGNALS or self._own_end_on_stop:

@@ -13,8 +13,8 @@ from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
 
 
 def spec(ctx: RunContext) -> RunnerSpec:
-    # own_end_on_stop, as the reference: a script that saved and exited 0 on SIGTERM succeeded
-    return RunnerSpec(processes, own_end_on_stop=True, solo=True)
+    # as the reference's: a script that saved and exited 0 on SIGTERM succeeded (``RunnerSpec.solo``)
+    return RunnerSpec(processes, solo=True)
 
 
 def processes(seat: Seating) -> list[Proc]:
