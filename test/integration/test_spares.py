@@ -45,6 +45,21 @@ def kill_at(killer: HostKiller, shared: Path, step: int, *hosts: str) -> threadi
     return kill_when(killer, shared / "step-0-0", step, *hosts)
 
 
+def killed_at(job: LocalJob, tmp_path: Path, shared: Path, step: int, *hosts: str, survivors=(),
+              killer: HostKiller | None = None) -> dict:
+    """Run ``job`` with ``hosts`` killed whole at ``step`` (``kill_at``); each was killed, each of ``survivors``
+    ends 0; the results by host.  ``killer``: one whose kill times the caller reads after."""
+    killer = killer or HostKiller()
+    killing = kill_at(killer, shared, step, *hosts)
+    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
+    killing.join(5)
+    assert not killing.errors, killing.errors
+    assert set(hosts) <= set(killer.killed), killer.killed
+    for host in survivors:
+        assert results[host].exit_code == 0, (host, results[host].failure)
+    return results
+
+
 def seen(shared: Path, attempt: int) -> dict[int, dict]:
     return {info["rank"]: info for f in shared.glob(f"seen-{attempt}-*.json") if (info := json.loads(f.read_text()))}
 
@@ -75,14 +90,8 @@ def assert_led(shared: Path, attempt: int, lead: str, hosts: set[str]) -> None:
 def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path):
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                            **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-2")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    assert "algo-2" in killer.killed
-    for host in ("algo-1", "algo-3", "algo-4"):  # every surviving host, the spare included, succeeds
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killer = HostKiller()  # every surviving host, the spare included, succeeds
+    results = killed_at(job, tmp_path, shared, 3, "algo-2", survivors=("algo-1", "algo-3", "algo-4"), killer=killer)
     first = seen(shared, 0)
     assert sorted((i["rank"], i["host"]) for i in first.values()) == [(0, "algo-1"), (1, "algo-2"), (2, "algo-3")]
     assert all(i["hosts"] == list(H3) and i["world"] == 3 for i in first.values()), first
@@ -124,13 +133,7 @@ def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tm
 def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
     job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                            **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-2")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    for host in ("algo-1", "algo-3"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-2", survivors=("algo-1", "algo-3"))
     second = seen(shared, 1)  # two hosts left: the world shrinks, algo-3 renumbered rank 1, the data resharded
     assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-1"), (1, "algo-3")]
     assert all(i["world"] == i["env_world"] == 2 and i["hosts"] == ["algo-1", "algo-3"] for i in second.values())
@@ -148,11 +151,7 @@ def test_below_the_minimum_the_job_ends_naming_the_lost_hosts_and_the_minimum(tm
     cut off, and the others a majority going on without it.)"""
     job, shared = torch_job(tmp_path, H5, {"TRAINING_TOOLKIT_MIN_HOSTS": "4", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                            "STEPS": "200"})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 2, "algo-4", "algo-5")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
+    results = killed_at(job, tmp_path, shared, 2, "algo-4", "algo-5")
     for host in ("algo-1", "algo-2", "algo-3"):  # the lead's verdict, the job's
         result = results[host]
         assert result.exit_code == EXIT_CLUSTER_ERROR, (host, result.failure)
@@ -223,14 +222,8 @@ def test_the_leads_loss_fails_over_to_the_next_host_and_the_spare_is_seated(tmp_
     the one checkpoint."""
     job, shared = torch_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                            **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-1")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    assert "algo-1" in killer.killed
-    for host in ("algo-2", "algo-3", "algo-4"):  # the new lead, a worker and the spare it seated: the job's verdict
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killer = HostKiller()  # the new lead, a worker and the spare it seated end with the job's verdict
+    results = killed_at(job, tmp_path, shared, 3, "algo-1", survivors=("algo-2", "algo-3", "algo-4"), killer=killer)
     second = seen(shared, 1)
     assert sorted((i["rank"], i["host"]) for i in second.values()) == [(0, "algo-2"), (1, "algo-4"), (2, "algo-3")], \
         second
@@ -507,11 +500,7 @@ def test_the_leads_loss_with_two_members_ends_the_job_named_no_majority_without_
     """Two hosts and no spare: the survivor alone is no majority (it cannot tell a dead lead from a cut cable)."""
     job, shared = torch_job(tmp_path, ("algo-1", "algo-2"), {"TRAINING_TOOLKIT_MIN_HOSTS": "1",
                                                              "TRAINING_TOOLKIT_MAX_RESTARTS": "2", "STEPS": "200"})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 2, "algo-1")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
+    results = killed_at(job, tmp_path, shared, 2, "algo-1")
     assert results["algo-2"].exit_code == EXIT_CLUSTER_ERROR, results["algo-2"].failure
     assert "lost the lead algo-1" in results["algo-2"].failure, results["algo-2"].failure
 
@@ -532,13 +521,7 @@ def test_a_host_whose_ranks_fail_twice_in_a_row_is_retired_for_the_spare(tmp_pat
 def test_a_spare_killed_whole_is_said_and_the_job_goes_on_without_a_restart(tmp_path, capfd):
     job, shared = torch_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
                                            **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-3")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    for host in ("algo-1", "algo-2"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-3", survivors=("algo-1", "algo-2"))
     assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
     assert "algo-3, with no part in this attempt, was lost" in capfd.readouterr().out
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.deadhost import HostKiller
 from helpers.multihost import hps, run, source_dir
-from integration.test_spares import (FAST, H3, H4, ROOM, by_host, kill_at, lead_cut_off_and_mended,
+from integration.test_spares import (FAST, H3, H4, ROOM, by_host, killed_at, lead_cut_off_and_mended,
                                      lead_killed_at_the_first_barrier, seen)
 from training_toolkit.local.launcher import LocalJob
 
@@ -58,14 +57,7 @@ def assert_led_by_algo_2_over_three_hosts(results: dict, shared: Path) -> None:
 def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tmp_path, capfd):
     job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-2")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    assert "algo-2" in killer.killed
-    for host in ("algo-1", "algo-3", "algo-4"):  # every surviving host, the spare included, succeeds
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-2", survivors=("algo-1", "algo-3", "algo-4"))  # the spare included
     first = seen(shared, 0)  # the spare ran no rank: 3 hosts x 2
     assert placed(first) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2"), (4, "algo-3"),
                              (5, "algo-3")], first
@@ -88,13 +80,7 @@ def test_a_spare_takes_the_seat_of_a_host_killed_whole_and_every_rank_resumes(tm
 def test_without_a_spare_the_job_shrinks_to_the_minimum_and_completes(tmp_path):
     job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-2")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    for host in ("algo-1", "algo-3"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-2", survivors=("algo-1", "algo-3"))
     second = seen(shared, 1)  # two hosts left: mpirun's -np 4, algo-3's ranks renumbered 2 and 3, the data resharded
     assert placed(second) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-3"), (3, "algo-3")], second
     assert sees_hosts(second, ["algo-1", "algo-3"]), second
@@ -111,14 +97,7 @@ def test_the_leads_loss_fails_over_mpirun_runs_from_the_next_lead_and_the_spare_
     1 on its host, the spare takes algo-2's old seat (its sshd admitting algo-2's key now), every rank resumes."""
     job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-1")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    assert "algo-1" in killer.killed
-    for host in ("algo-2", "algo-3", "algo-4"):  # one verdict, the job's, the spare's included
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-1", survivors=("algo-2", "algo-3", "algo-4"))  # the spare's included
     second = seen(shared, 1)
     assert placed(second) == [(0, "algo-2"), (1, "algo-2"), (2, "algo-4"), (3, "algo-4"), (4, "algo-3"),
                               (5, "algo-3")], second
@@ -138,11 +117,7 @@ def test_the_leads_loss_without_a_spare_shrinks_under_the_next_lead(tmp_path):
     besides the new lead, so that what passes between workers can fail)."""
     job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MIN_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-1")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
+    results = killed_at(job, tmp_path, shared, 3, "algo-1")
     assert_led_by_algo_2_over_three_hosts(results, shared)
     assert sorted(p.name for p in shared.glob("done-1-*")) == [f"done-1-{r}" for r in range(6)]
 
@@ -170,13 +145,7 @@ def test_a_spare_killed_whole_is_said_and_mpirun_goes_on_without_a_restart(tmp_p
     """The spare's sshd is gone, but mpirun never named it: the job completes in its first attempt."""
     job, shared = mpi_job(tmp_path, H3, {"TRAINING_TOOLKIT_MAX_HOSTS": "2", "TRAINING_TOOLKIT_MAX_RESTARTS": "1",
                                          **ROOM})
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-3")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    for host in ("algo-1", "algo-2"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-3", survivors=("algo-1", "algo-2"))
     assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"), (3, "algo-2")]
     assert sees_hosts(seen(shared, 0), ["algo-1", "algo-2"])
     assert not list(shared.glob("seen-1-*")), "a spare's loss is no failure: no restart"
@@ -210,13 +179,7 @@ def test_horovod_a_spare_takes_the_seat_of_a_host_killed_whole(tmp_path):
     job, shared = mpi_job(tmp_path, H4, {"TRAINING_TOOLKIT_MAX_HOSTS": "3", "TRAINING_TOOLKIT_MAX_RESTARTS": "2",
                                          "HOROVOD": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **ROOM},
                           per_host=1)
-    killer = HostKiller()
-    killing = kill_at(killer, shared, 3, "algo-2")
-    results = by_host(run(job, tmp_path, timeout_s=420, before_start=killer.before_start))
-    killing.join(5)
-    assert not killing.errors, killing.errors
-    for host in ("algo-1", "algo-3", "algo-4"):
-        assert results[host].exit_code == 0, (host, results[host].failure)
+    killed_at(job, tmp_path, shared, 3, "algo-2", survivors=("algo-1", "algo-3", "algo-4"))
     assert placed(seen(shared, 0)) == [(0, "algo-1"), (1, "algo-2"), (2, "algo-3")]
     second = seen(shared, 1)
     assert placed(second) == [(0, "algo-1"), (1, "algo-4"), (2, "algo-3")], second
