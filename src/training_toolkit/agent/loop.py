@@ -217,9 +217,10 @@ class HostAgent:
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
         attempt, stopping = self.state.attempt, self.state.phase == Phase.STOPPING
+        signalled = self.state.stop_signal is not None  # before this step: a signal's own step records the stop
         wall, now = time.time(), time.monotonic()  # one instant: the decision's clock and the record's
         self.state, actions = decisions.step(self.state, event, now)
-        self.recorder.step(event, actions, attempt, stopping, at=wall)
+        self.recorder.step(event, actions, attempt, stopping, at=wall, signalled=signalled)
         return actions
 
     def step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:

@@ -34,11 +34,13 @@ Observed = tuple[str, dict]  # kind, fields
 
 
 def observed(event, actions: Sequence, attempt: int, active: Sequence[str], host: str,
-             stopping: bool = False) -> list[Observed]:
+             stopping: bool = False, signalled: bool = False) -> list[Observed]:
     """The entries one step makes: ``event`` and its ``actions``, in ``attempt`` with its ``active`` hosts, on ``host``.
-    ``stopping``: the attempt is being stopped for a restart (its processes' ends are that stop's, no faults)."""
+    ``stopping``: the attempt is being stopped for a restart (its processes' ends, and the failures other hosts
+    report, are that stop's: no faults).  ``signalled``: this host had a stopping signal (the stop is its fault, and
+    its processes' ends, a save's exit 143 among them, are the stop's; each other host's stop is still said)."""
     found: list[Observed] = []
-    if isinstance(event, LocalExit | PeerFailed) and stopping:
+    if isinstance(event, LocalExit | PeerFailed) and stopping or isinstance(event, LocalExit) and signalled:
         pass
     elif isinstance(event, LocalExit) and event.failure is not None and event.attempt == attempt:
         found.append(_fault(attempt, "failure", event.host or host, event.failure.reason, event.at))
@@ -102,12 +104,14 @@ class Recorder:
         self._write([("attempt", {"attempt": attempt.number, "lead": attempt.lead, "active": list(attempt.active),
                                   "spares": list(attempt.spares)})])
 
-    def step(self, event, actions: Sequence, attempt: int, stopping: bool = False, at: float | None = None) -> None:
+    def step(self, event, actions: Sequence, attempt: int, stopping: bool = False, at: float | None = None,
+             signalled: bool = False) -> None:
         """``at``: the wall-clock instant the step was decided (its entries' time), so that the record's spans are
-        the decisions' own (a stall stamped 4 s after the progress it followed, not 4 s less the write's delay)."""
+        the decisions' own (a stall stamped 4 s after the progress it followed, not 4 s less the write's delay).
+        ``stopping``, ``signalled``: as ``observed``'s."""
         if isinstance(event, Verdict) and event.summary:
             self.lead_summary = event.summary
-        found = [item for item in observed(event, actions, attempt, self._active, self.host, stopping)
+        found = [item for item in observed(event, actions, attempt, self._active, self.host, stopping, signalled)
                  if self._new(item)]
         if found:
             self._write(found, at)

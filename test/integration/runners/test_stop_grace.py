@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.jobrecord import of_kind, record_at
 from helpers.multihost import hps, run, source_dir
 from helpers.paths import FIXTURES, OMPI5_BIN, TOOLKIT_PYTHON
 from training_toolkit.local.launcher import LocalJob
@@ -55,6 +56,9 @@ def check_stopped(results, sent: list[float], delays: list[float]) -> None:
     for r in results:
         assert r.exit_code == 143, (r.host, r.exit_code, r.failure)
         assert "stopped by SIGTERM" in r.failure.splitlines()[0], r.failure
+    for r in results:  # each host's record: the stop; a save's exit 143 is the stop's, not a failure of its own
+        faults = of_kind(record_at(r.opt_ml, r.host), "fault")
+        assert faults and {f["fault"] for f in faults} == {"stop"}, (r.host, faults)
     took = max(r.ended_at for r in results) - sent[0]
     # every handler had its time, and the stop ended with the slowest one, not with the grace
     assert max(delays) <= took < max(delays) + 12, f"the stop took {took:.1f} s (handlers: {delays})"

@@ -38,6 +38,12 @@ def test_faults_are_failures_of_the_attempt_losses_of_active_hosts_stalls_and_st
     stopped = LocalExit("rank", ExitStatus(-15), 5.0, Outcome(143, "algo-1: rank 0 terminated by SIGTERM"), attempt=1)
     assert observed(stopped, (), 1, ACTIVE, "algo-1", stopping=True) == []  # a restart's stop: its doing, no fault
     assert observed(PeerLost("algo-3", "connection closed"), (), 1, ACTIVE, "algo-1", stopping=True) != []
+    saved = LocalExit("rank", ExitStatus(143), 5.0, Outcome(143, "algo-1 rank 0: train.py exited with code 143"),
+                      attempt=1)
+    assert see(saved)[0][1]["fault"] == "failure"  # no stop on: an exit 143 is a failure like any other
+    assert observed(saved, (), 1, ACTIVE, "algo-1", signalled=True) == []  # a stop's: its save's exit, no fault
+    told = PeerFailed("algo-2", "algo-2: stopped by SIGTERM", 143, 5.0, attempt=1, stopped=True)
+    assert observed(told, (), 1, ACTIVE, "algo-1", signalled=True)[0][1]["fault"] == "stop"  # each host's stop said
 
 
 def test_a_stall_began_the_stall_timeout_before_it_was_seen_or_the_startups_before_any_progress(tmp_path):
