@@ -216,11 +216,10 @@ class HostAgent:
     # The shell --------------------------------------------------------------------------------
 
     def _step(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
-        attempt, stopping = self.state.attempt, self.state.phase == Phase.STOPPING
-        signalled = self.state.stop_signal is not None  # before this step: a signal's own step records the stop
+        before = self.state  # the record reads the attempt, and the stops on, as they were before this step
         wall, now = time.time(), time.monotonic()  # one instant: the decision's clock and the record's
-        self.state, actions = decisions.step(self.state, event, now)
-        self.recorder.step(event, actions, attempt, stopping, at=wall, signalled=signalled)
+        self.state, actions = decisions.step(before, event, now)
+        self.recorder.step(event, actions, before.attempt, before.phase == Phase.STOPPING, wall, before.stop_signal is not None)
         return actions
 
     def step_held(self, event: decisions.Event) -> tuple[decisions.Action, ...]:
