@@ -256,6 +256,9 @@ def show_plan(base_dir: str | None, as_json: bool, environ: dict[str, str], plat
         view = flow.view(begun)
         job = flow.job(begun, view)
         paths, config, environ, spec, launch = begun.paths, job.config, job.environ, job.spec, job.launch
+        # a hyperparameter whose name looks secret shows nowhere: its value is left out at the source, so the
+        # command, SM_HPS, SM_USER_ARGS, SM_TRAINING_ENV and the ranks' command are computed without it
+        spec = spec._replace(hyperparameters=redact(spec.hyperparameters))
         python = code.python_for(config.python)
         entry = _planned_command(spec, python)
         script_env = contract.script_environment(spec, environ)

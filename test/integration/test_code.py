@@ -219,16 +219,19 @@ def test_bad_config_gives_one_line_error_failure_file_and_exit_78(job_dir, files
 
 
 def test_plan_prints_runner_command_and_redacts_secrets(job_dir):
-    write_job(job_dir, hyperparameters={"lr": "0.1"}, script="print(1)\n")
+    write_job(job_dir, hyperparameters={"lr": "0.1", "db_password": '"pw-in-hps"', "hf_token": '"hf-tok"'},
+              script="print(1)\n")
     env = clean_env(AWS_SECRET_ACCESS_KEY="hunter2", MY_API_TOKEN="tok123", AWS_ACCESS_KEY_ID="AKIA123")
     out = subprocess.run(toolkit_cmd() + ["plan", "--base-dir", str(job_dir), "--json"], capture_output=True,
                          text=True, env=env, timeout=30)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["runner"] == "single"
-    assert doc["command"][1:] == ["train.py", "--lr", "0.1"]
+    assert doc["command"][1:] == ["train.py", "--db_password", "<redacted>", "--hf_token", "<redacted>", "--lr", "0.1"]
     assert doc["environment"]["SM_HP_LR"] == "0.1"
+    assert json.loads(doc["environment"]["SM_HPS"]) == {"db_password": "<redacted>", "hf_token": "<redacted>", "lr": 0.1}
     assert "hunter2" not in out.stdout and "tok123" not in out.stdout and "AKIA123" not in out.stdout
+    assert "pw-in-hps" not in out.stdout and "hf-tok" not in out.stdout  # in no variable, argument or the training env
     assert not (job_dir / "code").exists() or not any((job_dir / "code").iterdir()), "plan must not fetch code"
 
 

@@ -1,4 +1,4 @@
-"""Which environment variables hold secrets, so that nothing prints them."""
+"""Which names hold secrets (environment variables, hyperparameters), so that nothing prints their values."""
 
 from __future__ import annotations
 
@@ -13,5 +13,6 @@ def is_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def redact(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret(k) else v) for k, v in env.items()}
+def redact(values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` with the value of every name that looks secret replaced."""
+    return {k: (REDACTED if is_secret(k) else v) for k, v in values.items()}
