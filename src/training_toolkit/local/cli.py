@@ -158,13 +158,13 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         log(f"local: {args.entry_point} not found in {source}")
         return EXIT_USAGE
     if args.processes_per_host is not None and args.processes_per_host < 1:
-        print("training-toolkit local: --processes-per-host must be at least 1", file=sys.stderr)
+        log("local: --processes-per-host must be at least 1")
         return EXIT_USAGE
     submit = PurePosixPath(CODE_DIR) if args.image else source
     try:
         hps = job_hyperparameters(args.entry_point, submit, args.distribution, args.processes_per_host)
     except ValueError as exc:
-        print(f"training-toolkit local: {exc}", file=sys.stderr)
+        log(f"local: {exc}")
         return EXIT_USAGE
     hps.update(_pairs(args.hp, "--hp"))
     channels = {k: Path(v).resolve() for k, v in _pairs(args.channel, "--channel").items()}
