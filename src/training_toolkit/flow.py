@@ -53,7 +53,9 @@ def start(environ: Mapping[str, str], *, read: Callable[[str], bytes | None], ba
     config = settings.parse(environ, read=read, base_dir=base_dir, grace_s=grace_s, platform=platform)
     environ = settings.without_secrets(environ)
     for name in settings.unknown_variables(environ):
-        log(f"warning: {name} is no setting of the toolkit; ignored (see `training-toolkit --help`)")
+        guess = settings.meant(name)
+        hint = f"did you mean {guess}?" if guess else "see `training-toolkit --help`"
+        log(f"warning: {name} is no setting of the toolkit; ignored ({hint})")
     paths = Paths.at(config.base_dir)
     facts = platforms.gather(environ, paths, config, hardware.probe(config.num_gpus))
     return Start(paths, config, environ, platforms.choose(config.platform, facts), facts)

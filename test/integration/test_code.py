@@ -323,7 +323,8 @@ def test_an_unknown_setting_is_warned_about(job_dir):
     write_job(job_dir, script="print('ran')\n")
     result = run_train(job_dir, env=clean_env(TRAINING_TOOLKIT_MPI_FLAVOUR="openmpi5"))
     assert result.returncode == 0 and "ran" in result.stdout
-    assert "warning: TRAINING_TOOLKIT_MPI_FLAVOUR is no setting of the toolkit; ignored" in result.stderr
+    assert ("warning: TRAINING_TOOLKIT_MPI_FLAVOUR is no setting of the toolkit; ignored "
+            "(did you mean TRAINING_TOOLKIT_MPI_FLAVOR?)") in result.stderr
 
 
 def test_plan_runs_no_mpirun_and_shows_the_flavour(job_dir, tmp_path):

@@ -278,6 +278,14 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return sorted(name for name in environ if name.startswith(PREFIX) and name not in known)
 
 
+def meant(name: str) -> str | None:
+    """The setting an unknown name is most likely a typo of (``MAX_RESTART`` for ``MAX_RESTARTS``), if one is close."""
+    from difflib import get_close_matches  # only where a name is unknown
+
+    close = get_close_matches(name, [var.name for var in VARIABLES], n=1, cutoff=0.85)
+    return close[0] if close else None
+
+
 def variable(field: str) -> Variable:
     return next(var for var in VARIABLES if var.field == field)
 

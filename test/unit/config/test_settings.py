@@ -160,6 +160,13 @@ def test_the_secret_is_never_shown():
     assert repr(DEFAULTS).startswith("Settings(base_dir='/opt/ml', grace_s=120.0, job_secret=None,")
 
 
+def test_an_unknown_name_close_to_a_setting_is_taken_for_a_typo_of_it():
+    assert settings.meant("TRAINING_TOOLKIT_MAX_RESTART") == "TRAINING_TOOLKIT_MAX_RESTARTS"
+    assert settings.meant("TRAINING_TOOLKIT_MPI_FLAVOUR") == "TRAINING_TOOLKIT_MPI_FLAVOR"
+    assert settings.meant("TRAINING_TOOLKIT_GRACE_PERIOD_S") == "TRAINING_TOOLKIT_GRACE_PERIOD"
+    assert settings.meant("TRAINING_TOOLKIT_FOO") is None  # nothing close: no guess
+
+
 def test_unknown_variables_are_listed_internal_ones_are_not():
     env = {"TRAINING_TOOLKIT_MPI_FLAVOUR": "openmpi5", "TRAINING_TOOLKIT_SUPERVISOR": "t",
            "TRAINING_TOOLKIT_RANK_TAG": "r", "TRAINING_TOOLKIT_SSH_PORT": "22", "SM_HOSTS": "[]"}
