@@ -8,8 +8,9 @@ next attempt's barrier and start, ``Interrupt`` abandons setup (``Stopped``).
 
 from __future__ import annotations
 
+import errno
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, FailOver, Finish, Forward, GatherStacks,
@@ -108,11 +109,31 @@ def setup_failure(host: str, solo: bool, exc: ToolkitError) -> str:
     return str(exc) if isinstance(exc, JobFailed) or solo else named(host, exc)
 
 
-def cannot_start(argv: Sequence[str], solo: bool, exc: OSError) -> CodeError:
-    """A program that could not be started, as a setup failure."""
+def cannot_start(argv: Sequence[str], solo: bool, exc: OSError, env: Mapping[str, str] | None = None) -> CodeError:
+    """A program that could not be started, as a setup failure; ``env``: the script's environment, whose too long
+    entry (a hyperparameter's value in ``SM_HPS``, say) is named where the exec said E2BIG."""
+    why = str(exc.strerror or exc)
+    if exc.errno == errno.E2BIG:
+        why += f": {too_long(argv, env or {})}"
     if solo:  # the user's script, as the reference says it
-        return CodeError(f"cannot run {argv[0]}: {exc.strerror or exc}")
-    return CodeError(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
+        return CodeError(f"cannot run {argv[0]}: {why}")
+    return CodeError(f"cannot start {exc.filename or 'a process'}: {why}")
+
+
+#: Linux's limit on one argument or one environment entry (``MAX_ARG_STRLEN``, 32 pages): a longer one fails the exec
+ARG_LIMIT = 32 * 4096
+
+
+def too_long(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """Why an exec said E2BIG: the longest of the arguments and environment entries, if over ``ARG_LIMIT``.  Pure."""
+    entries = [(f"the variable {name}", len(f"{name}={value}".encode(errors="surrogateescape")) + 1)
+               for name, value in env.items()]
+    entries += [(f"the argument after {argv[i - 1]}" if i and argv[i - 1].startswith("-") else f"argument {i}",
+                 len(arg.encode(errors="surrogateescape")) + 1) for i, arg in enumerate(argv)]
+    what, size = max(entries, key=lambda entry: entry[1], default=("", 0))
+    if size > ARG_LIMIT:
+        return f"{what} is {size:,} bytes, over Linux's limit of {ARG_LIMIT:,} for one (a hyperparameter too long?)"
+    return "the arguments and the environment together are over the system's limit"
 
 
 def named(host: str, error: Exception) -> str:

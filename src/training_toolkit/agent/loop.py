@@ -282,7 +282,7 @@ class HostAgent:
         except ToolkitError as exc:
             return self._failed_before_start(exc)
         except OSError as exc:  # a program that cannot be started (missing, not executable)
-            return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc))
+            return self._failed_before_start(carry.cannot_start(self.ctx.argv, self.spec.solo, exc, self.ctx.script_env))
         return self._started()
 
     def _on_signal(self, signum: int) -> None:
