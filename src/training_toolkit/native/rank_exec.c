@@ -21,7 +21,9 @@
  * parent (run_rank, below): it passes the rank the signals the runtime or the platform sends it, and passes the
  * rank's end on to the runtime as the rank's own (the same code, or a death by the same signal), except during a
  * stop of its host's: then the end is held, so that Open MPI's runtime, which ends the whole job when one rank
- * ends badly, never sees it (docs/resilience.md).  Nothing of ours runs inside the runtime, and no Python starts.
+ * ends badly, never sees it (docs/resilience.md).  It is the rank's subreaper: what the rank leaves running is
+ * ended as the rank ends (end_leftovers), since Open MPI waits for a rank's output to close as well as for its
+ * end.  Nothing of ours runs inside the runtime, and no Python starts.
  *
  * --attempt N (mpirun's line: the attempt it launches): FILE must hold the entry
  * TRAINING_TOOLKIT_RANK_ATTEMPT=N, which its host's train writes once it knows the attempt's hosts
@@ -40,6 +42,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <stdio.h>
@@ -59,6 +62,8 @@
 #define ATTEMPT_ENTRY "TRAINING_TOOLKIT_RANK_ATTEMPT="
 #define RANKS_DIR_VAR "TRAINING_TOOLKIT_RANKS_DIR"
 #define ATTEMPT_WAIT_S 60
+#define LEFTOVER_LINGER_S 1.0 /* what the rank left running: its SIGTERM's time before SIGKILL */
+#define LEFTOVER_KILL_ROUNDS 100
 
 extern char **environ;
 
@@ -299,6 +304,52 @@ static void pause_ms(const sigset_t *set, long ms)
     sigtimedwait(set, NULL, &t);
 }
 
+/* Signal `sig` to every child of this process (0: count them), as the kernel lists them; the number found.  Each is
+   this process's child, unreaped (only this thread reaps, between calls): its pid cannot name another process. */
+static int signal_children(int sig)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)getpid());
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0; /* a kernel without the children files: nothing is found, and the rank's end is as before */
+    long pid;
+    int found = 0;
+    while (fscanf(f, "%ld", &pid) == 1) {
+        if (sig)
+            kill((pid_t)pid, sig);
+        found++;
+    }
+    fclose(f);
+    return found;
+}
+
+static void reap_all(void)
+{
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+}
+
+/* What the rank left running when it ended (a background helper, a daemon in a session of its own), ended: this
+   process is the rank's subreaper, so all of it is its child by now.  SIGTERM, LEFTOVER_LINGER_S to end, then
+   SIGKILL for what is left, and what that orphans in turn.  Else a leftover that holds the rank's output open keeps
+   Open MPI's runtime waiting for the rank's end forever, and the job with it. */
+static void end_leftovers(const sigset_t *set)
+{
+    reap_all();
+    if (!signal_children(SIGTERM))
+        return;
+    double until = now_s() + LEFTOVER_LINGER_S;
+    while (now_s() < until && signal_children(0)) {
+        pause_ms(set, 20); /* SIGCHLD wakes it */
+        reap_all();
+    }
+    for (int round = 0; round < LEFTOVER_KILL_ROUNDS && signal_children(SIGKILL); round++) {
+        pause_ms(set, 20);
+        reap_all();
+    }
+}
+
 /* Start the rank as this process's child and stay its parent: pass it the signals above, and pass its end on to
    the runtime, unless its host stops the job.  Then the end is held (this process stays) while the host's stop
    flag exists, so that Open MPI's runtime never sees a rank end during a stop and ends no other rank for it: the
@@ -317,6 +368,7 @@ static int run_rank(char **command, char **env, char *rank_pid, char *rank_paren
         sigaddset(&set, PASSED[i]);
     sigaddset(&set, SIGCHLD);
     sigprocmask(SIG_BLOCK, &set, &before);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); /* what the rank leaves behind becomes this process's (end_leftovers) */
     pid_t parent = getpid();
     pid_t child = fork();
     if (child < 0)
@@ -338,9 +390,14 @@ static int run_rank(char **command, char **env, char *rank_pid, char *rank_paren
         int sig = sigwaitinfo(&set, &info);
         if (sig < 0)
             continue; /* EINTR: a stop/continue of this process */
-        if (sig == SIGCHLD) {
-            pid_t ended = waitpid(child, &status, WNOHANG);
-            if (ended == child)
+        if (sig == SIGCHLD) { /* the rank's end, or that of a process it left, re-parented here: reaped too */
+            int rank_ended = 0, other;
+            for (pid_t ended; (ended = waitpid(-1, &other, WNOHANG)) > 0;)
+                if (ended == child) {
+                    status = other;
+                    rank_ended = 1;
+                }
+            if (rank_ended)
                 break;
             continue;
         }
@@ -349,6 +406,7 @@ static int run_rank(char **command, char **env, char *rank_pid, char *rank_paren
         if (info.si_pid != child) /* the rank's own note of its SIGTERM is not sent back */
             kill(child, sig);
     }
+    end_leftovers(&set);
     if (report[0])
         unlink(report); /* the rank is gone: reported no more */
     if (stop_seen || exists(stop_flag)) {

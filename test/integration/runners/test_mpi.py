@@ -43,6 +43,29 @@ def test_mpi4py_allreduce_on_3_hosts_x_2(tmp_path):
     assert max(ended) - min(ended) < 1.0, f"hosts ended {max(ended) - min(ended):.2f} s apart"
 
 
+#: a rank that leaves a daemon running as it ends: in a session of its own, deaf to SIGTERM, holding the rank's output
+LEAVES_A_DAEMON = """
+import subprocess
+subprocess.Popen(["bash", "-c", "trap '' TERM; setsid bash -c \\"trap '' TERM; exec sleep 4321\\" & exec sleep 4321"])
+print("rank done", flush=True)
+"""
+
+
+def test_what_a_rank_leaves_running_is_ended_with_it_so_the_job_ends(tmp_path):
+    """Open MPI waits for a rank's output to close as well as for its end: a daemon the rank left holding its output
+    kept every host's job running forever.  The rank's parent (native/rank_exec.c) is the rank's subreaper and ends
+    what it left (SIGTERM, a second, SIGKILL), so the job ends with its success, nothing left (``run`` checks)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "leaves.py").write_text(LEAVES_A_DAEMON)
+    job = LocalJob(hosts=HOSTS3, hyperparameters=hps("leaves.py", src, sagemaker_mpi_enabled=True,
+                                                     sagemaker_mpi_num_of_processes_per_host=1), env=FAST)
+    t0 = time.monotonic()
+    results = run(job, tmp_path, timeout_s=90)
+    assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
+    assert time.monotonic() - t0 < 60, "the job waited for the daemons its ranks left"
+
+
 def test_a_rank_raising_fails_every_host_with_the_cause(tmp_path):
     src = source_dir(tmp_path, "mpi_allreduce.py")
     results = run(mpi_job(src, env={"FAIL_RANK": "3"}), tmp_path)

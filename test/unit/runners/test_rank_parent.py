@@ -43,6 +43,11 @@ elif how != "default":
 print("ready", os.getpid(), os.getppid(), os.environ["TRAINING_TOOLKIT_RANK_PID"], flush=True)
 if how.startswith("code"):  # ends at once with that code
     os._exit(int(how[4:]))
+if how == "leaves":  # ends at once, leaving a daemon: in a session of its own, deaf to SIGTERM, holding its output
+    import subprocess
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    print("left", subprocess.Popen([sys.executable, "-c", deaf], start_new_session=True).pid, flush=True)
+    os._exit(0)
 time.sleep(30)
 """
 
@@ -112,6 +117,18 @@ def test_a_death_by_a_signal_is_passed_on_as_the_same_death(ranks):
     rank = ranks("sleep")
     os.kill(rank.pid, signal.SIGKILL)
     assert rank.end() == (-signal.SIGKILL, "")
+
+
+def test_what_the_rank_leaves_running_is_ended_as_the_rank_ends(ranks):
+    """Open MPI waits for a rank's output to close as well as for its end: a daemon holding it kept the job running
+    for ever.  The parent is the rank's subreaper: it ends what the rank left (SIGTERM, a second, SIGKILL), then
+    passes the rank's end on."""
+    rank = ranks("leaves")
+    t0 = time.monotonic()
+    status, out = rank.end()  # read to the end of the output, which the daemon held open
+    assert status == 0 and out.startswith("left "), out
+    assert not Path(f"/proc/{out.split()[1]}").exists()  # killed, and reaped by the parent
+    assert time.monotonic() - t0 < 10
 
 
 def test_the_runtimes_signals_reach_the_rank(ranks):
