@@ -267,18 +267,23 @@ class ListenerGuard:
 
 
     def _cut_new_connections(self, nl: socket.socket) -> None:
-        """Without filters: a new socket of a watched process is looked at, and cut if an outsider's."""
-        table = None  # the namespace's sockets, asked for once a look, when a process has a new one
+        """Without filters: a new socket of a watched process is looked at, and cut if an outsider's.
+
+        The namespace's sockets are asked for once a look, after every watched process's descriptors were listed:
+        a socket listed is then in the table (or closed), so none is taken as known without being looked at (a
+        table asked for before the last listing missed a connection accepted in between, for good)."""
+        new: list[tuple[int, dict[int, int]]] = []
         for pid, known in list(self._watched.items()):
             fds = listeners.socket_fds(pid)
             if not fds:
                 del self._watched[pid]  # it ended
-                continue
-            if fds.keys() <= known:
-                continue
+            elif not fds.keys() <= known:
+                new.append((pid, fds))
+        if not new:
+            return
+        table = listeners.tcp_sockets(nl)
+        for pid, fds in new:
             self._watched[pid] = set(fds)
-            if table is None:
-                table = listeners.tcp_sockets(nl)
             ports = None if procfs.comm(pid) in self.spec.every_port_of else self.spec.ports
             for action in sweep_actions(pid, table, fds, self.guarded, self.allowed, ports):
                 if isinstance(action, Cut):

@@ -206,3 +206,39 @@ def test_a_pod_made_again_under_its_name_is_admitted_at_its_new_address_once_a_s
     guard.follow()
     assert guard.allowed == frozenset({"192.0.2.11", "192.0.2.22"}) and guard._program != program
     assert said == ["listener guard: algo-2 now at 192.0.2.22"]
+
+
+def test_without_filters_a_connection_accepted_while_the_guard_looks_is_still_cut(monkeypatch):
+    """Two watched processes: the second accepts an outsider's connection after the first was listed.  The table
+    of the namespace's sockets is asked for after both listings, so the connection is in it, and cut; asked for at
+    the first process with a new socket, it missed the connection, and the guard took it as seen for good."""
+    from training_toolkit.cluster import guard as guard_module
+    from training_toolkit.cluster.guard import GuardSpec, ListenerGuard
+
+    daemon, rank = 101, 102
+    rows = {1: TcpSocket(1, LISTEN, ("0.0.0.0", 7777), ("0.0.0.0", 0)),
+            2: TcpSocket(2, ESTABLISHED, ("192.0.2.11", 7777), ("192.0.2.12", 5000)),  # a host of the job's
+            3: TcpSocket(3, LISTEN, ("::", 31000), ("::", 0))}
+    outsider = TcpSocket(4, ESTABLISHED, ("192.0.2.11", 31000), ("192.0.2.99", 6000))
+    asked: list[str] = []
+
+    def socket_fds(pid: int) -> dict[int, int]:
+        asked.append(f"fds {pid}")
+        if pid == daemon:
+            return {1: 3, 2: 4}
+        rows[4] = outsider  # accepted just now, after the daemon was listed
+        return {3: 3, 4: 5}
+
+    monkeypatch.setattr(guard_module.listeners, "socket_fds", socket_fds)
+    monkeypatch.setattr(guard_module.listeners, "tcp_sockets", lambda nl: asked.append("table") or dict(rows))
+    monkeypatch.setattr(guard_module.procfs, "comm", lambda pid: "python")
+    guard = ListenerGuard(os.getpid(), frozenset({"192.0.2.11", "192.0.2.12"}),
+                          GuardSpec(ports=frozenset({7777, 31000})), cut_only=True)
+    guard.guarded.update({1, 3})  # the two listeners, found before
+    guard._watched.update({daemon: set(), rank: set()})
+    cut: list = []
+    monkeypatch.setattr(guard, "_carry_out", cut.append)
+    guard._cut_new_connections(None)
+    assert asked == [f"fds {daemon}", f"fds {rank}", "table"]
+    assert cut == [Cut(rank, 5, 4, 31000, "192.0.2.99")]
+    assert guard._watched == {daemon: {1, 2}, rank: {3, 4}}
