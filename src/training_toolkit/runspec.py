@@ -67,6 +67,9 @@ class Seating:
     barrier, every host, the lead rank order's first).
     ``job_env(env)``: ``env`` with what every process of the attempt gets (the attempt, the stall
     watch's hook), for processes the agent does not start itself (MPI's ranks, from the rank file).
+    ``at_attempt_end(undo)``: given to ``processes`` only: ``undo`` runs once this attempt has ended on this host,
+    after its processes (before the next attempt's barrier, or at the job's end): what the runner set up for the
+    attempt alone (MPI: sshd admitting the attempt's launchers) is let go with it.
     """
 
     ctx: RunContext
@@ -75,6 +78,7 @@ class Seating:
     introductions: Mapping[str, Mapping[str, str]] | None = None  # what each host told when it joined
     job_env: Callable[[Mapping[str, str]], dict[str, str]] = dict
     join_timeout_s: float = 0.0
+    at_attempt_end: Callable[[Callable[[], None]], object] | None = None
 
     @property
     def host(self) -> str:
@@ -150,7 +154,6 @@ class RunnerSpec:
     prepare: Callable[[Seating], AbstractContextManager[Any]] | None = None  # after joining, before barrier 0 (every
     #   host): what the runner checks (a port free) and makes for the job (sshd, keys, rank file), a context manager
     #   entered on the agent's per-job stack: what it made is let go once every process is gone
-    before_restart: Callable[[Seating], None] | None = None  # before a restart's barrier (every host)
 
 
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:

@@ -82,7 +82,7 @@ class HostAgent:
         self._membership_factory = membership_factory or _seat_of(spec)
         self.events: SimpleQueue = SimpleQueue()
         self.part = Part(self.events, spec, ctx.grace_s)
-        self._attempt = ExitStack()  # this attempt's processes: stopped when it ends
+        self._attempt = ExitStack()  # this attempt's processes, and what the runner set up for it: ended with it
         self.in_barrier = False  # the lead's barrier runs the loop: it reads the signal's event there
         self._stop_signum: int | None = None  # a stopping signal during setup, stepped at the next safe point
         config = ctx.settings
@@ -109,7 +109,7 @@ class HostAgent:
         seat = self.membership
         return Seating(self.seats.attempt_ctx if attempt else self.ctx, self.seats.attempt,
                        seat.job_id if seat else "", seat.introductions if seat else {}, self.job_env,
-                       self.ctx.settings.join_timeout_s)
+                       self.ctx.settings.join_timeout_s, self._attempt.callback if attempt else None)
 
     def supervise(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None, **kw) -> Supervised:
         """Start one process of the job: with the attempt, and the stall watch's hook and output relay if on."""
@@ -261,11 +261,9 @@ class HostAgent:
     def _meet(self, reason: str, lost: str | None = None) -> None:
         """The steps of ``rejoin`` (and of ``fail_over``: ``lost``, the lead that was lost) up to the attempt's start."""
         self._say_attempt(reason)
-        self._attempt.pop_all()  # the last attempt's processes are gone (StopPart)
+        self._attempt.close()  # the last attempt's processes are gone (StopPart): what the runner set up for it goes
         self.part.locals = []
         self.part.lower_flags()
-        if self.spec.before_restart is not None:
-            self.spec.before_restart(self.seating())
         if lost is None:  # a host may still be giving its ranks their grace: that is not a host that did not come back
             self._seat(meeting.restart_barrier(self))
         else:

@@ -50,7 +50,7 @@ def spec(ctx: RunContext) -> RunnerSpec:
     # which mpirun's environment gives every daemon of this job (and so every rank)
     roots = host.daemons if host.via_slurm else None
     return RunnerSpec(host.start, guard=GuardSpec(ports=BTL_PORTS, every_port_of=RUNTIME, roots=roots),
-                      introduction=host.introduction, prepare=host.prepare, before_restart=host.prepare_attempt)
+                      introduction=host.introduction, prepare=host.prepare)
 
 
 class MpiHost:
@@ -141,28 +141,23 @@ class MpiHost:
         env = rank_environment(ctx, self.rank_tag, seat.job_env(ctx.script_env), shim, attempt=attempt)
         return rank_env.encode_rank_file(str(ctx.code_dir), self._command, env)
 
-    def prepare_attempt(self, seat: Seating) -> None:
-        """Before a restart's barrier: sshd admits nobody until the attempt's hosts are known (``start``: the go's
-        keys), so the lead's probe finds every host ready.
-
-        The rank file is rewritten then too; a rank of the new attempt that starts before then waits for it
-        (``training-toolkit-rank --attempt``, native/rank_exec.c).
-        """
-        if self.ssh is not None:
-            self.ssh.shut()
-
     def _seat_attempt(self, seat: Seating) -> Shim | None:
         """An active host, once the attempt's hosts are known: its ranks' file, its shim and sshd's from= name them.
 
         ``seat.ctx`` is the attempt's (its active hosts in rank order: ``SM_HOSTS``, ``SM_TRAINING_ENV``,
         ``SM_RESOURCE_CONFIG``); a worker's sshd then admits those hosts' client keys, each from its own
         addresses, and pins their host keys (``SshPart.trust``: tree spawn); a spare (never asked) admits nobody.
+        Once the attempt has ended here, sshd admits nobody (``SshPart.shut``) until the next go's keys are written,
+        so the next lead's probe finds a host ready only once it is.  The rank file is rewritten for each attempt;
+        a rank of a new attempt that starts before then waits for it (``training-toolkit-rank --attempt``).
         """
-        assert self._rank_file is not None
+        assert self._rank_file is not None and seat.at_attempt_end is not None
         addresses = tuple(job_addresses(seat.ctx.plan.hosts))
         shim = netshim(seat.ctx, addresses)
-        if self.ssh is not None and not seat.leads:
-            self.ssh.trust(seat)
+        if self.ssh is not None:
+            seat.at_attempt_end(self.ssh.shut)
+            if not seat.leads:
+                self.ssh.trust(seat)
         rank_env.rewrite_rank_file(self._rank_file, self._rank_file_data(seat, shim, attempt=seat.attempt.number))
         return shim
 

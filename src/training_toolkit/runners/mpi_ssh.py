@@ -15,8 +15,8 @@ are the attempt's (any member may lead after a failover, ``agent/succession.py``
   hosts: a login succeeds only once that host has written its files for the attempt, so when the
   probe is through, every host is ready for whichever logins the tree gives it.
 
-Before a restart's barrier every host admits nobody until the next go's keys are written; a lead ends
-its shared connections and pins anew the keys of a host that rejoined.  Not used through Slurm (no ssh).
+Once an attempt has ended on a host (before the next attempt's barrier), it admits nobody until the next
+go's keys are written; a lead ends its shared connections and pins anew the keys of a host that rejoined.  Not used through Slurm (no ssh).
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ class SshPart:
                 if host != self.host}
 
     def shut(self) -> None:
-        """Before a restart's barrier: admit nobody until the next go's keys are written (``trust``)."""
+        """Once an attempt has ended here (``Seating.at_attempt_end``): admit nobody until the next go's keys are
+        written (``trust``)."""
         if self.sshd is not None and self.layout is not None:
             admit(self.layout, ())
             if self._written and self._written[0] == "follow":

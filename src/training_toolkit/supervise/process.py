@@ -126,6 +126,7 @@ class Supervised:
         self._stop_lock = threading.Lock()
         self._stopper: threading.Thread | None = None
         self._killed = False
+        self._finished = False
         self._deadman = Deadman()  # ends the child and all that carries its token, should train be killed
         self._token = self._deadman.token
         self.proc = subprocess.Popen(
@@ -219,8 +220,11 @@ class Supervised:
         """After the main child ended: end whatever it left behind, and drain stderr.
 
         Members of its group, and descendants re-parented to us (subreaper)
-        that carry its token, get SIGTERM, then SIGKILL after ``linger_s``.
+        that carry its token, get SIGTERM, then SIGKILL after ``linger_s``.  Once; again is a no-op.
         """
+        if self._finished:
+            return
+        self._finished = True
         if self._stopper is not None:
             self._stopper.join(timeout=linger_s)  # ends as soon as it sees the child gone
         _end_leftovers(self.proc, self._token, linger_s)

@@ -48,6 +48,22 @@ def test_torch_ddp_on_2_hosts_x_2(tmp_path, capfd):
     assert "left behind" not in capfd.readouterr().out  # every process ended by its owner, the toolkit's own too
 
 
+@pytest.mark.torch
+def test_torch_ddp_on_hosts_with_different_device_counts_ranks_them_as_torchrun(tmp_path):
+    """No count in the job: each host runs one process per device it has (1 on algo-1, 2 on algo-2), and every
+    process gets the rank torchrun's agents would give it (before, algo-2's ranks overlapped and the job hung)."""
+    src = source_dir(tmp_path, "torch_ddp_train.py")
+    gpus = {"algo-1": {"TRAINING_TOOLKIT_NUM_GPUS": "1"}, "algo-2": {"TRAINING_TOOLKIT_NUM_GPUS": "2"}}
+    job = LocalJob(hosts=H2, env=ENV, host_env=gpus,
+                   hyperparameters=hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True))
+    results = run(job, tmp_path, timeout_s=240)
+    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    ranks = rank_files(results)
+    assert {rank: (info["host"], info["local_rank"], info["world"]) for rank, info in ranks.items()} == {
+        0: ("algo-1", 0, 3), 1: ("algo-2", 0, 3), 2: ("algo-2", 1, 3)}
+    assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
+
+
 def test_a_failing_torch_distributed_process_stops_every_host(tmp_path, capfd):
     src = tmp_path / "src"
     src.mkdir()

@@ -1,4 +1,7 @@
-from training_toolkit.runners.torch_distributed import process_env
+import pytest
+
+from training_toolkit.core.errors import ClusterError
+from training_toolkit.runners.torch_distributed import PER_HOST_INTRO, Layout, host_counts, process_env, rank_layout
 from training_toolkit.runners.tf_config import PsLayout, mwms_config
 
 H3 = ("algo-1", "algo-2", "algo-3")
@@ -42,10 +45,31 @@ def test_mwms():
 
 
 def test_torch_process_env():
-    assert process_env(H3, "algo-2", 4, 3, 29500) == {
+    assert process_env(H3, "algo-2", rank_layout(H3, "algo-2", dict.fromkeys(H3, 4)), 3, 29500) == {
         "RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
         "NODE_RANK": "1", "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500"}
-    assert process_env(("solo",), "solo", 1, 0, 1234)["WORLD_SIZE"] == "1"
+    assert process_env(("solo",), "solo", rank_layout(("solo",), "solo", {"solo": 1}), 0, 1234)["WORLD_SIZE"] == "1"
+
+
+def test_hosts_with_different_counts_get_the_ranks_torchrun_gives_them():
+    """torchrun's agents: a host's ranks follow every process of the hosts before it; the world is them all."""
+    counts = {"algo-1": 1, "algo-2": 4, "algo-3": 2}
+    assert [rank_layout(H3, host, counts) for host in H3] == [Layout(0, 7, 1), Layout(1, 7, 4), Layout(5, 7, 2)]
+    env = process_env(H3, "algo-3", rank_layout(H3, "algo-3", counts), 1, 29500)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == \
+        ("6", "1", "7", "2", "2")
+    # the attempt's order is the layout's: algo-3 first after a failover
+    assert rank_layout(("algo-3", "algo-1"), "algo-1", counts) == Layout(2, 3, 1)
+
+
+def test_each_hosts_count_is_its_own_or_as_it_introduced_it():
+    intros = {"algo-1": {PER_HOST_INTRO: "8"}, "algo-3": {PER_HOST_INTRO: "2", "other": "x"}}
+    assert host_counts(H3, "algo-2", 4, intros) == {"algo-1": 8, "algo-2": 4, "algo-3": 2}
+    assert host_counts(("algo-2",), "algo-2", 4, {}) == {"algo-2": 4}
+    for said in ({}, {PER_HOST_INTRO: ""}, {PER_HOST_INTRO: "0"}, {PER_HOST_INTRO: "-1"}, {PER_HOST_INTRO: "2.5"},
+                 {PER_HOST_INTRO: "\u0663"}, {PER_HOST_INTRO: "4097"}):
+        with pytest.raises(ClusterError, match="^algo-3 told no count of torch.distributed processes"):
+            host_counts(H3, "algo-2", 4, {**intros, "algo-3": said})
 
 
 def test_torch_binds_gloo_and_nccl_to_the_job_interface_unless_the_script_says_otherwise():
