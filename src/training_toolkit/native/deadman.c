@@ -74,36 +74,6 @@ static int usage(void)
     return 64;
 }
 
-/* The state, parent and start time of /proc/PID/stat; 0 once the process is gone. */
-static int read_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start)
-{
-    char buf[1024];
-    if (!proc_read(pid, "stat", buf, sizeof buf))
-        return 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (p == NULL || p[1] != ' ')
-        return 0;
-    p += 2;
-    *state = *p;
-    /* after the name: state(3) ppid(4) ... starttime(22) */
-    char *field = p;
-    int ppid_value = 0;
-    for (int i = 3; i <= 22; i++) {
-        if (i == 4)
-            ppid_value = atoi(field);
-        if (i == 22) {
-            *start = strtoull(field, NULL, 10);
-            *ppid = ppid_value;
-            return 1;
-        }
-        field = strchr(field, ' ');
-        if (field == NULL)
-            return 0;
-        field++;
-    }
-    return 0;
-}
-
 /* Whether one of the markers is a whole entry of the process's environment (read whole, however long). */
 static int has_marker(pid_t pid)
 {
@@ -163,7 +133,7 @@ static int running(const struct member *m)
     char state;
     pid_t ppid;
     unsigned long long start;
-    return read_stat(m->pid, &state, &ppid, &start) && start == m->start && state != 'Z';
+    return proc_stat(m->pid, &state, &ppid, &start) && start == m->start && state != 'Z';
 }
 
 static void send_to(struct member *m, int sig)
@@ -175,7 +145,7 @@ static void send_to(struct member *m, int sig)
     char state;
     pid_t ppid;
     unsigned long long start;
-    if (read_stat(m->pid, &state, &ppid, &start) && start == m->start)
+    if (proc_stat(m->pid, &state, &ppid, &start) && start == m->start)
         kill(m->pid, sig);
 }
 
@@ -205,7 +175,7 @@ static int hold(pid_t pid, unsigned long long start, pid_t parent)
     char state;
     pid_t ppid;
     unsigned long long now;
-    int same = read_stat(pid, &state, &ppid, &now) && now == start;
+    int same = proc_stat(pid, &state, &ppid, &now) && now == start;
     if (same && parent > 0)
         same = ppid == parent && find_member(parent) != NULL;
     if (!same) {
@@ -243,7 +213,7 @@ static int search(void)
         char state;
         pid_t ppid;
         unsigned long long start;
-        if (!read_stat(pid, &state, &ppid, &start) || state == 'Z' || is_member(pid, start))
+        if (!proc_stat(pid, &state, &ppid, &start) || state == 'Z' || is_member(pid, start))
             continue;
         pid_t parent = find_member(ppid) != NULL ? ppid : 0;
         if (parent == 0 && !(nmarkers && has_marker(pid)))

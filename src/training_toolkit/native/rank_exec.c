@@ -164,6 +164,7 @@ static char *read_file(const char *path, size_t *size)
 }
 
 #include "nodepath.h"
+#include "procread.h"
 
 /* Whether the NUL-separated records of data[0..size) hold exactly `entry`. */
 static int holds(const char *data, size_t size, const char *entry)
@@ -233,25 +234,10 @@ static int exists(const char *path)
 /* The start time of process `pid` (field 22 of its stat, clock ticks after boot), or -1. */
 static long long start_time(pid_t pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t got = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[got] = '\0';
-    char *p = strrchr(buf, ')'); /* the command's name may hold spaces and parentheses: fields follow its last ')' */
-    if (!p)
-        return -1;
-    for (int field = 2; field < 22; field++) { /* to the space before field 22 */
-        p = strchr(p + 1, ' ');
-        if (!p)
-            return -1;
-    }
-    char *end = NULL;
-    long long start = strtoll(p + 1, &end, 10);
-    return end == p + 1 ? -1 : start;
+    char state;
+    pid_t ppid;
+    unsigned long long start;
+    return proc_stat(pid, &state, &ppid, &start) ? (long long)start : -1;
 }
 
 /* Report the rank `child` in `dir` (above, and supervise/reported.py), into `path` (the report's name, kept for its
@@ -308,19 +294,19 @@ static void pause_ms(const sigset_t *set, long ms)
    this process's child, unreaped (only this thread reaps, between calls): its pid cannot name another process. */
 static int signal_children(int sig)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)getpid());
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0; /* a kernel without the children files: nothing is found, and the rank's end is as before */
-    long pid;
+    char name[48], buf[8192]; /* over a thousand children; more are found in the next round, as these end */
+    snprintf(name, sizeof name, "task/%ld/children", (long)getpid());
+    if (!proc_read(getpid(), name, buf, sizeof buf))
+        return 0; /* none, or a kernel without the children files: nothing is found, and the rank's end is as before */
     int found = 0;
-    while (fscanf(f, "%ld", &pid) == 1) {
+    for (char *p = buf, *end; *p; p = end) {
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
         if (sig)
             kill((pid_t)pid, sig);
         found++;
     }
-    fclose(f);
     return found;
 }
 
