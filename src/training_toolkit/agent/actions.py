@@ -13,7 +13,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, FailOver, Finish, Forward, GatherStacks,
+from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, EndLaunchers, FailOver, Finish, Forward, GatherStacks,
                                            Interrupt, Rejoin, Report, ReportDone, Say, SendStacks, ShareMark, ShareProgress, StopPart)
 from training_toolkit.agent.parts import in_thread
 from training_toolkit.core.errors import CodeError, JobFailed, ToolkitError
@@ -73,6 +73,8 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
     for action in actions:
         if isinstance(action, Forward):
             agent.part.signal(action.signum)
+        elif isinstance(action, EndLaunchers):
+            agent.part.end_launchers()
         elif isinstance(action, Announce):  # with the job's cost, which every host's log says (``record``)
             seat.announce(replace(action.verdict, summary=agent.recorder.summary_line()))
         elif isinstance(action, Report):

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, Event, FailOver, Finish,
-                                           Forward,
-                                           GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
+from training_toolkit.agent.events import (Action, Announce, AnnounceRestart, BarrierOpened, EndLaunchers, Event, FailOver,
+                                           Finish, Forward, GatherStacks, GotSignal, Interrupt, Joined, LocalExit, PartEnded,
                                            PartStopped, Phase, Progress, Rejoin, Release, Report, ReportDone, Say,
                                            SendStacks, SetupFailed, ShareMark, ShareProgress, StacksGathered, Started,
                                            StopPart, Tick)
@@ -252,7 +251,7 @@ def _stopping(state: AgentState, event: Event) -> tuple[AgentState, tuple[Action
     return state, ()
 
 
-__all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "Event", "FAILURE_WINDOW_S", "FailOver",
+__all__ = ["Action", "AgentState", "Announce", "AnnounceRestart", "BarrierOpened", "ENDED", "EndLaunchers", "Event", "FAILURE_WINDOW_S", "FailOver",
            "Failure", "Finish", "Forward", "GatherStacks", "GotSignal", "Interrupt", "Joined", "LeadState", "LocalExit",
            "MarkShared", "PEER_FINISH_TIMEOUT_S", "PartEnded", "PartStopped", "PeerDone", "PeerJoined", "PeerProgress", "PeerReady",
            "Phase", "Progress", "REPORT_WAIT_S", "RUNNING", "Rejoin", "Release", "Report", "ReportDone",

@@ -184,6 +184,13 @@ class Announce:
 
 
 @record
+class EndLaunchers:
+    """The lead of a stopped job, before it tells the verdict: every host's programs have stopped (or had their
+    grace), so this host's launchers (mpirun) serve nothing now: ended at once, before the others hear the verdict
+    and leave (mpirun, seeing their daemons go, would print Open MPI's block about daemons it could not reach)."""
+
+
+@record
 class Report:
     """Other hosts: tell the lead this host failed, and when."""
 
@@ -287,5 +294,5 @@ class Say:
     line: str
 
 
-Action = Union[Forward, Interrupt, Announce, Report, ReportDone, Finish, ShareProgress, ShareMark, GatherStacks, SendStacks,
-               AnnounceRestart, StopPart, Rejoin, Release, Say]
+Action = Union[Forward, Interrupt, EndLaunchers, Announce, Report, ReportDone, Finish, ShareProgress, ShareMark,
+               GatherStacks, SendStacks, AnnounceRestart, StopPart, Rejoin, Release, Say]

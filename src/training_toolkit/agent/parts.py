@@ -32,7 +32,8 @@ class Part:
     A stop is the same for every runner (``_stop_ranks``): the flag, then the signal to what runs the user's
     program: this host's children that do (``Local.program``) and the reported ranks with what they started;
     the grace period, SIGKILL.  A launcher (``program`` False: mpirun, the parameter server) gets no signal: it
-    is ended after its ranks, by the attempt's stack (a stop) or by ``stop_locals`` (a restart's stop).
+    is ended after its ranks, by the attempt's stack (a stop; on the lead, ``end_launchers`` before the verdict) or
+    by ``stop_locals`` (a restart's stop).
     """
 
     def __init__(self, events: SimpleQueue, spec: RunnerSpec, grace_s: float):
@@ -70,6 +71,18 @@ class Part:
     def stop_for_restart(self, attempt: int) -> None:
         """Stop the part of ``attempt`` (the grace period, then kill); ``PartEnded`` once it is gone."""
         in_thread(self._stop_part, "stop-part", attempt, list(self.locals))
+
+    def end_launchers(self) -> None:
+        """Every program of the job has stopped: this host's launchers are killed now (mpirun has SIGTERM blocked,
+        and a SIGCONT it would pass on to its ranks), rather than with the attempt's stack after the verdict; then
+        the ranks' parents held for the stop are let go (no runtime is left to keep their ends from), and reaped."""
+        launchers = [local for local in self.locals if not local.program]
+        for local in launchers:
+            local.child.stop(signal.SIGKILL, 0.0)
+        for local in launchers:
+            local.child.wait(5.0)
+        self.lower_flags()
+        stop_locals(launchers, 0.0)
 
     def lower_flags(self) -> None:
         """Before a restart's barrier: the last attempt's stop holds no end of the next one."""

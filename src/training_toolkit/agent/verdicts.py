@@ -5,7 +5,7 @@ Pure helpers of the step (``decisions``, ``lead_state``, ``follower_state``).
 
 from __future__ import annotations
 
-from training_toolkit.agent.events import Action, Announce, Event, Finish, LocalExit, PartStopped, Phase, Say
+from training_toolkit.agent.events import Action, Announce, EndLaunchers, Event, Finish, LocalExit, PartStopped, Phase, Say
 from training_toolkit.agent.failures import Failure, local_failure, lost, peer_failure, stopped
 from training_toolkit.agent.state import AgentState, active_workers, led
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
@@ -82,8 +82,9 @@ def ended(state: AgentState, outcome: Outcome) -> AgentState:
 
 
 def announce(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:
-    """The lead: the verdict, told to every host."""
-    return ended(state, outcome), (Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
+    """The lead: the verdict, told to every host; a stopped job's launchers ended first (``EndLaunchers``)."""
+    first = (EndLaunchers(),) if state.stop_signal is not None and not state.own_end_on_stop else ()
+    return ended(state, outcome), (*first, Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
 
 
 def end(state: AgentState, outcome: Outcome, *before: Action) -> tuple[AgentState, tuple[Action, ...]]:

@@ -10,7 +10,7 @@ import pytest
 
 from training_toolkit.cluster.events import PeerDone, PeerFailed, PeerLost, Verdict
 from training_toolkit.agent.decisions import (ENDED, FAILURE_WINDOW_S, PEER_FINISH_TIMEOUT_S, REPORT_WAIT_S, RUNNING,
-                                        SETUP, Announce, Failure, Finish, Forward, GotSignal, Interrupt, LocalExit,
+                                        SETUP, Announce, EndLaunchers, Failure, Finish, Forward, GotSignal, Interrupt, LocalExit,
                                         PartStopped, Report, ReportDone, SetupFailed, Started, Tick, lead_state,
                                         follower_state, root_cause, step)
 from training_toolkit.core.errors import EXIT_CLUSTER_ERROR
@@ -156,7 +156,7 @@ def test_a_stopped_first_host_reports_the_stop_however_its_processes_ended():
     assert actions == [Forward(TERM)] and state.stop_signal == TERM
     state, actions = run(state, (2.0, LocalExit("script", OK, at=2.0)))  # a script that saved and exited 0
     assert state.failures == (Failure(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), 2.0, stopped=True),)
-    assert run(state, (2.0 + FAILURE_WINDOW_S, Tick()))[1] == announced(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"))
+    assert run(state, (2.0 + FAILURE_WINDOW_S, Tick()))[1] == [EndLaunchers(), *announced(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"))]
 
 
 def test_non_stopping_signals_are_forwarded_and_change_nothing():

@@ -8,7 +8,7 @@ from training_toolkit.core.records import replace
 
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 from training_toolkit.cluster.events import PeerProgress, RestartCalled, StacksWanted
-from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart,
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STACKS_WAIT_S, Announce, AnnounceRestart, EndLaunchers,
                                         Finish, Forward, GatherStacks, GotSignal, Interrupt, LocalExit, PartEnded,
                                         Phase, Progress, Rejoin, Report, SendStacks, SetupFailed, ShareProgress,
                                         StacksGathered, Started, StopPart, Tick, Watch, lead_state, next_deadline,
@@ -154,7 +154,8 @@ def test_a_stop_is_never_a_restart():
     # the platform's SIGTERM here: the job ends, whatever restarts are left
     state, actions = run(master(max_restarts=3), (1.0, GotSignal(TERM)), (2.0, LocalExit("script", ExitStatus(0), 2.0)),
                          (3.0, Tick()))
-    assert actions[0] == Forward(TERM) and isinstance(actions[1], Announce) and actions[1].verdict.exit_code == 128 + TERM
+    assert actions[0] == Forward(TERM) and actions[1] == EndLaunchers() and isinstance(actions[2], Announce)
+    assert actions[2].verdict.exit_code == 128 + TERM
     # another host's stop, reported: the same
     state, actions = run(master(max_restarts=3),
                          (1.0, PeerFailed("algo-2", "algo-2: stopped by SIGTERM", 143, at=1.0, stopped=True)),
@@ -165,7 +166,7 @@ def test_a_stop_is_never_a_restart():
 def test_a_stop_while_stopping_for_a_restart_ends_the_job():
     state, _ = run(master(max_restarts=1), (1.0, PeerFailed("algo-2", "x", 1, at=1.0)), (2.0, Tick()))
     state, actions = run(state, (2.5, GotSignal(TERM)), (3.0, PartEnded(0)))
-    assert actions[0] == Forward(TERM) and actions[1] == Announce(Verdict(143, "algo-1: stopped by SIGTERM", "algo-1"))
+    assert actions[:3] == [Forward(TERM), EndLaunchers(), Announce(Verdict(143, "algo-1: stopped by SIGTERM", "algo-1"))]
 
 
 def test_a_signal_during_the_barrier_interrupts_it_and_a_host_that_never_comes_ends_the_job():

@@ -13,7 +13,7 @@ from helpers.steps import run
 from training_toolkit.cluster.events import PeerFailed, PeerLost, Verdict
 import pytest
 
-from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce,
+from training_toolkit.agent.decisions import (FAILURE_WINDOW_S, REPORT_WAIT_S, STOP_HEARD_S, STOP_MARGIN_S, Announce, EndLaunchers,
                                               Finish, Forward,
                                               GotSignal, LocalExit, PartStopped, Report, Started, Tick, lead_state,
                                               next_deadline, follower_state, step, stop_wait)
@@ -54,7 +54,7 @@ def test_the_first_host_waits_for_every_hosts_part_then_announces_its_stop():
     assert actions == []
     # the last host's part stops after its slow handler: the verdict, the stop
     state, actions = run(state, (6.0, stopped_report("algo-3")))
-    assert [type(a) for a in actions] == [Announce, Finish]
+    assert [type(a) for a in actions] == [EndLaunchers, Announce, Finish]
     assert actions[-1].outcome.exit_code == 143 and "stopped by SIGTERM" in actions[-1].outcome.reason
 
 
@@ -63,19 +63,19 @@ def test_a_host_that_never_reports_is_waited_for_until_the_deadline():
     state, actions = run(state, (1.0 + WAIT - 0.1, Tick()))
     assert actions == []
     state, actions = run(state, (1.0 + WAIT, Tick()))
-    assert [type(a) for a in actions] == [Announce, Finish] and actions[-1].outcome.exit_code == 143
+    assert [type(a) for a in actions] == [EndLaunchers, Announce, Finish] and actions[-1].outcome.exit_code == 143
 
 
 def test_a_lost_host_counts_as_stopped():
     state, _ = run(master(), (1.0, GotSignal(TERM)), (1.5, PartStopped(TERM, 1.5)), (1.6, stopped_report("algo-2")))
     state, actions = run(state, (2.0, PeerLost("algo-3", "connection closed")))
-    assert [type(a) for a in actions] == [Announce, Finish]
+    assert [type(a) for a in actions] == [EndLaunchers, Announce, Finish]
 
 
 def test_the_deadline_holds_even_if_nothing_reports():
     state, _ = run(master(), (1.0, GotSignal(TERM)))
     state, actions = run(state, (1.0 + WAIT, Tick()))
-    assert [type(a) for a in actions] == [Announce, Finish]
+    assert [type(a) for a in actions] == [EndLaunchers, Announce, Finish]
     assert actions[-1].outcome.exit_code == 143 and actions[-1].outcome.reason.endswith(": stopped by SIGTERM")
 
 
@@ -135,7 +135,7 @@ def test_a_first_hosts_rank_that_ended_by_the_stop_first_is_part_of_the_stop():
     assert next_deadline(state) == 1.3 + WAIT  # the stop's wait: every host's part, each rank its grace
     state, actions = run(state, (4.0, LocalExit("rank-0", STOPPED)), (4.0, PartStopped(TERM, 4.0)),
                          (4.1, stopped_report("algo-2")), (9.0, stopped_report("algo-3")))
-    assert [type(a) for a in actions] == [Announce, Finish]
+    assert [type(a) for a in actions] == [EndLaunchers, Announce, Finish]
     assert actions[-1].outcome.exit_code == 143 and actions[-1].outcome.reason.endswith(": stopped by SIGTERM")
 
 
