@@ -88,7 +88,7 @@ class FakeSeat:
     def announce(self, verdict):
         self.told.append(("verdict", verdict))
 
-    def restart(self, attempt, reason):
+    def restart(self, attempt, reason, cause=None):
         self.told.append(("restart", attempt, reason))
 
     def progress(self, heartbeat):
@@ -612,3 +612,25 @@ def test_a_host_waiting_at_a_barrier_that_hears_the_job_succeed_ends_with_its_su
                       seat_factory(seats, fail_barrier=JobFailed("the job ended with code 0", 0)))
     assert agent.run() == Outcome(0)
     assert not [t for t in seats[0].told if isinstance(t, tuple) and t[0] == "failed"], seats[0].told
+
+
+def test_what_a_runner_set_up_for_an_attempt_is_undone_when_it_ends_before_the_next_barrier(tmp_path):
+    """``Seating.at_attempt_end``: the attempt's undo runs after its processes ended, before the next attempt's barrier
+    (MPI: sshd admits nobody until the next go's keys), and the last attempt's at the job's end."""
+    seats: list[FakeSeat] = []
+    order: list = []
+
+    def barriers(attempt: int) -> int:
+        return seats[0].told.count(("barrier", attempt) if attempt else "barrier")
+
+    def processes(seat):
+        attempt = seat.attempt.number
+        order.append(("start", attempt, barriers(attempt)))
+        seat.at_attempt_end(lambda: order.append(("undo", attempt, barriers(attempt + 1))))
+        return [Proc("script", (sys.executable, "-c", f"raise SystemExit({1 - attempt})"), {})]
+
+    ctx = context(tmp_path, "algo-1")
+    ctx = ctx._replace(settings=settings.parse({"TRAINING_TOOLKIT_MAX_RESTARTS": "1"}))
+    outcome = HostAgent(ctx, RunnerSpec(processes), seat_factory(seats), hosts=("algo-1",)).run()
+    assert outcome.exit_code == 0
+    assert order == [("start", 0, 1), ("undo", 0, 0), ("start", 1, 1), ("undo", 1, 0)]

@@ -92,3 +92,18 @@ def test_end_descendants_names_and_ends_everything_below_us():
     assert not procfs.alive(proc.pid)
     assert procfs.read(proc.pid) is None  # reaped: a child of ours
     proc.stdout.close()
+
+
+def test_finish_runs_once(monkeypatch):
+    """A restart's stop finishes the last attempt's processes, and the attempt's stack at the next barrier asks again:
+    the second call does nothing (no second scan for what they left)."""
+    from training_toolkit.supervise import process
+
+    child = Supervised(["/bin/true"], dict(os.environ))
+    child.wait(10)
+    scans = []
+    real = process._end_leftovers
+    monkeypatch.setattr(process, "_end_leftovers", lambda *args: (scans.append(args), real(*args)))
+    child.finish(linger_s=0.5)
+    child.finish(linger_s=0.5)
+    assert len(scans) == 1
