@@ -73,7 +73,9 @@ class GotSignal:
 
 @record
 class PartStopped:
-    """A runner's own report: this host's part of the job was stopped by a signal."""
+    """This host's part of the job was stopped by a signal, all of it ended.  ``at``: when the signal came (the stop
+    happened then, however long its ranks took to save): the root cause of a job stopped on every host is the
+    stop that came first, as the record says it, not the part that ended first."""
 
     signum: int
     at: float | None = None

@@ -66,7 +66,7 @@ class Part:
             forward([local for local in self.locals if local.program], signum, self._grace_s)
             return
         self._stopping = True
-        in_thread(self._stop, "stop-part", signum, list(self.locals))
+        in_thread(self._stop, "stop-part", signum, list(self.locals), time.time())
 
     def stop_for_restart(self, attempt: int) -> None:
         """Stop the part of ``attempt`` (the grace period, then kill); ``PartEnded`` once it is gone."""
@@ -89,9 +89,9 @@ class Part:
         if self.watch_dir is not None:
             reported.lower_flags(self.watch_dir)
 
-    def _stop(self, signum: int, locals_: list[Local]) -> None:
+    def _stop(self, signum: int, locals_: list[Local], at: float) -> None:
         self._stop_ranks(signum, locals_, reported.STOP_FLAG)
-        self._events.put(PartStopped(signum, time.time()))  # a stopped job did not complete, whatever its ranks returned
+        self._events.put(PartStopped(signum, at))  # a stopped job did not complete, whatever its ranks returned
 
     def _stop_part(self, attempt: int, locals_: list[Local]) -> None:
         self._stop_ranks(signal.SIGTERM, locals_, reported.RESTART_FLAG)  # nothing held: mpirun sees its ranks end

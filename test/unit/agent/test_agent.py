@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -634,3 +635,25 @@ def test_what_a_runner_set_up_for_an_attempt_is_undone_when_it_ends_before_the_n
     outcome = HostAgent(ctx, RunnerSpec(processes), seat_factory(seats), hosts=("algo-1",)).run()
     assert outcome.exit_code == 0
     assert order == [("start", 0, 1), ("undo", 0, 0), ("start", 1, 1), ("undo", 1, 0)]
+
+
+def test_a_parts_stop_is_dated_by_its_signal_not_by_its_end():
+    """``PartStopped.at``: when the signal came, though the part took its save to stop (the root cause of a job
+    stopped everywhere is the stop that came first, not the part that ended first)."""
+    from queue import SimpleQueue
+
+    from training_toolkit.agent.parts import Part
+
+    events: SimpleQueue = SimpleQueue()
+    saving = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n" \
+             "print('ready', flush=True)\ntime.sleep(30)\n"
+    child = Supervised([sys.executable, "-c", saving], dict(os.environ), stdout=subprocess.PIPE, relay_stderr=False)
+    assert child.proc.stdout is not None and child.proc.stdout.readline() == b"ready\n"
+    part = Part(events, RunnerSpec(lambda seat: []), grace_s=10)
+    part.locals = [Local("script", child)]
+    signalled = time.time()
+    part.signal(signal.SIGTERM)
+    stopped = events.get(timeout=10)
+    ended = time.time()
+    child.finish()
+    assert stopped.signum == signal.SIGTERM and signalled <= stopped.at < signalled + 0.2 <= ended - 0.3
