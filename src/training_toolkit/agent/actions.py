@@ -76,7 +76,7 @@ def carry_out(agent: Agent, actions: tuple[Action, ...]) -> Outcome | None:
         elif isinstance(action, EndLaunchers):
             agent.part.end_launchers()
         elif isinstance(action, Announce):  # with the job's cost, which every host's log says (``record``)
-            seat.announce(replace(action.verdict, summary=agent.recorder.summary_line()))
+            seat.announce(replace(action.verdict, summary=agent.recorder.summary_line()), linger=action.linger)
         elif isinstance(action, Report):
             seat.report_failure(action.reason, action.exit_code, action.at, action.attempt, action.stopped)
         elif isinstance(action, ShareProgress):

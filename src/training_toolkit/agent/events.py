@@ -180,9 +180,12 @@ class Interrupt:
 
 @record
 class Announce:
-    """The lead: tell every host the job's verdict."""
+    """The lead: tell every host the job's verdict.  ``linger``: hosts still on their way are waited for to hear it
+    (the join deadline, at most ``membership.VERDICT_LINGER_S``); not after a stop of the lead's own: the platform
+    stops the others too, and its kill, a grace period after its signal, would come before the wait ended."""
 
     verdict: Verdict
+    linger: bool = True
 
 
 @record

@@ -207,7 +207,7 @@ class SoloSeat:
     def fail(self, reason: str, exit_code: int, at: float | None = None) -> None:
         pass
 
-    def announce(self, verdict: object) -> None:
+    def announce(self, verdict: object, linger: bool = True) -> None:
         pass
 
     def restart(self, attempt: int, reason: str, cause: str | None = None) -> None:

@@ -83,8 +83,10 @@ def ended(state: AgentState, outcome: Outcome) -> AgentState:
 
 def announce(state: AgentState, outcome: Outcome) -> tuple[AgentState, tuple[Action, ...]]:
     """The lead: the verdict, told to every host; a stopped job's launchers ended first (``EndLaunchers``)."""
-    first = (EndLaunchers(),) if state.stop_signal is not None and not state.own_end_on_stop else ()
-    return ended(state, outcome), (*first, Announce(Verdict(outcome.exit_code, outcome.reason, state.host)), Finish(outcome))
+    stopped = state.stop_signal is not None
+    first = (EndLaunchers(),) if stopped and not state.own_end_on_stop else ()
+    verdict = Verdict(outcome.exit_code, outcome.reason, state.host)
+    return ended(state, outcome), (*first, Announce(verdict, linger=not stopped), Finish(outcome))
 
 
 def end(state: AgentState, outcome: Outcome, *before: Action) -> tuple[AgentState, tuple[Action, ...]]:

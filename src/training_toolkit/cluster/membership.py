@@ -193,10 +193,13 @@ class Membership:
         else:
             self.report_failure(reason, exit_code, at)
 
-    def announce(self, verdict: Verdict) -> None:
-        """Tell every host the verdict; hosts still on their way get it when they join (bounded wait)."""
+    def announce(self, verdict: Verdict, linger: bool = True) -> None:
+        """Tell every host the verdict; hosts still on their way get it when they join (bounded wait), if ``linger``
+        (not after this host's own stop: the platform's kill would come first, ``Announce.linger``)."""
         if self._server:
             self._server.broadcast(verdict)
+            if not linger:
+                return
             # a lead that took over keeps it for the lost lead made again (TRAINING_TOOLKIT_VERDICT_WAIT); any other
             # lead for the hosts still on their way, the join deadline and at most VERDICT_LINGER_S, and so does one
             # with no majority: its verdict is its own leaving, which a host made again has no use for (and which

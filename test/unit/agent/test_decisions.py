@@ -32,8 +32,8 @@ def worker(primaries=("script",)):
 
 
 
-def announced(outcome, host="algo-1"):
-    return [Announce(Verdict(outcome.exit_code, outcome.reason, host)), Finish(outcome)]
+def announced(outcome, host="algo-1", linger=True):
+    return [Announce(Verdict(outcome.exit_code, outcome.reason, host), linger), Finish(outcome)]
 
 
 # The root cause: the earliest failure, by when it happened -------------------------------------------
@@ -156,7 +156,7 @@ def test_a_stopped_first_host_reports_the_stop_however_its_processes_ended():
     assert actions == [Forward(TERM)] and state.stop_signal == TERM
     state, actions = run(state, (2.0, LocalExit("script", OK, at=2.0)))  # a script that saved and exited 0
     assert state.failures == (Failure(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), 2.0, stopped=True),)
-    assert run(state, (2.0 + FAILURE_WINDOW_S, Tick()))[1] == [EndLaunchers(), *announced(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"))]
+    assert run(state, (2.0 + FAILURE_WINDOW_S, Tick()))[1] == [EndLaunchers(), *announced(Outcome(128 + TERM, "algo-1: stopped by SIGTERM"), linger=False)]
 
 
 def test_non_stopping_signals_are_forwarded_and_change_nothing():

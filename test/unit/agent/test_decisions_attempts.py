@@ -166,7 +166,7 @@ def test_a_stop_is_never_a_restart():
 def test_a_stop_while_stopping_for_a_restart_ends_the_job():
     state, _ = run(master(max_restarts=1), (1.0, PeerFailed("algo-2", "x", 1, at=1.0)), (2.0, Tick()))
     state, actions = run(state, (2.5, GotSignal(TERM)), (3.0, PartEnded(0)))
-    assert actions[:3] == [Forward(TERM), EndLaunchers(), Announce(Verdict(143, "algo-1: stopped by SIGTERM", "algo-1"))]
+    assert actions[:3] == [Forward(TERM), EndLaunchers(), Announce(Verdict(143, "algo-1: stopped by SIGTERM", "algo-1"), linger=False)]
 
 
 def test_a_signal_during_the_barrier_interrupts_it_and_a_host_that_never_comes_ends_the_job():
