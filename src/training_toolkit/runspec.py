@@ -156,6 +156,14 @@ class RunnerSpec:
     #   entered on the agent's per-job stack: what it made is let go once every process is gone
 
 
+def introduced_count(said: str) -> int | None:
+    """A count of processes per host as a host introduced it (input from the wire: MPI's, torch's), if it is one:
+    ASCII digits, from 1 to the most ranks a host runs (``reported.MAX_REPORTS``); else None."""
+    from training_toolkit.supervise.reported import MAX_REPORTS
+
+    return int(said) if said.isascii() and said.isdigit() and 0 < int(said) <= MAX_REPORTS else None
+
+
 def failure_of(local: Local, status: ExitStatus, host: str | None) -> Outcome:
     """The outcome of a local process that failed, its reason naming ``host`` (None: a job of one seat names none)."""
     if host is None:

@@ -31,7 +31,7 @@ from training_toolkit.runners import rank_env
 from training_toolkit.runners.mpi_command import MpiJob, mpirun_command
 from training_toolkit.runners.netshim import Shim
 from training_toolkit.runners.one_stop import rank_stop_library, stop_window
-from training_toolkit.runspec import RunContext, with_job
+from training_toolkit.runspec import RunContext, introduced_count, with_job
 from training_toolkit.config.settings import without_secrets
 
 RANK_TAG_VAR = settings.RANK_TAG_VAR  # in every rank's environment: how each host finds its own ranks
@@ -54,9 +54,7 @@ def job_per_host(named: bool, leads: bool, said: str) -> int | None:
     introduction, if this host's hyperparameters ``named`` none and it does not lead.
     Every host's mpirun then runs the job's count, whichever host leads: an MPIJob's launcher alone has the slots
     (its hostfile), and a worker that leads after its loss runs mpirun with them (docs/kubernetes.md)."""
-    if named or leads or not (said.isascii() and said.isdigit()) or not 0 < int(said) <= 4096:
-        return None
-    return int(said)
+    return None if named or leads else introduced_count(said)
 
 
 def with_job_per_host(ctx: RunContext, per_host: int | None) -> RunContext:

@@ -22,7 +22,7 @@ from training_toolkit.cluster.guard import GuardSpec
 from training_toolkit.core.errors import ClusterError
 from training_toolkit.job.plan import TorchDistributedOptions
 from training_toolkit.runners.ports import check_free
-from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating
+from training_toolkit.runspec import Proc, RunContext, RunnerSpec, Seating, introduced_count
 
 
 PER_HOST_INTRO = "torch_processes_per_host"  # in each host's introduction: the processes it runs
@@ -67,10 +67,11 @@ def host_counts(hosts: tuple[str, ...], host: str, own: int,
         if other == host:
             continue
         said = introductions.get(other, {}).get(PER_HOST_INTRO, "")
-        if not (said.isascii() and said.isdigit() and 0 < int(said) <= 4096):
+        count = introduced_count(said)
+        if count is None:
             raise ClusterError(f"{other} told no count of torch.distributed processes ({said!r}): every host of the "
                                "job must run this toolkit's torch_distributed runner")
-        counts[other] = int(said)
+        counts[other] = count
     return counts
 
 
