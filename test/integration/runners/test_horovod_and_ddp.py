@@ -50,17 +50,18 @@ def test_torch_ddp_on_2_hosts_x_2(tmp_path, capfd):
 
 @pytest.mark.torch
 def test_torch_ddp_on_hosts_with_different_device_counts_ranks_them_as_torchrun(tmp_path):
-    """No count in the job: each host runs one process per device it has (1 on algo-1, 2 on algo-2), and every
-    process gets the rank torchrun's agents would give it (before, algo-2's ranks overlapped and the job hung)."""
+    """No count in the job: each host runs one process per device it has (1 on algo-1, 2 on algo-2, 1 on algo-3),
+    and every process gets the rank torchrun's agents would give it (before, the ranks overlapped and the job hung)."""
     src = source_dir(tmp_path, "torch_ddp_train.py")
-    gpus = {"algo-1": {"TRAINING_TOOLKIT_NUM_GPUS": "1"}, "algo-2": {"TRAINING_TOOLKIT_NUM_GPUS": "2"}}
-    job = LocalJob(hosts=H2, env=ENV, host_env=gpus,
+    hosts = ("algo-1", "algo-2", "algo-3")
+    gpus = {host: {"TRAINING_TOOLKIT_NUM_GPUS": count} for host, count in zip(hosts, ("1", "2", "1"))}
+    job = LocalJob(hosts=hosts, env=ENV, host_env=gpus,
                    hyperparameters=hps("torch_ddp_train.py", src, sagemaker_torch_distributed_enabled=True))
     results = run(job, tmp_path, timeout_s=240)
-    assert [r.exit_code for r in results] == [0, 0], [r.failure for r in results]
+    assert [r.exit_code for r in results] == [0, 0, 0], [r.failure for r in results]
     ranks = rank_files(results)
     assert {rank: (info["host"], info["local_rank"], info["world"]) for rank, info in ranks.items()} == {
-        0: ("algo-1", 0, 3), 1: ("algo-2", 0, 3), 2: ("algo-2", 1, 3)}
+        0: ("algo-1", 0, 4), 1: ("algo-2", 0, 4), 2: ("algo-2", 1, 4), 3: ("algo-3", 0, 4)}
     assert len({tuple(info["weights"]) for info in ranks.values()}) == 1
 
 
